@@ -1,0 +1,55 @@
+# kiln build. `make` builds build/libkiln.a, build/kiln, tests and benchmarks.
+# `make test` runs the suite; `make asan` builds it with ASan+UBSan into build-asan/.
+BUILD    ?= build
+CC       ?= cc
+OPT      ?= -O3 -march=native
+SAN      ?=
+CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -Werror -Iinclude -MMD -MP $(SAN) $(EXTRA_CFLAGS)
+LDLIBS   := -ldnnl -ljansson -lm -ldl -lpthread
+LDFLAGS  := -fopenmp $(SAN)
+
+LIB_SRC   := $(sort $(wildcard src/core/*.c src/kernels/*.c src/ops/*.c src/eager/*.c src/model/*.c src/data/*.c src/train/*.c))
+CLI_SRC   := $(sort $(wildcard src/cli/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+all: $(BUILD)/libkiln.a $(BUILD)/kiln $(TEST_BIN) $(BENCH_BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libkiln.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/kiln: $(CLI_OBJ) $(BUILD)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# bench/gemm also measures OpenBLAS as a candidate.
+$(BUILD)/bench/gemm: $(BUILD)/bench/gemm.o $(BUILD)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lopenblas
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libkiln.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+test: all
+	bash tests/run.sh $(BUILD)
+
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+
+clean:
+	rm -rf build build-asan
+
+.PHONY: all test asan clean
+.SECONDARY:
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(BENCH_BIN:=.d)

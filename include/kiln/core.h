@@ -1,0 +1,158 @@
+/* kiln core: tensors, the caching allocator, the counter-based RNG, errors
+ * and logging. Uses libc only.
+ *
+ * Ownership: tensors are reference counted. A function that returns a
+ * kiln_tensor* hands the caller one reference; release it with
+ * kiln_tensor_release(). Storage is shared between views.
+ *
+ * Errors: functions that can fail return a kiln_status (0 = KILN_OK) or NULL,
+ * and set a message retrievable with kiln_last_error() (thread-local). Nothing
+ * below cli calls exit() or prints except through kiln_log().
+ */
+#ifndef KILN_CORE_H
+#define KILN_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_VERSION "0.1.0"
+#define KILN_MAX_DIMS 4
+
+/* ---- errors ------------------------------------------------------------ */
+typedef enum {
+    KILN_OK = 0,
+    KILN_ERR_INVALID = 1, /* bad argument, config or flag */
+    KILN_ERR_SHAPE = 2,   /* shapes or dtypes do not fit an op */
+    KILN_ERR_RANGE = 3,   /* an index or value out of range */
+    KILN_ERR_IO = 4,      /* a file could not be read or written */
+    KILN_ERR_FORMAT = 5,  /* a file is corrupt, truncated or malformed */
+    KILN_ERR_OOM = 6,     /* out of memory */
+    KILN_ERR_NUMERIC = 7, /* NaN or inf where a finite value was needed */
+    KILN_ERR_UNSUPPORTED = 8,
+} kiln_status;
+
+/* Records an error (printf-style) and returns `code`, so callers can write
+ * `return kiln_error(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));` */
+kiln_status kiln_error(kiln_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefixes the current error message with context ("loading x.bin: ..."). */
+kiln_status kiln_error_context(kiln_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+const char *kiln_last_error(void);
+kiln_status kiln_last_status(void);
+void kiln_clear_error(void);
+
+/* ---- logging ----------------------------------------------------------- */
+typedef enum { KILN_LOG_DEBUG, KILN_LOG_INFO, KILN_LOG_WARN, KILN_LOG_ERROR } kiln_log_level;
+typedef void (*kiln_log_fn)(kiln_log_level level, const char *msg, void *user);
+void kiln_log(kiln_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kiln_log_set_handler(kiln_log_fn fn, void *user); /* NULL: default (stderr) */
+void kiln_log_set_level(kiln_log_level min_level);
+
+/* ---- dtypes ------------------------------------------------------------ */
+typedef enum { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2 } kiln_dtype;
+size_t kiln_dtype_size(kiln_dtype dt);
+const char *kiln_dtype_name(kiln_dtype dt);
+
+/* bf16 <-> f32 (round to nearest even) */
+static inline uint16_t kiln_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN */
+    uint32_t r = 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)((v.u + r) >> 16);
+}
+static inline float kiln_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* ---- caching allocator ------------------------------------------------- */
+/* 64-byte aligned blocks, cached by size class so eager mode does not pay
+ * malloc/free (and page faults) per op. Thread-safe. */
+void *kiln_alloc(size_t bytes);           /* NULL + error on OOM */
+void kiln_dealloc(void *ptr);
+void kiln_alloc_trim(void);               /* return cached blocks to the OS */
+typedef struct {
+    size_t live_bytes;   /* handed out now */
+    size_t cached_bytes; /* held in the cache */
+    size_t peak_bytes;   /* high-water mark of live + cached */
+    uint64_t n_alloc, n_hits;
+} kiln_alloc_stats;
+kiln_alloc_stats kiln_alloc_get_stats(void);
+void kiln_alloc_reset_peak(void);
+/* Peak resident set size of the process in bytes (from the OS). */
+size_t kiln_peak_rss(void);
+size_t kiln_current_rss(void);
+
+/* ---- tensors ----------------------------------------------------------- */
+typedef struct kiln_storage kiln_storage;
+struct kiln_node; /* eager tape / graph node, owned by higher layers */
+
+typedef struct kiln_tensor {
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    kiln_dtype dtype;
+    void *data;             /* first element; contiguous row-major */
+    kiln_storage *storage;  /* NULL for tensors that wrap external memory */
+    int refcount;
+    bool requires_grad;     /* leaves: parameters to train */
+    struct kiln_tensor *grad; /* leaves: accumulated gradient (+=) */
+    struct kiln_node *node; /* producer, set by the eager layer */
+    struct kiln_tensor *tmp_grad; /* scratch used by backward */
+    char name[96];
+} kiln_tensor;
+
+kiln_tensor *kiln_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape); /* uninitialised */
+kiln_tensor *kiln_tensor_zeros(kiln_dtype dt, int ndim, const int64_t *shape);
+/* Wraps memory the caller owns and keeps alive. */
+kiln_tensor *kiln_tensor_wrap(void *data, kiln_dtype dt, int ndim, const int64_t *shape);
+/* A view sharing storage, with a new shape of the same numel. */
+kiln_tensor *kiln_tensor_view(kiln_tensor *t, int ndim, const int64_t *shape);
+kiln_tensor *kiln_tensor_retain(kiln_tensor *t);
+void kiln_tensor_release(kiln_tensor *t); /* NULL ok */
+int64_t kiln_tensor_numel(const kiln_tensor *t);
+size_t kiln_tensor_nbytes(const kiln_tensor *t);
+bool kiln_tensor_same_shape(const kiln_tensor *a, const kiln_tensor *b);
+/* "[2, 3, 4] f32" into buf */
+const char *kiln_shape_str(const kiln_tensor *t, char *buf, size_t n);
+void kiln_tensor_set_name(kiln_tensor *t, const char *name);
+static inline float *kiln_f32(const kiln_tensor *t) { return (float *)t->data; }
+static inline int32_t *kiln_i32(const kiln_tensor *t) { return (int32_t *)t->data; }
+
+/* ---- RNG --------------------------------------------------------------- */
+/* Counter-based (stateless hash of seed and counter): element i of a draw
+ * depends only on (seed, offset + i), so results are identical for any
+ * number of threads. */
+typedef struct { uint64_t seed; uint64_t offset; } kiln_rng;
+uint64_t kiln_rng_u64(uint64_t seed, uint64_t counter);
+/* Fills n values and advances rng->offset by n. */
+void kiln_rng_normal(kiln_rng *rng, float *out, int64_t n, float mean, float std);
+void kiln_rng_uniform(kiln_rng *rng, float *out, int64_t n, float lo, float hi);
+double kiln_rng_next_double(kiln_rng *rng); /* [0,1) */
+uint64_t kiln_rng_next_u64(kiln_rng *rng);
+
+/* ---- files ------------------------------------------------------------- */
+/* Writes `n` bytes atomically: temp file beside `path`, write, fsync, rename,
+ * fsync of the directory. On any failure the old file at `path` is untouched
+ * and the temp file removed. */
+kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t n);
+/* Reads a whole file into a malloc'd buffer (NUL-terminated; *n excludes it). */
+kiln_status kiln_read_file(const char *path, char **data, size_t *n);
+
+/* Target id meaning "no loss here" (padding), as in PyTorch/Hugging Face. */
+#define KILN_IGNORE_INDEX (-100)
+
+/* ---- threads ----------------------------------------------------------- */
+int kiln_num_threads(void);
+void kiln_set_num_threads(int n);
+double kiln_time_now(void); /* seconds, monotonic */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,94 @@
+/* kiln kernels: CPU kernels, forward and backward, as plain functions on raw
+ * pointers and sizes. They know nothing about tensors, graphs or autograd.
+ * All are OpenMP-parallel where the work is large enough. Row-major layout.
+ *
+ * Errors: kernels assume validated arguments (the ops layer checks shapes);
+ * only kiln_gemm can fail (library errors), and reports through core.
+ */
+#ifndef KILN_KERNELS_H
+#define KILN_KERNELS_H
+
+#include "kiln/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- GEMM -------------------------------------------------------------- */
+/* C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b in [0, batch),
+ * op(X) = X or X^T. A is M×K after op, B is K×N after op, C is M×N.
+ * lda/ldb/ldc are row strides of the matrices as stored; strideA/B/C the
+ * element distance between consecutive batch matrices (0 = broadcast).
+ * beta must be 0 or 1 (1 accumulates into C, used for gradients).
+ * Backed by oneDNN's matmul primitive, created once per shape and cached. */
+typedef struct {
+    bool transA, transB;
+    int64_t M, N, K;
+    int64_t lda, ldb, ldc;
+    int64_t batch, strideA, strideB, strideC;
+    float alpha, beta;
+} kiln_gemm_desc;
+kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *B, float *C);
+/* Convenience: single matrix, packed (ld = row length of the stored matrix). */
+kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
+                       float alpha, const float *A, const float *B, float beta, float *C);
+/* Which backend kiln_gemm uses, for the benchmark and --explain. */
+const char *kiln_gemm_backend(void);
+void kiln_gemm_cache_clear(void);
+
+/* ---- element-wise ------------------------------------------------------ */
+void kiln_k_add(const float *a, const float *b, float *out, int64_t n);
+void kiln_k_mul(const float *a, const float *b, float *out, int64_t n);
+void kiln_k_scale(const float *x, float s, float *out, int64_t n);
+void kiln_k_axpy(float a, const float *x, float *y, int64_t n); /* y += a*x */
+void kiln_k_silu(const float *x, float *out, int64_t n);
+void kiln_k_silu_backward(const float *x, const float *gout, float *gin, int64_t n);
+/* out[r, j] = a[r, j] op b[(r % nb_rows) ...] style broadcasting is done in ops */
+
+/* ---- normalisation ----------------------------------------------------- */
+/* rows × dim; y = x * rsqrt(mean(x^2) + eps) * w */
+void kiln_k_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
+/* dx (overwritten) from dy; dw accumulated (+=) if non-NULL */
+void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy,
+                             float *dx, float *dw, int64_t rows, int64_t dim, float eps);
+
+/* ---- rotary embedding (Hugging Face rotate_half convention) ------------ */
+/* x: B×T×H×D, position of token t is pos0 + t. inverse=true applies the
+ * inverse rotation (the backward). D must be even. */
+void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
+                 int64_t pos0, float theta, bool inverse);
+
+/* ---- softmax over the last dim ----------------------------------------- */
+void kiln_k_softmax(const float *x, float *y, int64_t rows, int64_t n);
+/* dx = y * (dy - sum(dy*y)) */
+void kiln_k_softmax_backward(const float *y, const float *dy, float *dx, int64_t rows, int64_t n);
+
+/* ---- embedding --------------------------------------------------------- */
+void kiln_k_embedding(const float *W, const int32_t *ids, float *out, int64_t n, int64_t dim);
+/* dW += scatter of dout by ids (dW: vocab×dim, not zeroed here) */
+void kiln_k_embedding_backward(const float *dout, const int32_t *ids, float *dW, int64_t n,
+                               int64_t dim, int64_t vocab);
+
+/* ---- cross-entropy ----------------------------------------------------- */
+/* logits: n×V; returns the SUM of -log softmax(logits)[target] over rows
+ * whose target != ignore_index; *count receives how many rows counted. */
+double kiln_k_cross_entropy(const float *logits, const int32_t *targets, int64_t n, int64_t V,
+                            int32_t ignore_index, int64_t *count);
+/* dlogits = g * (softmax(logits) - onehot(target)) for counted rows, 0 else */
+void kiln_k_cross_entropy_backward(const float *logits, const int32_t *targets, float g,
+                                   float *dlogits, int64_t n, int64_t V, int32_t ignore_index);
+
+/* ---- reductions -------------------------------------------------------- */
+double kiln_k_sum(const float *x, int64_t n);
+double kiln_k_sumsq(const float *x, int64_t n);
+
+/* ---- optimiser --------------------------------------------------------- */
+/* One AdamW update over n elements; lr and bias corrections are runtime
+ * values. wd is applied decoupled: p -= lr * wd * p. */
+void kiln_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float wd, float bc1, float bc2);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
