@@ -91,7 +91,13 @@ size_t kiln_current_rss(void);
 
 /* ---- tensors ----------------------------------------------------------- */
 typedef struct kiln_storage kiln_storage;
-struct kiln_node; /* eager tape / graph node, owned by higher layers */
+/* The producer of a tensor in the eager tape. Core only knows this header
+ * (a refcount and how to destroy it); the eager layer embeds it. */
+typedef struct kiln_node_base {
+    int refcount;
+    void (*destroy)(struct kiln_node_base *self);
+} kiln_node_base;
+void kiln_node_release(kiln_node_base *n); /* NULL ok */
 
 typedef struct kiln_tensor {
     int ndim;
@@ -102,7 +108,7 @@ typedef struct kiln_tensor {
     int refcount;
     bool requires_grad;     /* leaves: parameters to train */
     struct kiln_tensor *grad; /* leaves: accumulated gradient (+=) */
-    struct kiln_node *node; /* producer, set by the eager layer */
+    kiln_node_base *node;   /* producer in the eager tape, or NULL (leaf) */
     struct kiln_tensor *tmp_grad; /* scratch used by backward */
     char name[96];
 } kiln_tensor;

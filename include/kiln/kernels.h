@@ -29,6 +29,9 @@ typedef struct {
     float alpha, beta;
 } kiln_gemm_desc;
 kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *B, float *C);
+/* Same with bf16 operands (as kiln_f32_to_bf16 stores them), fp32
+ * accumulation and fp32 C; for mixed precision. */
+kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uint16_t *B, float *C);
 /* Convenience: single matrix, packed (ld = row length of the stored matrix). */
 kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                        float alpha, const float *A, const float *B, float beta, float *C);
@@ -88,7 +91,49 @@ double kiln_k_sumsq(const float *x, int64_t n);
 void kiln_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float wd, float bc1, float bc2);
 
+
 #ifdef __cplusplus
 }
 #endif
+
+/* ==== helpers shared by kernels and generated code ======================
+ * Added by the kernels layer; inline so that loops using them vectorise
+ * (glibc's expf does not vectorise without -ffast-math). */
+#include <math.h>
+#include <string.h>
+
+/* exp(x) in float, relative error < 5e-7 against double for
+ * x in [-87.33, 88.37]. Below that it returns 0 (the true value is
+ * subnormal, < 1.2e-38); above 88.376 it returns +inf (exact overflow is
+ * at 88.72). NaN propagates. Written with plain C so `#pragma omp simd`
+ * loops vectorise it; the exponent is built by bit arithmetic, not by a
+ * float->int conversion, so NaN or inf inputs are not undefined behaviour. */
+static inline float kiln_expf_fast(float x) {
+    const float lo = -87.33654f, hi = 88.376f;
+    float xc = x < lo ? lo : x;
+    xc = xc > hi ? hi : xc;
+    /* k = round(x / ln2) via the 1.5*2^23 trick; its bits hold k */
+    float kf = fmaf(xc, 1.44269504088896341f, 12582912.0f);
+    uint32_t kb;
+    memcpy(&kb, &kf, sizeof kb);
+    kf -= 12582912.0f;
+    float r = fmaf(kf, -0.693359375f, xc); /* Cody-Waite split of ln2 */
+    r = fmaf(kf, 2.12194440e-4f, r);
+    float p = 1.98412698e-4f; /* Taylor to r^7 on |r| <= ln2/2 */
+    p = fmaf(p, r, 1.38888889e-3f);
+    p = fmaf(p, r, 8.33333333e-3f);
+    p = fmaf(p, r, 4.16666667e-2f);
+    p = fmaf(p, r, 1.66666667e-1f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    uint32_t sb = (kb - 0x4B400000u + 127u) << 23;
+    float s;
+    memcpy(&s, &sb, sizeof s);
+    float y = p * s;
+    y = x < lo ? 0.0f : y;
+    return x > hi ? INFINITY : y;
+}
+
+
 #endif

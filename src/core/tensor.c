@@ -113,6 +113,7 @@ void kiln_tensor_release(kiln_tensor *t) {
     }
     kiln_tensor_release(t->grad);
     kiln_tensor_release(t->tmp_grad);
+    kiln_node_release(t->node);
     free(t);
 }
 
@@ -144,4 +145,8 @@ const char *kiln_shape_str(const kiln_tensor *t, char *buf, size_t n) {
 
 void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
     snprintf(t->name, sizeof t->name, "%s", name);
+}
+
+void kiln_node_release(kiln_node_base *n) {
+    if (n && __atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) == 0) n->destroy(n);
 }

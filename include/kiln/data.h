@@ -1,0 +1,203 @@
+/* kiln data: the byte-level BPE tokenizer (train, encode, decode,
+ * tokenizer.json), the token shard format and the batch loader.
+ * Uses core only.
+ *
+ * Ownership: opaque objects (kiln_tokenizer, kiln_shard, kiln_loader) are
+ * created by *_open/_load/_train and freed by the matching *_free/_close
+ * (NULL ok). Arrays a function returns through an out-pointer (token ids,
+ * decoded bytes) are malloc'd and belong to the caller: free() them.
+ * Batches are allocated with kiln_batch_alloc and freed with kiln_batch_free.
+ *
+ * Errors: every function that can fail returns a kiln_status (KILN_OK = 0) or
+ * NULL and sets kiln_last_error() to a message that names the file, the
+ * offset or the flag at fault. Nothing here prints except through kiln_log.
+ *
+ * Token ids (tokenizers trained by kiln): 0 = <|bos|>, 1 = <|eos|>,
+ * 2 = <|pad|>, 3..258 = the 256 single bytes (id = 3 + byte), 259.. = merges
+ * in rank order. A tokenizer.json loaded from elsewhere keeps its own ids;
+ * its special ids are looked up by content and are -1 when absent.
+ */
+#ifndef KILN_DATA_H
+#define KILN_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kiln/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- tokenizer ---------------------------------------------------------- */
+#define KILN_TOK_BOS 0
+#define KILN_TOK_EOS 1
+#define KILN_TOK_PAD 2
+#define KILN_TOK_BYTE0 3          /* id of byte 0 in kiln-trained vocabularies */
+#define KILN_TOK_BASE_VOCAB 259   /* specials + bytes */
+
+typedef struct kiln_tokenizer kiln_tokenizer;
+
+/* Pre-tokenizer (GPT-2-like, hand-written, byte based): contractions
+ * ('s 't 're 've 'm 'll 'd), an optional space + a run of letters (ASCII
+ * letters and every byte >= 0x80, so UTF-8 words stay whole), an optional
+ * space + a run of digits, an optional space + a run of other symbols, and
+ * whitespace runs (a run followed by text leaves its last space to the next
+ * word). Special-token text in the input is encoded as plain text. */
+
+/* Learns merges from the files until the vocabulary (specials + 256 bytes +
+ * merges) has vocab_size entries, or no pair occurs any more. Deterministic:
+ * ties go to the smaller (left, right) id pair. */
+kiln_status kiln_tokenizer_train(const char *const *paths, int n_paths, int vocab_size,
+                                 kiln_tokenizer **out);
+/* The same on an in-memory text (tests, tools). */
+kiln_status kiln_tokenizer_train_text(const char *text, size_t len, int vocab_size,
+                                      kiln_tokenizer **out);
+/* Hugging Face tokenizer.json: model type "BPE" with ByteLevel
+ * pre-tokenizer/decoder (GPT-2 byte-to-unicode mapping), specials in
+ * added_tokens. Save is atomic. */
+kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out);
+kiln_status kiln_tokenizer_save(const kiln_tokenizer *tok, const char *path);
+void kiln_tokenizer_free(kiln_tokenizer *tok);
+
+int kiln_tokenizer_vocab_size(const kiln_tokenizer *tok); /* max id + 1 */
+int kiln_tokenizer_n_merges(const kiln_tokenizer *tok);
+int kiln_tokenizer_bos(const kiln_tokenizer *tok); /* -1 when absent */
+int kiln_tokenizer_eos(const kiln_tokenizer *tok); /* "<|eos|>", else "<|endoftext|>" */
+int kiln_tokenizer_pad(const kiln_tokenizer *tok);
+/* The bytes of token `id` (specials: their text); NULL if id is unused. */
+const char *kiln_tokenizer_token(const kiln_tokenizer *tok, int id, size_t *len);
+
+/* Encodes any byte string (invalid UTF-8 included). *ids is malloc'd (NULL
+ * when *n_ids == 0 is allowed); the caller frees it. Inputs above ~64 KiB are
+ * split at pre-token boundaries and encoded on kiln_num_threads() threads;
+ * the result does not depend on the thread count. Safe to call from several
+ * threads on the same tokenizer (caches are per call). */
+kiln_status kiln_tokenizer_encode(const kiln_tokenizer *tok, const char *text, size_t len,
+                                  int32_t **ids, size_t *n_ids);
+/* Encodes n_docs documents (doc i = text[starts[i] .. starts[i] + lens[i]))
+ * and appends `sep` (e.g. the eos id; -1 for none) after each one. Documents
+ * are spread over threads; the output is in document order. */
+kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *tok, const char *text,
+                                       const size_t *starts, const size_t *lens, size_t n_docs,
+                                       int32_t sep, int32_t **ids, size_t *n_ids);
+/* Concatenates the tokens' bytes (specials as their text). *out is malloc'd,
+ * NUL-terminated (not counted in *len). An id out of range is an error. */
+kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids, size_t n,
+                                  char **out, size_t *len);
+
+/* ---- token shards --------------------------------------------------------
+ * File layout (little endian), 64-byte header then the tokens:
+ *   0  "KILNTOK1"          8  u32 version (1)     12 u32 token width (2 or 4)
+ *   16 u64 token count     24 u32 vocab size      28 u32 eos id
+ *   32 u32 pad id          36 u32 bos id (0xffffffff = none)
+ *   40 u64 document count  48 16 bytes reserved (zero)
+ * Tokens are uint16 when vocab size <= 65536, else uint32. Every document is
+ * followed by the eos id. */
+#define KILN_SHARD_MAGIC "KILNTOK1"
+#define KILN_SHARD_VERSION 1
+#define KILN_SHARD_HEADER 64
+
+typedef struct {
+    uint32_t version, width, vocab_size, eos_id, pad_id, bos_id;
+    uint64_t count, n_docs;
+} kiln_shard_info;
+
+/* Writes a shard atomically (tokens must be < vocab_size). */
+kiln_status kiln_shard_write(const char *path, const int32_t *tokens, size_t count,
+                             const kiln_shard_info *info);
+
+typedef struct kiln_shard kiln_shard;
+/* Memory-maps and validates the whole shard once (magic, version, width,
+ * count against file size, every token < vocab size). */
+kiln_status kiln_shard_open(const char *path, kiln_shard **out);
+void kiln_shard_close(kiln_shard *s);
+const kiln_shard_info *kiln_shard_get_info(const kiln_shard *s);
+static inline uint32_t kiln_shard_width_token(const void *data, uint32_t width, uint64_t i) {
+    return width == 2 ? ((const uint16_t *)data)[i] : ((const uint32_t *)data)[i];
+}
+uint32_t kiln_shard_token(const kiln_shard *s, uint64_t i); /* i < count */
+
+/* Document splitting for `kiln tokenize`. */
+typedef enum {
+    KILN_DOC_PARAGRAPH = 0, /* runs of non-blank lines, separated by blank lines */
+    KILN_DOC_FILE = 1,      /* each file is one document */
+    KILN_DOC_LINE = 2,      /* each non-blank line */
+} kiln_doc_split;
+
+typedef struct {
+    double val_frac;        /* fraction of documents held out (by content hash) */
+    kiln_doc_split split;
+    uint64_t seed;          /* mixes into the held-out choice */
+} kiln_tokenize_opts;
+
+typedef struct {
+    uint64_t train_tokens, val_tokens, train_docs, val_docs, bytes;
+} kiln_tokenize_stats;
+
+/* Tokenizes the files into DIR/train.bin and DIR/val.bin (DIR is created).
+ * A document goes to val iff a hash of (its bytes, seed) falls below
+ * val_frac, so the split is deterministic and duplicates stay together; when
+ * val_frac > 0 and that leaves val empty, the last document goes there.
+ * Progress is logged through kiln_log. */
+kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *paths, int n_paths,
+                                const char *dir, const kiln_tokenize_opts *opts,
+                                kiln_tokenize_stats *stats);
+
+/* ---- loader --------------------------------------------------------------
+ * Items are rows of T inputs (+1 for the target):
+ *   packed: contiguous windows tokens[wT .. wT+T] (stride T), no padding;
+ *   padded: document-aligned rows: each document's inputs (all its tokens
+ *           but the closing eos) cut into rows of at most T; the last real
+ *           input of a row targets the next token of the document (the eos
+ *           at the end); a short row is right-padded with the pad id,
+ *           pad_mask 0, target KILN_IGNORE_INDEX.
+ * An epoch is a permutation of the items, seeded by (seed, epoch) (identity
+ * when shuffle is off); micro-batch i takes items [iB, iB+B) of it, so a
+ * batch is a pure function of (seed, epoch, index). The final micro-batch of
+ * an epoch may hold fewer rows: `rows` says how many; the rows after it are
+ * all padding (mask 0, targets ignored). */
+typedef enum { KILN_PACK_PACKED = 0, KILN_PACK_PADDED = 1 } kiln_pack_mode;
+
+typedef struct {
+    const char *path;  /* shard */
+    int batch_size;    /* B */
+    int seq_len;       /* T */
+    kiln_pack_mode mode;
+    bool shuffle;
+    uint64_t seed;
+} kiln_loader_config;
+
+typedef struct {
+    int B, T;
+    int rows;            /* rows holding data (< B only in an epoch's last batch) */
+    int64_t n_targets;   /* targets != KILN_IGNORE_INDEX */
+    int64_t epoch, index;
+    int32_t *input_ids;  /* B*T, row-major; wrap with kiln_tensor_wrap if needed */
+    int32_t *targets;    /* B*T */
+    int32_t *pad_mask;   /* B*T, 1 = real token, 0 = padding */
+} kiln_batch;
+
+kiln_batch *kiln_batch_alloc(int B, int T); /* NULL + error on OOM */
+void kiln_batch_free(kiln_batch *b);
+
+typedef struct { int64_t epoch, next_index; } kiln_loader_state;
+
+typedef struct kiln_loader kiln_loader;
+kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out);
+void kiln_loader_close(kiln_loader *l);
+int64_t kiln_loader_len(const kiln_loader *l);   /* micro-batches per epoch */
+int64_t kiln_loader_items(const kiln_loader *l); /* rows per epoch */
+const kiln_shard_info *kiln_loader_info(const kiln_loader *l);
+/* Random access. Not safe to call concurrently on one loader (it caches the
+ * last epoch's permutation); open one loader per thread instead. */
+kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_batch *b);
+/* Sequential: returns batch `state.next_index` of `state.epoch`, then moves
+ * on (to the next epoch after the last batch). */
+kiln_status kiln_loader_next(kiln_loader *l, kiln_batch *b);
+kiln_loader_state kiln_loader_get_state(const kiln_loader *l);
+kiln_status kiln_loader_set_state(kiln_loader *l, kiln_loader_state st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,40 @@
+/* kiln eager: ops execute as they are called, and a tape records what
+ * backward needs (like PyTorch's default mode).
+ *
+ * kiln_eager_enable() installs the recording dispatcher on the calling
+ * thread. An op whose inputs need a gradient (a parameter with
+ * requires_grad, or a tensor computed from one) gets a tape node holding the
+ * tensors its backward rule reads. kiln_backward(loss) walks the tape once,
+ * runs each op's backward rule (written with ops, shared with the compiler),
+ * adds (+=) into every parameter's .grad, and frees the tape's saved
+ * tensors. Frozen parameters (requires_grad false) get no gradient and cost
+ * no backward work for their own gradient.
+ *
+ * Errors: kiln_status + kiln_last_error().
+ */
+#ifndef KILN_EAGER_H
+#define KILN_EAGER_H
+
+#include "kiln/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+void kiln_eager_enable(void);
+void kiln_eager_disable(void);
+/* Turns tape recording on/off on this thread (torch.no_grad); returns the
+ * previous setting. */
+bool kiln_grad_set_enabled(bool on);
+bool kiln_grad_enabled(void);
+/* loss must hold one element; the seed gradient is 1. */
+kiln_status kiln_backward(kiln_tensor *loss);
+/* Seeds with `grad` (same shape as `out`). */
+kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad);
+/* How many ops the eager engine has run on this thread (for benchmarks). */
+uint64_t kiln_eager_op_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,166 @@
+/* kiln ops: the op registry and the op API the model is written against.
+ *
+ * Every op is one registry entry (kiln_op_def): its name, shape rule, eager
+ * forward kernel, backward rule written with ops (so eager autograd and the
+ * graph compiler share one source of truth), and FLOP/byte counts.
+ *
+ * Calling an op (kiln_linear, kiln_add, ...) checks shapes, then hands the
+ * call to the current thread's dispatcher: none installed runs the kernel
+ * at once without recording anything; the eager layer installs one that
+ * also records the autograd tape; a tracer can record graph nodes instead.
+ *
+ * Ownership: every op returns a new reference (release it). Inputs are
+ * borrowed. Errors: an op returns NULL and sets kiln_last_error() naming the
+ * op and the shapes. Any NULL input makes an op return NULL without touching
+ * the error, so a chain of ops can be checked once at its end.
+ */
+#ifndef KILN_OPS_H
+#define KILN_OPS_H
+
+#include "kiln/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_OP_MAX_IN 4
+
+typedef enum {
+    KILN_OP_EMBEDDING,      /* (W[V,C], ids[...] i32) -> [..., C] */
+    KILN_OP_EMBEDDING_BWD,  /* (g[...,C], ids[...]) i0=V -> [V, C] */
+    KILN_OP_MATMUL,         /* see kiln_matmul modes */
+    KILN_OP_ADD,            /* (a, b broadcast to a) -> a's shape */
+    KILN_OP_MUL,            /* (a, b) same shape */
+    KILN_OP_SCALE,          /* (x) f0=c -> c*x */
+    KILN_OP_SCALE_BY,       /* (x, s[1]) -> s*x, s a runtime scalar */
+    KILN_OP_SILU,
+    KILN_OP_SILU_BWD,       /* (x, g) */
+    KILN_OP_RMSNORM,        /* (x[...,C], w[C]) f0=eps */
+    KILN_OP_RMSNORM_BWD_X,  /* (x, w, g) f0=eps */
+    KILN_OP_RMSNORM_BWD_W,  /* (x, w, g) f0=eps -> [C] */
+    KILN_OP_ROPE,           /* (x[B,T,H,D]) f0=theta i0=pos0 i1=inverse */
+    KILN_OP_REPEAT_KV,      /* (x[B,Hkv,T,D]) i0=n_rep -> [B,Hkv*n_rep,T,D] */
+    KILN_OP_REPEAT_KV_BWD,  /* (g[B,H,T,D]) i0=n_rep -> [B,H/n_rep,T,D] */
+    KILN_OP_TRANSPOSE12,    /* [A,B,C,D] -> [A,C,B,D] */
+    KILN_OP_RESHAPE,        /* view; i0=ndim, i1..i4 = shape */
+    KILN_OP_ATTN_MASK,      /* (pad_mask[B,T] i32) i0=q_len -> [B,1,Tq,Tk] additive causal+padding */
+    KILN_OP_SOFTMAX,        /* last dim */
+    KILN_OP_SOFTMAX_BWD,    /* (y, g) */
+    KILN_OP_CROSS_ENTROPY,  /* (logits[...,V], targets[...] i32) i0=ignore -> [1] sum */
+    KILN_OP_CROSS_ENTROPY_BWD, /* (logits, targets, g[1]) i0=ignore */
+    KILN_OP_SUM,            /* -> [1] */
+    KILN_OP_MEAN,           /* -> [1] */
+    KILN_OP_EXPAND,         /* (g[1]) i0=ndim, i1..i4=shape -> filled */
+    KILN_OP_SUM_TO,         /* (g) i0=ndim, i1..i4=shape: sum over broadcast dims */
+    KILN_OP_COUNT
+} kiln_op_id;
+
+typedef struct {
+    int64_t i[6];
+    double f[2];
+} kiln_attrs;
+
+/* Shape and dtype of a tensor without its data. */
+typedef struct {
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    kiln_dtype dtype;
+} kiln_meta;
+
+/* What a backward rule sees: attrs, the saved tensors (NULL where the op
+ * does not save that input), every input's meta, the saved output, and
+ * which inputs need a gradient. */
+typedef struct {
+    int op;
+    kiln_attrs attrs;
+    int n_in;
+    kiln_tensor *in[KILN_OP_MAX_IN];
+    kiln_meta in_meta[KILN_OP_MAX_IN];
+    kiln_tensor *out;
+    bool needs[KILN_OP_MAX_IN];
+} kiln_bw_ctx;
+
+/* Computes gin[i] (new references) for every i with c->needs[i]. */
+typedef kiln_status (*kiln_backward_fn)(const kiln_bw_ctx *c, kiln_tensor *gout, kiln_tensor **gin);
+
+typedef struct {
+    const char *name;
+    int n_in;
+    unsigned save_in;      /* bitmask: inputs the backward rule reads */
+    bool save_out;         /* the backward rule reads the output */
+    bool is_view;          /* output aliases input 0's storage */
+    unsigned nondiff_in;   /* bitmask: inputs that never get a gradient (ids, masks) */
+    kiln_status (*shape)(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out);
+    kiln_status (*forward)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out);
+    kiln_backward_fn backward; /* NULL: not differentiable */
+    double (*flops)(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
+} kiln_op_def;
+
+const kiln_op_def *kiln_op_get(int op);
+const char *kiln_op_name(int op);
+double kiln_op_flops(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
+double kiln_op_bytes(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
+kiln_meta kiln_meta_of(const kiln_tensor *t);
+int64_t kiln_meta_numel(const kiln_meta *m);
+
+/* The generic entry: checks, then dispatches. */
+kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs);
+/* Runs the forward kernel now (allocates the output). For dispatchers. */
+kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out);
+
+typedef kiln_tensor *(*kiln_dispatch_fn)(void *ctx, int op, kiln_tensor *const *in, int n_in,
+                                         const kiln_attrs *attrs, const kiln_meta *out);
+typedef struct {
+    kiln_dispatch_fn fn;
+    void *ctx;
+} kiln_dispatcher;
+/* Thread-local; returns the previous one so it can be restored. */
+kiln_dispatcher kiln_op_set_dispatcher(kiln_dispatcher d);
+kiln_dispatcher kiln_op_get_dispatcher(void);
+
+/* dst += src (same numel, f32), used to accumulate gradients. */
+kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src);
+
+/* ---- the op API -------------------------------------------------------- */
+kiln_tensor *kiln_embedding(kiln_tensor *W, kiln_tensor *ids);
+kiln_tensor *kiln_embedding_backward(kiln_tensor *g, kiln_tensor *ids, int64_t vocab);
+/* y = x·Wᵀ, x [..., K], W [N, K] -> [..., N] (a MATMUL, mode rows) */
+kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W);
+/* MATMUL modes:
+ *  KILN_MM_BATCHED: a [P..., M, K], b [P..., K, N] (last two dims transposed
+ *                   by ta/tb), same leading dims -> [P..., M, N]
+ *  KILN_MM_ROWS:    a [R..., K], b [K, N] (or [N, K] with tb) -> [R..., N]
+ *  KILN_MM_GRAD:    a [R..., M], b [R..., N] -> aᵀ·b = [M, N], summed over rows */
+enum { KILN_MM_BATCHED = 0, KILN_MM_ROWS = 1, KILN_MM_GRAD = 2 };
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb);
+kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_mul(kiln_tensor *a, kiln_tensor *b);
+kiln_tensor *kiln_scale(kiln_tensor *x, double c);
+kiln_tensor *kiln_scale_by(kiln_tensor *x, kiln_tensor *s);
+kiln_tensor *kiln_silu(kiln_tensor *x);
+kiln_tensor *kiln_silu_backward(kiln_tensor *x, kiln_tensor *g);
+kiln_tensor *kiln_rmsnorm(kiln_tensor *x, kiln_tensor *w, double eps);
+kiln_tensor *kiln_rmsnorm_backward_x(kiln_tensor *x, kiln_tensor *w, kiln_tensor *g, double eps);
+kiln_tensor *kiln_rmsnorm_backward_w(kiln_tensor *x, kiln_tensor *w, kiln_tensor *g, double eps);
+kiln_tensor *kiln_rope(kiln_tensor *x, double theta, int64_t pos0, bool inverse);
+kiln_tensor *kiln_repeat_kv(kiln_tensor *x, int64_t n_rep);
+kiln_tensor *kiln_repeat_kv_backward(kiln_tensor *g, int64_t n_rep);
+kiln_tensor *kiln_transpose12(kiln_tensor *x);
+kiln_tensor *kiln_reshape(kiln_tensor *x, int ndim, const int64_t *shape);
+/* pad_mask [B, Tk] (1 real, 0 pad) -> [B, 1, Tq, Tk] with 0 where query i
+ * (at absolute position Tk-Tq+i) may see key j, -inf elsewhere. */
+kiln_tensor *kiln_attn_mask(kiln_tensor *pad_mask, int64_t q_len);
+kiln_tensor *kiln_softmax(kiln_tensor *x);
+kiln_tensor *kiln_softmax_backward(kiln_tensor *y, kiln_tensor *g);
+kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index);
+kiln_tensor *kiln_cross_entropy_backward(kiln_tensor *logits, kiln_tensor *targets, kiln_tensor *g,
+                                         int32_t ignore_index);
+kiln_tensor *kiln_sum(kiln_tensor *x);
+kiln_tensor *kiln_mean(kiln_tensor *x);
+kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
+kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

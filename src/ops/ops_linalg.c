@@ -1,0 +1,169 @@
+/* Matrix products and the embedding lookup. */
+#include "internal.h"
+
+/* ---- embedding ---------------------------------------------------------- */
+static kiln_status emb_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    if (in[0].ndim != 2 || in[0].dtype != KILN_F32 || in[1].dtype != KILN_I32 || in[1].ndim > 3)
+        return kiln_op_shape_error("embedding", in, 2, "need W [V, C] f32 and ids i32 with at most 3 dims");
+    *out = in[1];
+    out->dtype = KILN_F32;
+    out->shape[out->ndim++] = in[0].shape[1];
+    return KILN_OK;
+}
+static kiln_status emb_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    (void)a;
+    int64_t n = kiln_tensor_numel(in[1]), V = in[0]->shape[0];
+    const int32_t *ids = kiln_i32(in[1]);
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return kiln_error(KILN_ERR_RANGE, "op embedding: token id %d at position %lld is outside [0, %lld)",
+                              ids[i], (long long)i, (long long)V);
+    kiln_k_embedding(kiln_f32(in[0]), ids, kiln_f32(out), n, in[0]->shape[1]);
+    return KILN_OK;
+}
+static kiln_status emb_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    if (c->needs[0]) gin[0] = kiln_embedding_backward(g, c->in[1], c->in_meta[0].shape[0]);
+    return gin[0] || !c->needs[0] ? KILN_OK : kiln_last_status();
+}
+const kiln_op_def kiln_opdef_embedding = {
+    .name = "embedding", .n_in = 2, .save_in = 2, .nondiff_in = 2,
+    .shape = emb_shape, .forward = emb_fwd, .backward = emb_bw,
+};
+
+static kiln_status embbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    if (in[0].dtype != KILN_F32 || in[1].dtype != KILN_I32 || in[0].ndim != in[1].ndim + 1 || a->i[0] <= 0)
+        return kiln_op_shape_error("embedding_backward", in, 2, "need g [..., C] and ids [...], vocab > 0");
+    int64_t s[2] = {a->i[0], in[0].shape[in[0].ndim - 1]};
+    *out = kiln_meta_make(KILN_F32, 2, s);
+    return KILN_OK;
+}
+static kiln_status embbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    memset(out->data, 0, kiln_tensor_nbytes(out));
+    kiln_k_embedding_backward(kiln_f32(in[0]), kiln_i32(in[1]), kiln_f32(out), kiln_tensor_numel(in[1]),
+                              out->shape[1], a->i[0]);
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_embedding_bwd = {
+    .name = "embedding_backward", .n_in = 2, .nondiff_in = 2, .shape = embbw_shape, .forward = embbw_fwd,
+};
+
+/* ---- matmul ------------------------------------------------------------- */
+/* Fills a gemm descriptor from input metas; also used by the shape rule. */
+static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_desc *d, kiln_meta *out) {
+    const kiln_meta *A = &in[0], *B = &in[1];
+    int mode = (int)a->i[0];
+    bool ta = a->i[1], tb = a->i[2];
+    *d = (kiln_gemm_desc){.transA = ta, .transB = tb, .alpha = 1, .beta = 0, .batch = 1};
+    if (A->dtype != KILN_F32 || B->dtype != KILN_F32)
+        return kiln_op_shape_error("matmul", in, 2, "inputs must be f32");
+    if (mode == KILN_MM_BATCHED) {
+        if (A->ndim < 2 || A->ndim != B->ndim)
+            return kiln_op_shape_error("matmul", in, 2, "batched product needs equal ranks >= 2");
+        int n = A->ndim;
+        for (int i = 0; i < n - 2; i++) {
+            if (A->shape[i] != B->shape[i])
+                return kiln_op_shape_error("matmul", in, 2, "leading dim %d differs", i);
+            d->batch *= A->shape[i];
+        }
+        int64_t ar = A->shape[n - 2], ac = A->shape[n - 1], br = B->shape[n - 2], bc = B->shape[n - 1];
+        d->M = ta ? ac : ar;
+        d->K = ta ? ar : ac;
+        int64_t kb = tb ? bc : br;
+        d->N = tb ? br : bc;
+        if (kb != d->K) return kiln_op_shape_error("matmul", in, 2, "inner sizes %lld and %lld differ", (long long)d->K, (long long)kb);
+        d->lda = ac;
+        d->ldb = bc;
+        d->ldc = d->N;
+        d->strideA = ar * ac;
+        d->strideB = br * bc;
+        d->strideC = d->M * d->N;
+        *out = *A;
+        out->shape[n - 2] = d->M;
+        out->shape[n - 1] = d->N;
+    } else if (mode == KILN_MM_ROWS) {
+        if (ta || A->ndim < 1 || B->ndim != 2)
+            return kiln_op_shape_error("matmul", in, 2, "row product needs a [..., K] and b 2-D");
+        d->K = A->shape[A->ndim - 1];
+        d->M = kiln_meta_rows(A);
+        int64_t kb = tb ? B->shape[1] : B->shape[0];
+        d->N = tb ? B->shape[0] : B->shape[1];
+        if (kb != d->K) return kiln_op_shape_error("matmul", in, 2, "inner sizes %lld and %lld differ", (long long)d->K, (long long)kb);
+        d->lda = d->K;
+        d->ldb = B->shape[1];
+        d->ldc = d->N;
+        *out = *A;
+        out->shape[out->ndim - 1] = d->N;
+    } else if (mode == KILN_MM_GRAD) {
+        if (A->ndim < 1 || B->ndim < 1 || kiln_meta_rows(A) != kiln_meta_rows(B))
+            return kiln_op_shape_error("matmul", in, 2, "gradient product needs equal row counts");
+        d->transA = true;
+        d->transB = false;
+        d->M = A->shape[A->ndim - 1];
+        d->N = B->shape[B->ndim - 1];
+        d->K = kiln_meta_rows(A);
+        d->lda = d->M;
+        d->ldb = d->N;
+        d->ldc = d->N;
+        int64_t s[2] = {d->M, d->N};
+        *out = kiln_meta_make(KILN_F32, 2, s);
+    } else {
+        return kiln_op_shape_error("matmul", in, 2, "unknown mode %d", mode);
+    }
+    return KILN_OK;
+}
+static kiln_status mm_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    kiln_gemm_desc d;
+    return mm_desc(in, a, &d, out);
+}
+static kiln_status mm_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    kiln_meta m[2] = {kiln_meta_of(in[0]), kiln_meta_of(in[1])}, o;
+    kiln_gemm_desc d;
+    kiln_status st = mm_desc(m, a, &d, &o);
+    if (st) return st;
+    return kiln_gemm_f32(&d, kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out));
+}
+static kiln_status mm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    int mode = (int)c->attrs.i[0];
+    bool ta = c->attrs.i[1], tb = c->attrs.i[2];
+    kiln_tensor *A = c->in[0], *B = c->in[1];
+    if (mode == KILN_MM_BATCHED) {
+        if (c->needs[0]) gin[0] = ta ? kiln_matmul(B, g, mode, tb, true) : kiln_matmul(g, B, mode, false, !tb);
+        if (c->needs[1]) gin[1] = tb ? kiln_matmul(g, A, mode, true, ta) : kiln_matmul(A, g, mode, !ta, false);
+    } else if (mode == KILN_MM_ROWS) {
+        if (c->needs[0]) gin[0] = kiln_matmul(g, B, mode, false, !tb);
+        if (c->needs[1]) gin[1] = tb ? kiln_matmul(g, A, KILN_MM_GRAD, false, false) : kiln_matmul(A, g, KILN_MM_GRAD, false, false);
+    } else {
+        return kiln_error(KILN_ERR_UNSUPPORTED, "op matmul: the gradient-product mode has no backward");
+    }
+    for (int i = 0; i < 2; i++)
+        if (c->needs[i] && !gin[i]) return kiln_last_status();
+    return KILN_OK;
+}
+static double mm_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)out;
+    kiln_gemm_desc d;
+    kiln_meta o;
+    if (mm_desc(in, a, &d, &o)) return 0;
+    return 2.0 * (double)d.batch * (double)d.M * (double)d.N * (double)d.K;
+}
+const kiln_op_def kiln_opdef_matmul = {
+    .name = "matmul", .n_in = 2, .save_in = 3, .shape = mm_shape, .forward = mm_fwd, .backward = mm_bw,
+    .flops = mm_flops,
+};
+
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb) {
+    kiln_attrs at = {.i = {mode, ta, tb}};
+    kiln_tensor *in[2] = {a, b};
+    return kiln_op_call(KILN_OP_MATMUL, in, 2, &at);
+}
+kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W) { return kiln_matmul(x, W, KILN_MM_ROWS, false, true); }
+kiln_tensor *kiln_embedding(kiln_tensor *W, kiln_tensor *ids) {
+    kiln_tensor *in[2] = {W, ids};
+    return kiln_op_call(KILN_OP_EMBEDDING, in, 2, NULL);
+}
+kiln_tensor *kiln_embedding_backward(kiln_tensor *g, kiln_tensor *ids, int64_t vocab) {
+    kiln_attrs at = {.i = {vocab}};
+    kiln_tensor *in[2] = {g, ids};
+    return kiln_op_call(KILN_OP_EMBEDDING_BWD, in, 2, &at);
+}

@@ -1,0 +1,311 @@
+/* Neural-network ops: normalisation, rotary embedding, attention pieces,
+ * softmax and the loss. */
+#include "internal.h"
+
+static kiln_status need_ok(const kiln_bw_ctx *c, kiln_tensor **gin) {
+    for (int i = 0; i < c->n_in; i++)
+        if (c->needs[i] && !gin[i]) return kiln_last_status() ? kiln_last_status() : KILN_ERR_INVALID;
+    return KILN_OK;
+}
+
+/* ---- rmsnorm ------------------------------------------------------------- */
+static kiln_status rms_check(const char *name, const kiln_meta *in, int n) {
+    int64_t C = in[0].ndim ? in[0].shape[in[0].ndim - 1] : 0;
+    if (in[0].dtype != KILN_F32 || in[1].dtype != KILN_F32 || in[1].ndim != 1 || in[1].shape[0] != C || C == 0)
+        return kiln_op_shape_error(name, in, n, "need x [..., C] and w [C], f32");
+    if (n == 3 && (in[2].ndim != in[0].ndim || memcmp(in[2].shape, in[0].shape, sizeof(int64_t) * (size_t)in[0].ndim)))
+        return kiln_op_shape_error(name, in, n, "gradient shape differs from x");
+    return KILN_OK;
+}
+static kiln_status rms_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    *out = in[0];
+    return rms_check("rmsnorm", in, 2);
+}
+static kiln_status rms_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    int64_t C = in[1]->shape[0];
+    kiln_k_rmsnorm(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out), kiln_tensor_numel(in[0]) / C, C, (float)a->f[0]);
+    return KILN_OK;
+}
+static kiln_status rms_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    if (c->needs[0]) gin[0] = kiln_rmsnorm_backward_x(c->in[0], c->in[1], g, c->attrs.f[0]);
+    if (c->needs[1]) gin[1] = kiln_rmsnorm_backward_w(c->in[0], c->in[1], g, c->attrs.f[0]);
+    return need_ok(c, gin);
+}
+static double rms_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)a, (void)out;
+    return 4.0 * (double)kiln_meta_numel(&in[0]);
+}
+const kiln_op_def kiln_opdef_rmsnorm = {.name = "rmsnorm", .n_in = 2, .save_in = 3, .shape = rms_shape, .forward = rms_fwd,
+                                        .backward = rms_bw, .flops = rms_flops};
+
+static kiln_status rmsbx_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    *out = in[0];
+    return rms_check("rmsnorm_backward_x", in, 3);
+}
+static kiln_status rmsbx_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    int64_t C = in[1]->shape[0];
+    kiln_k_rmsnorm_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_f32(out), NULL,
+                            kiln_tensor_numel(in[0]) / C, C, (float)a->f[0]);
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_rmsnorm_bwd_x = {.name = "rmsnorm_backward_x", .n_in = 3, .shape = rmsbx_shape,
+                                              .forward = rmsbx_fwd, .flops = rms_flops};
+static kiln_status rmsbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    *out = in[1];
+    return rms_check("rmsnorm_backward_w", in, 3);
+}
+static kiln_status rmsbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    int64_t C = in[1]->shape[0], n = kiln_tensor_numel(in[0]);
+    float *scratch = kiln_alloc((size_t)n * sizeof(float));
+    if (!scratch) return KILN_ERR_OOM;
+    memset(out->data, 0, kiln_tensor_nbytes(out));
+    kiln_k_rmsnorm_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), scratch, kiln_f32(out), n / C, C,
+                            (float)a->f[0]);
+    kiln_dealloc(scratch);
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_rmsnorm_bwd_w = {.name = "rmsnorm_backward_w", .n_in = 3, .shape = rmsbw_shape,
+                                              .forward = rmsbw_fwd, .flops = rms_flops};
+
+/* ---- rope ------------------------------------------------------------------ */
+static kiln_status rope_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    if (in[0].ndim != 4 || in[0].dtype != KILN_F32 || in[0].shape[3] % 2)
+        return kiln_op_shape_error("rope", in, 1, "need x [B, T, H, D] f32 with even D");
+    if (!(a->f[0] > 0) || a->i[0] < 0) return kiln_op_shape_error("rope", in, 1, "theta must be > 0 and pos0 >= 0");
+    *out = in[0];
+    return KILN_OK;
+}
+static kiln_status rope_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    const int64_t *s = in[0]->shape;
+    kiln_k_rope(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], (float)a->f[0], a->i[1] != 0);
+    return KILN_OK;
+}
+static kiln_status rope_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    gin[0] = kiln_rope(g, c->attrs.f[0], c->attrs.i[0], !c->attrs.i[1]);
+    return need_ok(c, gin);
+}
+static double rope_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)a, (void)out;
+    return 3.0 * (double)kiln_meta_numel(&in[0]);
+}
+const kiln_op_def kiln_opdef_rope = {.name = "rope", .n_in = 1, .shape = rope_shape, .forward = rope_fwd, .backward = rope_bw,
+                                     .flops = rope_flops};
+
+/* ---- repeat_kv ([B, Hkv, T, D] -> [B, Hkv*n_rep, T, D], head h reads h/n_rep) -- */
+static kiln_status rep_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    if (in[0].ndim != 4 || in[0].dtype != KILN_F32 || a->i[0] < 1)
+        return kiln_op_shape_error("repeat_kv", in, 1, "need x [B, Hkv, T, D] f32 and n_rep >= 1");
+    *out = in[0];
+    out->shape[1] *= a->i[0];
+    return KILN_OK;
+}
+static kiln_status rep_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    const int64_t *s = in[0]->shape;
+    int64_t B = s[0], Hk = s[1], blk = s[2] * s[3], R = a->i[0];
+    const float *x = kiln_f32(in[0]);
+    float *y = kiln_f32(out);
+#pragma omp parallel for collapse(2) if (B * Hk * R * blk > 65536) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hk * R; h++)
+            memcpy(y + (b * Hk * R + h) * blk, x + (b * Hk + h / R) * blk, (size_t)blk * sizeof(float));
+    return KILN_OK;
+}
+static kiln_status rep_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    gin[0] = c->attrs.i[0] == 1 ? kiln_tensor_retain(g) : kiln_repeat_kv_backward(g, c->attrs.i[0]);
+    return need_ok(c, gin);
+}
+const kiln_op_def kiln_opdef_repeat_kv = {.name = "repeat_kv", .n_in = 1, .shape = rep_shape, .forward = rep_fwd, .backward = rep_bw};
+
+static kiln_status repbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    if (in[0].ndim != 4 || in[0].dtype != KILN_F32 || a->i[0] < 1 || in[0].shape[1] % a->i[0])
+        return kiln_op_shape_error("repeat_kv_backward", in, 1, "need g [B, H, T, D] with H a multiple of n_rep");
+    *out = in[0];
+    out->shape[1] /= a->i[0];
+    return KILN_OK;
+}
+static kiln_status repbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    const int64_t *s = out->shape;
+    int64_t B = s[0], Hk = s[1], blk = s[2] * s[3], R = a->i[0];
+    const float *g = kiln_f32(in[0]);
+    float *y = kiln_f32(out);
+#pragma omp parallel for collapse(2) if (B * Hk * R * blk > 65536) schedule(static)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hk; h++) {
+            float *dst = y + (b * Hk + h) * blk;
+            const float *src = g + (b * Hk + h) * R * blk;
+            memcpy(dst, src, (size_t)blk * sizeof(float));
+            for (int64_t r = 1; r < R; r++) kiln_k_axpy(1.0f, src + r * blk, dst, blk);
+        }
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_repeat_kv_bwd = {.name = "repeat_kv_backward", .n_in = 1, .shape = repbw_shape, .forward = repbw_fwd};
+
+/* ---- attention mask ---------------------------------------------------------- */
+static kiln_status mask_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    if (in[0].ndim != 2 || in[0].dtype != KILN_I32 || a->i[0] < 1 || a->i[0] > in[0].shape[1])
+        return kiln_op_shape_error("attn_mask", in, 1, "need pad_mask [B, T] i32 and 1 <= q_len <= T");
+    int64_t s[4] = {in[0].shape[0], 1, a->i[0], in[0].shape[1]};
+    *out = kiln_meta_make(KILN_F32, 4, s);
+    return KILN_OK;
+}
+static kiln_status mask_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    int64_t B = in[0]->shape[0], Tk = in[0]->shape[1], Tq = a->i[0];
+    const int32_t *pm = kiln_i32(in[0]);
+    float *m = kiln_f32(out);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < Tq; i++) {
+            int64_t p = Tk - Tq + i;
+            float *row = m + (b * Tq + i) * Tk;
+            for (int64_t j = 0; j < Tk; j++) row[j] = (j <= p && pm[b * Tk + j]) ? 0.0f : -INFINITY;
+        }
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_attn_mask = {.name = "attn_mask", .n_in = 1, .nondiff_in = 1, .shape = mask_shape, .forward = mask_fwd};
+
+/* ---- softmax ------------------------------------------------------------------- */
+static kiln_status sm_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    if (in[0].dtype != KILN_F32 || in[0].ndim < 1) return kiln_op_shape_error("softmax", in, 1, "need f32 input");
+    *out = in[0];
+    return KILN_OK;
+}
+static kiln_status sm_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    (void)a;
+    int64_t n = in[0]->shape[in[0]->ndim - 1];
+    kiln_k_softmax(kiln_f32(in[0]), kiln_f32(out), kiln_tensor_numel(out) / (n ? n : 1), n);
+    return KILN_OK;
+}
+static kiln_status sm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    gin[0] = kiln_softmax_backward(c->out, g);
+    return need_ok(c, gin);
+}
+static double sm_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)a, (void)out;
+    return 5.0 * (double)kiln_meta_numel(&in[0]);
+}
+const kiln_op_def kiln_opdef_softmax = {.name = "softmax", .n_in = 1, .save_out = true, .shape = sm_shape, .forward = sm_fwd,
+                                        .backward = sm_bw, .flops = sm_flops};
+static kiln_status smbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    if (in[0].dtype != KILN_F32 || in[1].dtype != KILN_F32 || in[0].ndim != in[1].ndim ||
+        memcmp(in[0].shape, in[1].shape, sizeof(int64_t) * (size_t)in[0].ndim))
+        return kiln_op_shape_error("softmax_backward", in, 2, "y and g must have one f32 shape");
+    *out = in[0];
+    return KILN_OK;
+}
+static kiln_status smbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    (void)a;
+    int64_t n = in[0]->shape[in[0]->ndim - 1];
+    kiln_k_softmax_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out), kiln_tensor_numel(out) / (n ? n : 1), n);
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_softmax_bwd = {.name = "softmax_backward", .n_in = 2, .shape = smbw_shape, .forward = smbw_fwd,
+                                            .flops = sm_flops};
+
+/* ---- cross-entropy (sum over counted rows) ---------------------------------- */
+static kiln_status ce_check(const char *name, const kiln_meta *in, int n) {
+    const kiln_meta *L = &in[0], *T = &in[1];
+    if (L->dtype != KILN_F32 || T->dtype != KILN_I32 || L->ndim < 1 || kiln_meta_rows(L) != kiln_meta_numel(T))
+        return kiln_op_shape_error(name, in, n, "need logits [..., V] f32 and one i32 target per row");
+    if (n == 3 && (in[2].dtype != KILN_F32 || kiln_meta_numel(&in[2]) != 1))
+        return kiln_op_shape_error(name, in, n, "the incoming gradient must be one f32");
+    return KILN_OK;
+}
+static kiln_status ce_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    int64_t one = 1;
+    *out = kiln_meta_make(KILN_F32, 1, &one);
+    return ce_check("cross_entropy", in, 2);
+}
+static kiln_status ce_targets_ok(const kiln_tensor *logits, const kiln_tensor *targets, int32_t ignore) {
+    int64_t V = logits->shape[logits->ndim - 1], n = kiln_tensor_numel(targets);
+    const int32_t *t = kiln_i32(targets);
+    for (int64_t i = 0; i < n; i++)
+        if (t[i] != ignore && (t[i] < 0 || t[i] >= V))
+            return kiln_error(KILN_ERR_RANGE, "op cross_entropy: target %d at position %lld is outside [0, %lld)",
+                              t[i], (long long)i, (long long)V);
+    return KILN_OK;
+}
+static kiln_status ce_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    int32_t ignore = (int32_t)a->i[0];
+    kiln_status st = ce_targets_ok(in[0], in[1], ignore);
+    if (st) return st;
+    int64_t V = in[0]->shape[in[0]->ndim - 1], count = 0;
+    double s = kiln_k_cross_entropy(kiln_f32(in[0]), kiln_i32(in[1]), kiln_tensor_numel(in[1]), V, ignore, &count);
+    kiln_f32(out)[0] = (float)s;
+    return KILN_OK;
+}
+static kiln_status ce_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    gin[0] = kiln_cross_entropy_backward(c->in[0], c->in[1], g, (int32_t)c->attrs.i[0]);
+    return need_ok(c, gin);
+}
+static double ce_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)a, (void)out;
+    return 4.0 * (double)kiln_meta_numel(&in[0]);
+}
+const kiln_op_def kiln_opdef_cross_entropy = {.name = "cross_entropy", .n_in = 2, .save_in = 3, .nondiff_in = 2,
+                                              .shape = ce_shape, .forward = ce_fwd, .backward = ce_bw, .flops = ce_flops};
+static kiln_status cebw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    *out = in[0];
+    return ce_check("cross_entropy_backward", in, 3);
+}
+static kiln_status cebw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    int64_t V = in[0]->shape[in[0]->ndim - 1];
+    kiln_k_cross_entropy_backward(kiln_f32(in[0]), kiln_i32(in[1]), kiln_f32(in[2])[0], kiln_f32(out),
+                                  kiln_tensor_numel(in[1]), V, (int32_t)a->i[0]);
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_cross_entropy_bwd = {.name = "cross_entropy_backward", .n_in = 3, .nondiff_in = 6,
+                                                  .shape = cebw_shape, .forward = cebw_fwd, .flops = ce_flops};
+
+/* ---- API ---------------------------------------------------------------------- */
+kiln_tensor *kiln_rmsnorm(kiln_tensor *x, kiln_tensor *w, double eps) {
+    kiln_attrs a = {.f = {eps}};
+    kiln_tensor *in[2] = {x, w};
+    return kiln_op_call(KILN_OP_RMSNORM, in, 2, &a);
+}
+kiln_tensor *kiln_rmsnorm_backward_x(kiln_tensor *x, kiln_tensor *w, kiln_tensor *g, double eps) {
+    kiln_attrs a = {.f = {eps}};
+    kiln_tensor *in[3] = {x, w, g};
+    return kiln_op_call(KILN_OP_RMSNORM_BWD_X, in, 3, &a);
+}
+kiln_tensor *kiln_rmsnorm_backward_w(kiln_tensor *x, kiln_tensor *w, kiln_tensor *g, double eps) {
+    kiln_attrs a = {.f = {eps}};
+    kiln_tensor *in[3] = {x, w, g};
+    return kiln_op_call(KILN_OP_RMSNORM_BWD_W, in, 3, &a);
+}
+kiln_tensor *kiln_rope(kiln_tensor *x, double theta, int64_t pos0, bool inverse) {
+    kiln_attrs a = {.i = {pos0, inverse}, .f = {theta}};
+    return kiln_op_call(KILN_OP_ROPE, &x, 1, &a);
+}
+kiln_tensor *kiln_repeat_kv(kiln_tensor *x, int64_t n_rep) {
+    kiln_attrs a = {.i = {n_rep}};
+    return kiln_op_call(KILN_OP_REPEAT_KV, &x, 1, &a);
+}
+kiln_tensor *kiln_repeat_kv_backward(kiln_tensor *g, int64_t n_rep) {
+    kiln_attrs a = {.i = {n_rep}};
+    return kiln_op_call(KILN_OP_REPEAT_KV_BWD, &g, 1, &a);
+}
+kiln_tensor *kiln_attn_mask(kiln_tensor *pad_mask, int64_t q_len) {
+    kiln_attrs a = {.i = {q_len}};
+    return kiln_op_call(KILN_OP_ATTN_MASK, &pad_mask, 1, &a);
+}
+kiln_tensor *kiln_softmax(kiln_tensor *x) { return kiln_op_call(KILN_OP_SOFTMAX, &x, 1, NULL); }
+kiln_tensor *kiln_softmax_backward(kiln_tensor *y, kiln_tensor *g) {
+    kiln_tensor *in[2] = {y, g};
+    return kiln_op_call(KILN_OP_SOFTMAX_BWD, in, 2, NULL);
+}
+kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index) {
+    kiln_attrs a = {.i = {ignore_index}};
+    kiln_tensor *in[2] = {logits, targets};
+    return kiln_op_call(KILN_OP_CROSS_ENTROPY, in, 2, &a);
+}
+kiln_tensor *kiln_cross_entropy_backward(kiln_tensor *logits, kiln_tensor *targets, kiln_tensor *g, int32_t ignore_index) {
+    kiln_attrs a = {.i = {ignore_index}};
+    kiln_tensor *in[3] = {logits, targets, g};
+    return kiln_op_call(KILN_OP_CROSS_ENTROPY_BWD, in, 3, &a);
+}

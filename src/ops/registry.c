@@ -1,0 +1,152 @@
+/* The op registry, the checked entry point and the dispatcher slot. */
+#include <stdarg.h>
+#include <stdio.h>
+#include "internal.h"
+
+static const kiln_op_def *const registry[KILN_OP_COUNT] = {
+    [KILN_OP_EMBEDDING] = &kiln_opdef_embedding,
+    [KILN_OP_EMBEDDING_BWD] = &kiln_opdef_embedding_bwd,
+    [KILN_OP_MATMUL] = &kiln_opdef_matmul,
+    [KILN_OP_ADD] = &kiln_opdef_add,
+    [KILN_OP_MUL] = &kiln_opdef_mul,
+    [KILN_OP_SCALE] = &kiln_opdef_scale,
+    [KILN_OP_SCALE_BY] = &kiln_opdef_scale_by,
+    [KILN_OP_SILU] = &kiln_opdef_silu,
+    [KILN_OP_SILU_BWD] = &kiln_opdef_silu_bwd,
+    [KILN_OP_RMSNORM] = &kiln_opdef_rmsnorm,
+    [KILN_OP_RMSNORM_BWD_X] = &kiln_opdef_rmsnorm_bwd_x,
+    [KILN_OP_RMSNORM_BWD_W] = &kiln_opdef_rmsnorm_bwd_w,
+    [KILN_OP_ROPE] = &kiln_opdef_rope,
+    [KILN_OP_REPEAT_KV] = &kiln_opdef_repeat_kv,
+    [KILN_OP_REPEAT_KV_BWD] = &kiln_opdef_repeat_kv_bwd,
+    [KILN_OP_TRANSPOSE12] = &kiln_opdef_transpose12,
+    [KILN_OP_RESHAPE] = &kiln_opdef_reshape,
+    [KILN_OP_ATTN_MASK] = &kiln_opdef_attn_mask,
+    [KILN_OP_SOFTMAX] = &kiln_opdef_softmax,
+    [KILN_OP_SOFTMAX_BWD] = &kiln_opdef_softmax_bwd,
+    [KILN_OP_CROSS_ENTROPY] = &kiln_opdef_cross_entropy,
+    [KILN_OP_CROSS_ENTROPY_BWD] = &kiln_opdef_cross_entropy_bwd,
+    [KILN_OP_SUM] = &kiln_opdef_sum,
+    [KILN_OP_MEAN] = &kiln_opdef_mean,
+    [KILN_OP_EXPAND] = &kiln_opdef_expand,
+    [KILN_OP_SUM_TO] = &kiln_opdef_sum_to,
+};
+
+const kiln_op_def *kiln_op_get(int op) { return op >= 0 && op < KILN_OP_COUNT ? registry[op] : NULL; }
+const char *kiln_op_name(int op) {
+    const kiln_op_def *d = kiln_op_get(op);
+    return d ? d->name : "?";
+}
+
+kiln_meta kiln_meta_of(const kiln_tensor *t) { return kiln_meta_make(t->dtype, t->ndim, t->shape); }
+
+int64_t kiln_meta_numel(const kiln_meta *m) {
+    int64_t n = 1;
+    for (int i = 0; i < m->ndim; i++) n *= m->shape[i];
+    return n;
+}
+int64_t kiln_meta_rows(const kiln_meta *m) {
+    return m->ndim ? kiln_meta_numel(m) / (m->shape[m->ndim - 1] ? m->shape[m->ndim - 1] : 1) : 1;
+}
+
+const char *kiln_meta_str(const kiln_meta *m, char *buf, size_t n) {
+    kiln_tensor t = {.ndim = m->ndim, .dtype = m->dtype};
+    memcpy(t.shape, m->shape, sizeof t.shape);
+    return kiln_shape_str(&t, buf, n);
+}
+
+kiln_status kiln_op_shape_error(const char *op, const kiln_meta *in, int n_in, const char *fmt, ...) {
+    char why[256], shapes[512] = "", b[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (n_in > 0) {
+        size_t o = 0;
+        for (int i = 0; i < n_in && o < sizeof shapes; i++)
+            o += (size_t)snprintf(shapes + o, sizeof shapes - o, "%s%s", i ? ", " : "",
+                                  kiln_meta_str(&in[i], b, sizeof b));
+    }
+    return kiln_error(KILN_ERR_SHAPE, "op %s: %s%s%s%s", op, why, n_in > 0 ? " (inputs " : "", shapes,
+                      n_in > 0 ? ")" : "");
+}
+
+void kiln_attrs_set_shape(kiln_attrs *a, int ndim, const int64_t *shape) {
+    a->i[0] = ndim;
+    for (int i = 0; i < KILN_MAX_DIMS; i++) a->i[1 + i] = i < ndim ? shape[i] : 1;
+}
+kiln_meta kiln_attrs_shape(const kiln_attrs *a, kiln_dtype dt) {
+    kiln_meta m = {.ndim = (int)a->i[0], .dtype = dt};
+    for (int i = 0; i < m.ndim && i < KILN_MAX_DIMS; i++) m.shape[i] = a->i[1 + i];
+    return m;
+}
+
+double kiln_op_flops(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    const kiln_op_def *d = kiln_op_get(op);
+    if (d && d->flops) return d->flops(in, a, out);
+    return d ? (double)kiln_meta_numel(out) : 0;
+}
+
+double kiln_op_bytes(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)a;
+    const kiln_op_def *d = kiln_op_get(op);
+    if (!d || d->is_view) return 0;
+    double b = (double)kiln_meta_numel(out) * (double)kiln_dtype_size(out->dtype);
+    for (int i = 0; i < d->n_in; i++) b += (double)kiln_meta_numel(&in[i]) * (double)kiln_dtype_size(in[i].dtype);
+    return b;
+}
+
+static _Thread_local kiln_dispatcher current;
+
+kiln_dispatcher kiln_op_set_dispatcher(kiln_dispatcher d) {
+    kiln_dispatcher old = current;
+    current = d;
+    return old;
+}
+kiln_dispatcher kiln_op_get_dispatcher(void) { return current; }
+
+kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out) {
+    const kiln_op_def *d = registry[op];
+    kiln_tensor *t = d->is_view ? kiln_tensor_view(in[0], out->ndim, out->shape)
+                                : kiln_tensor_new(out->dtype, out->ndim, out->shape);
+    if (!t) return NULL;
+    if (d->is_view) return t;
+    kiln_status st = d->forward(in, attrs, t);
+    if (st != KILN_OK) {
+        kiln_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs) {
+    const kiln_op_def *d = kiln_op_get(op);
+    if (!d) {
+        kiln_error(KILN_ERR_INVALID, "unknown op %d", op);
+        return NULL;
+    }
+    if (n_in != d->n_in) {
+        kiln_error(KILN_ERR_INVALID, "op %s takes %d inputs, got %d", d->name, d->n_in, n_in);
+        return NULL;
+    }
+    kiln_meta m[KILN_OP_MAX_IN];
+    for (int i = 0; i < n_in; i++) {
+        if (!in[i]) return NULL; /* propagate the earlier error */
+        m[i] = kiln_meta_of(in[i]);
+    }
+    kiln_attrs a = attrs ? *attrs : (kiln_attrs){0};
+    kiln_meta out;
+    if (d->shape(m, &a, &out) != KILN_OK) return NULL;
+    if (current.fn) return current.fn(current.ctx, op, in, n_in, &a, &out);
+    return kiln_op_execute(op, in, &a, &out);
+}
+
+kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src) {
+    if (kiln_tensor_numel(dst) != kiln_tensor_numel(src) || dst->dtype != KILN_F32 || src->dtype != KILN_F32) {
+        char a[96], b[96];
+        return kiln_error(KILN_ERR_SHAPE, "accumulate: %s += %s does not fit", kiln_shape_str(dst, a, sizeof a),
+                          kiln_shape_str(src, b, sizeof b));
+    }
+    kiln_k_axpy(1.0f, kiln_f32(src), kiln_f32(dst), kiln_tensor_numel(dst));
+    return KILN_OK;
+}
