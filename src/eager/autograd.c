@@ -192,8 +192,8 @@ kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad) {
         if (out->requires_grad) return accumulate_leaf(out, grad);
         return kiln_error(KILN_ERR_INVALID, "backward: the tensor does not depend on any parameter that requires a gradient");
     }
-    node **order;
-    int count;
+    node **order = NULL;
+    int count = 0;
     kiln_status st = collect((node *)out->node, &order, &count);
     if (st) return st;
     bool was = kiln_grad_set_enabled(false);
