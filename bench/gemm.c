@@ -1,0 +1,436 @@
+/* bench/gemm: which GEMM should kiln use? Times every candidate on the
+ * products of one training step of the 'small' Llama (n = 8·256 tokens,
+ * hidden 512, intermediate 1376, vocab 8192):
+ *   forward  y  = x·Wᵀ   (NT: M=n,   N=out, K=in)
+ *   backward dx = dy·W   (NN: M=n,   N=in,  K=out)
+ *            dW = dyᵀ·x  (TN: M=out, N=in,  K=n)
+ * Candidates: kiln_gemm_f32 (oneDNN matmul, cached primitive), dnnl_sgemm,
+ * OpenBLAS cblas_sgemm, a plain C blocked kernel (below), and kiln_gemm_bf16.
+ *
+ * Usage: bench/gemm [rounds] [reps]. Each round runs every candidate on every
+ * shape `reps` times; the median over all rounds is reported, so a transient
+ * load on the (shared) machine does not decide the table.
+ */
+#include <cblas.h>
+#include <dnnl.h>
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kiln/kernels.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- shapes ------------------------------------------------------------ */
+typedef struct {
+    char name[40];
+    bool tA, tB;
+    int64_t M, N, K;
+    float *A, *B, *C, *ref;
+    uint16_t *Ah, *Bh;
+} shape;
+
+enum { N_TOK = 8 * 256, MAX_SHAPES = 12 };
+static shape g_shapes[MAX_SHAPES];
+static int g_nshapes;
+
+static void add_shape(const char *what, int64_t out, int64_t in, bool tA, bool tB, int64_t M,
+                      int64_t N, int64_t K) {
+    shape *s = &g_shapes[g_nshapes++];
+    snprintf(s->name, sizeof s->name, "%s %lldx%lld %s%s", what, (long long)out, (long long)in,
+             tA ? "T" : "N", tB ? "T" : "N");
+    s->tA = tA, s->tB = tB, s->M = M, s->N = N, s->K = K;
+}
+
+static float *rand_buf(int64_t n, uint64_t seed) {
+    float *p = aligned_alloc(64, (size_t)(n * 4 + 63) / 64 * 64);
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (float)((double)(seed >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+    }
+    return p;
+}
+
+static uint16_t *to_bf16(const float *x, int64_t n) {
+    uint16_t *p = aligned_alloc(64, (size_t)(n * 2 + 63) / 64 * 64);
+    for (int64_t i = 0; i < n; i++) p[i] = kiln_f32_to_bf16(x[i]);
+    return p;
+}
+
+static void make_shapes(void) {
+    static const int64_t lin[][2] = {{512, 512}, {1376, 512}, {512, 1376}, {8192, 512}};
+    for (int i = 0; i < 4; i++) {
+        int64_t out = lin[i][0], in = lin[i][1];
+        add_shape("fwd", out, in, false, true, N_TOK, out, in);
+        add_shape("dx ", out, in, false, false, N_TOK, in, out);
+        add_shape("dW ", out, in, true, false, out, in, N_TOK);
+    }
+    for (int i = 0; i < g_nshapes; i++) {
+        shape *s = &g_shapes[i];
+        s->A = rand_buf(s->M * s->K, 1 + 2 * (uint64_t)i);
+        s->B = rand_buf(s->K * s->N, 2 + 2 * (uint64_t)i);
+        s->C = aligned_alloc(64, (size_t)(s->M * s->N * 4 + 63) / 64 * 64);
+        s->ref = aligned_alloc(64, (size_t)(s->M * s->N * 4 + 63) / 64 * 64);
+        s->Ah = to_bf16(s->A, s->M * s->K);
+        s->Bh = to_bf16(s->B, s->K * s->N);
+    }
+}
+
+/* Row strides of the operands as stored, packed. */
+static int64_t lda_of(const shape *s) { return s->tA ? s->M : s->K; }
+static int64_t ldb_of(const shape *s) { return s->tB ? s->K : s->N; }
+
+/* ---- a plain C blocked kernel ------------------------------------------ */
+/* Goto-style: B is packed into KC×NR panels, A into KC×MR panels, and an
+ * MR×NR register tile (8 rows × 2 AVX-512 vectors = 16 accumulators) is
+ * updated by broadcast-FMA. Threads split the M blocks of each B panel. */
+enum { MR = 8, NR = 32, KC = 256, MC = 128, NC = 2048 };
+
+static inline float elem(const float *X, bool t, int64_t ld, int64_t r, int64_t c) {
+    return t ? X[c * ld + r] : X[r * ld + c];
+}
+
+static void pack_b(const shape *s, int64_t pc, int64_t kc, int64_t jc, int64_t nc, float *Bp) {
+    int64_t np = (nc + NR - 1) / NR, ldb = ldb_of(s);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; p++) {
+        float *dst = Bp + p * kc * NR;
+        int64_t j0 = jc + p * NR, nj = nc - p * NR < NR ? nc - p * NR : NR;
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = 0; j < NR; j++)
+                dst[k * NR + j] = j < nj ? elem(s->B, s->tB, ldb, pc + k, j0 + j) : 0.0f;
+    }
+}
+
+static void pack_a(const shape *s, int64_t ic, int64_t mc, int64_t pc, int64_t kc, float *Ap) {
+    int64_t lda = lda_of(s);
+    for (int64_t p = 0; p < (mc + MR - 1) / MR; p++) {
+        float *dst = Ap + p * kc * MR;
+        int64_t i0 = ic + p * MR, ni = mc - p * MR < MR ? mc - p * MR : MR;
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t i = 0; i < MR; i++)
+                dst[k * MR + i] = i < ni ? elem(s->A, s->tA, lda, i0 + i, pc + k) : 0.0f;
+    }
+}
+
+/* c (MR×NR, row stride ldc) = or += a-panel · b-panel */
+static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc) {
+    __m512 r[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        r[i][0] = acc ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+        r[i][1] = acc ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
+    }
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(b + k * NR), b1 = _mm512_load_ps(b + k * NR + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 ai = _mm512_set1_ps(a[k * MR + i]);
+            r[i][0] = _mm512_fmadd_ps(ai, b0, r[i][0]);
+            r[i][1] = _mm512_fmadd_ps(ai, b1, r[i][1]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        _mm512_storeu_ps(c + i * ldc, r[i][0]);
+        _mm512_storeu_ps(c + i * ldc + 16, r[i][1]);
+    }
+}
+
+static float *g_bpack;
+static void plain_gemm(const shape *s) {
+    int64_t M = s->M, N = s->N, K = s->K;
+    if (!g_bpack) g_bpack = aligned_alloc(64, (size_t)KC * NC * 4);
+#pragma omp parallel
+    {
+        float *Ap = aligned_alloc(64, (size_t)MC * KC * 4);
+        float edge[MR * NR] __attribute__((aligned(64))) = {0};
+        for (int64_t jc = 0; jc < N; jc += NC) {
+            int64_t nc = N - jc < NC ? N - jc : NC;
+            for (int64_t pc = 0; pc < K; pc += KC) {
+                int64_t kc = K - pc < KC ? K - pc : KC;
+                pack_b(s, pc, kc, jc, nc, g_bpack); /* ends with a barrier */
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t ic = 0; ic < M; ic += MC) {
+                    int64_t mc = M - ic < MC ? M - ic : MC;
+                    pack_a(s, ic, mc, pc, kc, Ap);
+                    for (int64_t jr = 0; jr < nc; jr += NR)
+                        for (int64_t ir = 0; ir < mc; ir += MR) {
+                            const float *a = Ap + ir * kc, *b = g_bpack + jr * kc;
+                            float *c = s->C + (ic + ir) * N + jc + jr;
+                            int64_t mi = mc - ir < MR ? mc - ir : MR, nj = nc - jr < NR ? nc - jr : NR;
+                            if (mi == MR && nj == NR) {
+                                ukernel(kc, a, b, c, N, pc > 0);
+                                continue;
+                            }
+                            for (int64_t i = 0; i < mi; i++)
+                                for (int64_t j = 0; j < nj; j++)
+                                    edge[i * NR + j] = pc > 0 ? c[i * N + j] : 0.0f;
+                            ukernel(kc, a, b, edge, NR, true);
+                            for (int64_t i = 0; i < mi; i++)
+                                for (int64_t j = 0; j < nj; j++) c[i * N + j] = edge[i * NR + j];
+                        }
+                } /* implicit barrier: g_bpack is reused next */
+            }
+        }
+        free(Ap);
+    }
+}
+
+/* ---- candidates --------------------------------------------------------- */
+static int run_kiln(const shape *s) {
+    return kiln_sgemm(s->tA, s->tB, s->M, s->N, s->K, 1.0f, s->A, s->B, 0.0f, s->C) != KILN_OK;
+}
+static int run_dnnl_sgemm(const shape *s) {
+    return dnnl_sgemm(s->tA ? 'T' : 'N', s->tB ? 'T' : 'N', s->M, s->N, s->K, 1.0f, s->A,
+                      lda_of(s), s->B, ldb_of(s), 0.0f, s->C, s->N) != dnnl_success;
+}
+static int run_openblas(const shape *s) {
+    cblas_sgemm(CblasRowMajor, s->tA ? CblasTrans : CblasNoTrans, s->tB ? CblasTrans : CblasNoTrans,
+                (int)s->M, (int)s->N, (int)s->K, 1.0f, s->A, (int)lda_of(s), s->B, (int)ldb_of(s),
+                0.0f, s->C, (int)s->N);
+    return 0;
+}
+static int run_plain(const shape *s) {
+    plain_gemm(s);
+    return 0;
+}
+static int run_bf16(const shape *s) {
+    kiln_gemm_desc d = {.transA = s->tA, .transB = s->tB, .M = s->M, .N = s->N, .K = s->K,
+                        .lda = lda_of(s), .ldb = ldb_of(s), .ldc = s->N, .batch = 1,
+                        .alpha = 1.0f, .beta = 0.0f};
+    return kiln_gemm_bf16(&d, s->Ah, s->Bh, s->C) != KILN_OK;
+}
+
+typedef struct {
+    const char *name;
+    int (*run)(const shape *);
+    double tol; /* max |C - ref| / max |ref| */
+} candidate;
+
+static const candidate g_cands[] = {
+    {"onednn-matmul", run_kiln, 1e-4},  {"dnnl_sgemm", run_dnnl_sgemm, 1e-4},
+    {"openblas", run_openblas, 1e-4},   {"plain-c", run_plain, 1e-4},
+    {"bf16-matmul", run_bf16, 2e-2},
+};
+enum { N_CANDS = sizeof g_cands / sizeof *g_cands, MAX_SAMPLES = 64 };
+
+static double g_samples[N_CANDS][MAX_SHAPES][MAX_SAMPLES];
+static int g_nsamples[N_CANDS][MAX_SHAPES];
+static double g_err[N_CANDS][MAX_SHAPES];
+
+static void set_threads(int n) {
+    omp_set_num_threads(n);
+    openblas_set_num_threads(n);
+    kiln_gemm_cache_clear(); /* a oneDNN primitive keeps the thread count it was made with */
+}
+
+static double rel_err(const shape *s) {
+    double e = 0, m = 0;
+    for (int64_t i = 0; i < s->M * s->N; i++) {
+        e = fmax(e, fabs((double)s->C[i] - s->ref[i]));
+        m = fmax(m, fabs((double)s->ref[i]));
+    }
+    return e / (m > 0 ? m : 1);
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+static double gflops(const shape *s, double sec) { return 2.0 * s->M * s->N * s->K / sec * 1e-9; }
+
+/* Times candidate c on every shape: one warm-up call, then reps samples. */
+static int time_candidate(int c, int reps) {
+    for (int i = 0; i < g_nshapes; i++) {
+        const shape *s = &g_shapes[i];
+        if (g_cands[c].run(s)) {
+            fprintf(stderr, "%s failed on %s: %s\n", g_cands[c].name, s->name, kiln_last_error());
+            return 1;
+        }
+        g_err[c][i] = fmax(g_err[c][i], rel_err(s));
+        for (int r = 0; r < reps && g_nsamples[c][i] < MAX_SAMPLES; r++) {
+            double t0 = now();
+            g_cands[c].run(s);
+            g_samples[c][i][g_nsamples[c][i]++] = now() - t0;
+        }
+    }
+    usleep(200000); /* let spinning worker threads (OpenBLAS, OpenMP) go idle */
+    return 0;
+}
+
+static double report_one_thread(int c, int reps) {
+    memset(g_nsamples[c], 0, sizeof g_nsamples[c]);
+    set_threads(1);
+    if (time_candidate(c, reps)) return 0;
+    double lg = 0;
+    for (int i = 0; i < g_nshapes; i++) {
+        double t = median(g_samples[c][i], g_nsamples[c][i]);
+        printf("| %-22s | %-14s | %9.2f | %8.1f |\n", g_shapes[i].name, g_cands[c].name, t * 1e3,
+               gflops(&g_shapes[i], t));
+        lg += log(gflops(&g_shapes[i], t));
+    }
+    set_threads(2);
+    return exp(lg / g_nshapes);
+}
+
+/* Measured peaks, to read the table against: independent FMA (fp32) and
+ * vdpbf16ps (bf16 pairs, fp32 accumulate) chains on every thread. */
+static double peak_gflops(bool bf16) {
+    enum { CH = 12 };
+    const long iters = 4000000;
+    double best = 0;
+    for (int trial = 0; trial < 3; trial++) {
+        float sink = 0;
+        double t0 = now();
+#pragma omp parallel reduction(+ : sink)
+        {
+            __m512 acc[CH];
+            __m512 x = _mm512_set1_ps(1.0000001f), y = _mm512_set1_ps(1e-7f);
+            __m512bh xb = _mm512_cvtne2ps_pbh(x, x), yb = _mm512_cvtne2ps_pbh(y, y);
+            for (int i = 0; i < CH; i++) acc[i] = _mm512_set1_ps((float)i);
+            for (long k = 0; k < iters; k++) {
+#pragma GCC unroll 12
+                for (int i = 0; i < CH; i++)
+                    acc[i] = bf16 ? _mm512_dpbf16_ps(acc[i], xb, yb) : _mm512_fmadd_ps(acc[i], x, y);
+            }
+            for (int i = 1; i < CH; i++) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+            sink += _mm512_reduce_add_ps(acc[0]);
+        }
+        double t = now() - t0;
+        double flop = (double)iters * CH * (bf16 ? 64 : 32) * omp_get_max_threads();
+        if (sink != 0.0f && flop / t * 1e-9 > best) best = flop / t * 1e-9;
+    }
+    return best;
+}
+
+/* Per-call cost of binding pointers: 3 memory objects created and destroyed
+ * (what kiln_gemm does) against 3 set_data_handle calls on kept objects. */
+static void binding_cost(void) {
+    dnnl_engine_t eng;
+    if (dnnl_engine_create(&eng, dnnl_cpu, 0)) return;
+    dnnl_memory_desc_t md;
+    dnnl_dims_t dims = {2048, 512}, strides = {512, 1};
+    dnnl_memory_desc_init_by_strides(&md, 2, dims, dnnl_f32, strides);
+    float *buf = g_shapes[0].A;
+    enum { ITERS = 20000 };
+    dnnl_memory_t m[3];
+    double t0 = now();
+    for (int i = 0; i < ITERS; i++) {
+        for (int j = 0; j < 3; j++) dnnl_memory_create(&m[j], &md, eng, buf + j);
+        for (int j = 0; j < 3; j++) dnnl_memory_destroy(m[j]);
+    }
+    double t_create = (now() - t0) / ITERS;
+    for (int j = 0; j < 3; j++) dnnl_memory_create(&m[j], &md, eng, buf);
+    t0 = now();
+    for (int i = 0; i < ITERS; i++)
+        for (int j = 0; j < 3; j++) dnnl_memory_set_data_handle(m[j], buf + (i + j) % 7);
+    double t_set = (now() - t0) / ITERS;
+    for (int j = 0; j < 3; j++) dnnl_memory_destroy(m[j]);
+    dnnl_engine_destroy(eng);
+
+    float a[64], b[64], c[64];
+    for (int i = 0; i < 64; i++) a[i] = b[i] = 0.5f;
+    kiln_sgemm(false, true, 8, 8, 8, 1.0f, a, b, 0.0f, c);
+    t0 = now();
+    for (int i = 0; i < ITERS; i++) kiln_sgemm(false, true, 8, 8, 8, 1.0f, a, b, 0.0f, c);
+    double t_call = (now() - t0) / ITERS;
+    t0 = now();
+    for (int i = 0; i < ITERS; i++) dnnl_sgemm('N', 'T', 8, 8, 8, 1.0f, a, 8, b, 8, 0.0f, c, 8);
+    double t_sg = (now() - t0) / ITERS;
+    printf("\nPointer binding per call: create+destroy 3 memory objects %.2f us, "
+           "set_data_handle x3 %.2f us.\n", t_create * 1e6, t_set * 1e6);
+    printf("Whole call on an 8x8x8 product: kiln_sgemm (cached primitive) %.2f us, dnnl_sgemm %.2f us.\n",
+           t_call * 1e6, t_sg * 1e6);
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 3, reps = argc > 2 ? atoi(argv[2]) : 3;
+    if (rounds < 1 || reps < 1 || rounds * reps > MAX_SAMPLES) {
+        fprintf(stderr, "usage: %s [rounds] [reps], rounds*reps <= %d\n", argv[0], MAX_SAMPLES);
+        return 2;
+    }
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    printf("kiln GEMM benchmark: 'small' Llama step shapes, n=%d tokens\n", N_TOK);
+    printf("kiln_gemm backend: %s\n", kiln_gemm_backend());
+    printf("OpenBLAS: %s, core %s, OPENBLAS_CORETYPE=%s\n", openblas_get_config(),
+           openblas_get_corename(), ct ? ct : "(unset)");
+    printf("threads: %d (OpenMP default); %d rounds x %d reps, median reported\n",
+           omp_get_max_threads(), rounds, reps);
+    int nthr = omp_get_max_threads();
+    double pk = peak_gflops(false), pkb = peak_gflops(true);
+    printf("measured peak, %d threads: fp32 FMA %.1f GFLOP/s, bf16 vdpbf16ps %.1f GFLOP/s\n\n", nthr,
+           pk, pkb);
+    make_shapes();
+    set_threads(nthr);
+    for (int i = 0; i < g_nshapes; i++) { /* reference: oneDNN fp32 */
+        shape *s = &g_shapes[i];
+        if (run_kiln(s)) {
+            fprintf(stderr, "kiln_gemm failed on %s: %s\n", s->name, kiln_last_error());
+            return 1;
+        }
+        memcpy(s->ref, s->C, (size_t)(s->M * s->N) * 4);
+    }
+    for (int r = 0; r < rounds; r++)
+        for (int c = 0; c < N_CANDS; c++)
+            if (time_candidate(c, reps)) return 1;
+
+    printf("| shape (M x N x K)                         | candidate      | median ms | GFLOP/s | rel err |\n");
+    printf("|-------------------------------------------|----------------|----------:|--------:|--------:|\n");
+    double geo[N_CANDS];
+    for (int c = 0; c < N_CANDS; c++) {
+        double lg = 0;
+        for (int i = 0; i < g_nshapes; i++) {
+            const shape *s = &g_shapes[i];
+            double t = median(g_samples[c][i], g_nsamples[c][i]);
+            char dims[160];
+            snprintf(dims, sizeof dims, "%.39s (%lldx%lldx%lld)", s->name, (long long)s->M,
+                     (long long)s->N, (long long)s->K);
+            printf("| %-41s | %-14s | %9.2f | %7.1f | %7.1e |\n", dims, g_cands[c].name, t * 1e3,
+                   gflops(s, t), g_err[c][i]);
+            lg += log(gflops(s, t));
+            if (g_err[c][i] > g_cands[c].tol)
+                fprintf(stderr, "WARNING: %s on %s differs from oneDNN by %.2e\n", g_cands[c].name,
+                        s->name, g_err[c][i]);
+        }
+        geo[c] = exp(lg / g_nshapes);
+    }
+    printf("\nGeometric mean over the %d shapes, %d threads:\n\n| candidate      | GFLOP/s | %% of peak |\n|---|---:|---:|\n",
+           g_nshapes, nthr);
+    int win = 0; /* among fp32 candidates; bf16 is a different precision */
+    for (int c = 0; c < N_CANDS; c++) {
+        printf("| %-14s | %7.1f | %8.0f%% |\n", g_cands[c].name, geo[c],
+               100.0 * geo[c] / (c == N_CANDS - 1 ? pkb : pk));
+        if (c != N_CANDS - 1 && geo[c] > geo[win]) win = c;
+    }
+    printf("\nfp32 winner: %s (%.1f GFLOP/s); bf16 matmul is %.2fx that.\n", g_cands[win].name,
+           geo[win], geo[N_CANDS - 1] / geo[win]);
+
+    printf("\n1 thread:\n\n| shape | candidate | median ms | GFLOP/s |\n|---|---|---:|---:|\n");
+    double g1 = report_one_thread(win, reps * rounds > 5 ? 5 : reps * rounds);
+    double g1b = report_one_thread(N_CANDS - 1, reps * rounds > 5 ? 5 : reps * rounds);
+    printf("\n1-thread geometric mean: %s %.1f GFLOP/s (2 threads: %.2fx), bf16-matmul %.1f GFLOP/s\n",
+           g_cands[win].name, g1, geo[win] / g1, g1b);
+    binding_cost();
+
+    kiln_gemm_cache_clear();
+    free(g_bpack);
+    for (int i = 0; i < g_nshapes; i++) {
+        shape *s = &g_shapes[i];
+        free(s->A), free(s->B), free(s->C), free(s->ref), free(s->Ah), free(s->Bh);
+    }
+    return 0;
+}

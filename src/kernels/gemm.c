@@ -1,0 +1,402 @@
+/* kiln_gemm: every matrix product of kiln goes through here, backed by
+ * oneDNN's matmul primitive.
+ *
+ * Creating a matmul primitive JIT-compiles code (tens to hundreds of µs), so
+ * each distinct problem (shape, strides, transposes, alpha, beta, dtype) gets
+ * one primitive, created on first use and kept in a mutex-guarded hash map.
+ * Data pointers are bound per call by creating the three memory objects on
+ * the stack of the call: that costs about a microsecond (measured in
+ * bench/gemm.c), far below any GEMM worth calling, and keeps execution free
+ * of shared mutable state.
+ *
+ * Thread safety: oneDNN's default (library) scratchpad is shared by all
+ * primitives and ties a primitive to the thread that created it. We use
+ * user-managed scratchpads held per thread instead, so any thread may run
+ * any cached primitive, concurrently with others.
+ *
+ * Transposes and leading dimensions are expressed as strides in the memory
+ * descriptors; batches as a leading dimension (stride 0 = broadcast, which
+ * oneDNN expresses as a batch dimension of 1). Layouts oneDNN does not
+ * implement as one batched primitive (e.g. interleaved head views) fall back
+ * to a 2-D primitive run once per batch element.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <dnnl.h>
+
+#include "kiln/kernels.h"
+
+size_t kiln_gemm_cache_entries(void); /* for tests; not in the public header */
+
+enum { DT_F32 = 0, DT_BF16 = 1 };
+
+/* Everything that determines the primitive. Built with memset so padding
+ * bytes are zero and the key can be hashed and compared as bytes. */
+typedef struct {
+    int32_t dtype, transA, transB, pad_;
+    int64_t M, N, K, lda, ldb, ldc, batch, strideA, strideB, strideC;
+    float alpha, beta;
+} gemm_key;
+
+typedef struct gemm_entry {
+    gemm_key key;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t md_a, md_b, md_c; /* per batch element if loop_batch */
+    dnnl_memory_desc_t md_s;             /* scratchpad */
+    size_t scratch_bytes;
+    bool loop_batch;
+    struct gemm_entry *next;
+} gemm_entry;
+
+#define N_BUCKETS 256
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static gemm_entry *g_buckets[N_BUCKETS];
+static size_t g_entries;
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+
+/* Per-thread scratchpad, grown on demand, freed when its thread exits. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} scratch_buf;
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static int g_scratch_key_ok;
+
+static void scratch_free(void *p) {
+    scratch_buf *s = p;
+    if (s) free(s->p);
+    free(s);
+}
+static void scratch_key_init(void) {
+    g_scratch_key_ok = pthread_key_create(&g_scratch_key, scratch_free) == 0;
+}
+
+static kiln_status dnnl_to_kiln(dnnl_status_t s) {
+    switch (s) {
+    case dnnl_out_of_memory: return KILN_ERR_OOM;
+    case dnnl_invalid_arguments: return KILN_ERR_INVALID;
+    default: return KILN_ERR_UNSUPPORTED;
+    }
+}
+
+static kiln_status fail(const gemm_key *k, const char *what, dnnl_status_t s) {
+    return kiln_error(dnnl_to_kiln(s), "gemm M=%lld N=%lld K=%lld batch=%lld%s%s: %s: oneDNN status %d",
+                      (long long)k->M, (long long)k->N, (long long)k->K, (long long)k->batch,
+                      k->transA ? " transA" : "", k->transB ? " transB" : "", what, (int)s);
+}
+
+static uint64_t hash_key(const gemm_key *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Caller holds g_lock. */
+static kiln_status ensure_engine(const gemm_key *k) {
+    if (g_stream) return KILN_OK;
+    dnnl_status_t s = dnnl_engine_create(&g_engine, dnnl_cpu, 0);
+    if (s != dnnl_success) return fail(k, "engine", s);
+    s = dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags);
+    if (s != dnnl_success) {
+        dnnl_engine_destroy(g_engine);
+        g_engine = NULL;
+        return fail(k, "stream", s);
+    }
+    return KILN_OK;
+}
+
+/* A rows×cols logical matrix stored with row stride ld, transposed in
+ * storage if trans; nb batch elements bs apart (nb = 1 gives 2-D). */
+static dnnl_status_t init_md(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int64_t nb, int64_t bs,
+                             int64_t rows, int64_t cols, int64_t ld, bool trans) {
+    int64_t rs = trans ? 1 : ld, cs = trans ? ld : 1;
+    if (nb == 0) {
+        dnnl_dims_t dims = {rows, cols}, strides = {rs, cs};
+        return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
+    }
+    /* A broadcast operand is a batch dimension of 1; its stride is then
+     * irrelevant, but must be a valid (non-zero) one. */
+    if (bs == 0) {
+        nb = 1;
+        bs = (trans ? cols : rows) * ld;
+    }
+    dnnl_dims_t dims = {nb, rows, cols}, strides = {bs, rs, cs};
+    return dnnl_memory_desc_init_by_strides(md, 3, dims, dt, strides);
+}
+
+static dnnl_status_t create_prim(gemm_entry *e, bool batched, dnnl_primitive_desc_t *pd_out) {
+    const gemm_key *k = &e->key;
+    dnnl_data_type_t in_dt = k->dtype == DT_BF16 ? dnnl_bf16 : dnnl_f32;
+    int64_t nb = batched ? k->batch : 0;
+    dnnl_status_t s;
+    if ((s = init_md(&e->md_a, in_dt, nb, k->strideA, k->M, k->K, k->lda, k->transA)) ||
+        (s = init_md(&e->md_b, in_dt, nb, k->strideB, k->K, k->N, k->ldb, k->transB)) ||
+        (s = init_md(&e->md_c, dnnl_f32, nb, k->strideC, k->M, k->N, k->ldc, false)))
+        return s;
+    dnnl_matmul_desc_t desc;
+    if ((s = dnnl_matmul_desc_init(&desc, &e->md_a, &e->md_b, NULL, &e->md_c))) return s;
+
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    if ((s = dnnl_primitive_attr_create(&attr))) return s;
+    s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (!s && k->alpha != 1.0f) s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha);
+    if (!s && k->beta != 0.0f) {
+        s = dnnl_post_ops_create(&po);
+        if (!s) s = dnnl_post_ops_append_sum(po, k->beta);
+        if (!s) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (!s) s = dnnl_primitive_desc_create(pd_out, &desc, attr, g_engine, NULL);
+    if (po) dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    if (s) return s;
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(*pd_out, dnnl_query_scratchpad_md, 0);
+    e->scratch_bytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    if (e->scratch_bytes) e->md_s = *smd;
+    s = dnnl_primitive_create(&e->prim, *pd_out);
+    if (s) {
+        dnnl_primitive_desc_destroy(*pd_out);
+        *pd_out = NULL;
+    }
+    return s;
+}
+
+/* Caller holds g_lock. */
+static kiln_status build_entry(const gemm_key *k, gemm_entry **out) {
+    kiln_status st = ensure_engine(k);
+    if (st) return st;
+    gemm_entry *e = calloc(1, sizeof *e);
+    if (!e) return kiln_error(KILN_ERR_OOM, "gemm: out of memory for a cache entry");
+    e->key = *k;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t s = create_prim(e, k->batch > 1, &pd);
+    if (s != dnnl_success && k->batch > 1) {
+        e->loop_batch = true;
+        s = create_prim(e, false, &pd);
+    }
+    if (s != dnnl_success) {
+        free(e);
+        return fail(k, "creating the matmul primitive", s);
+    }
+    const char *impl = NULL;
+    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    kiln_log(KILN_LOG_DEBUG, "gemm: new %s primitive M=%lld N=%lld K=%lld batch=%lld%s%s: %s%s",
+             k->dtype == DT_BF16 ? "bf16" : "f32", (long long)k->M, (long long)k->N,
+             (long long)k->K, (long long)k->batch, k->transA ? " transA" : "",
+             k->transB ? " transB" : "", impl ? impl : "?",
+             e->loop_batch ? " (looped over batch)" : "");
+    dnnl_primitive_desc_destroy(pd);
+    *out = e;
+    return KILN_OK;
+}
+
+static kiln_status lookup(const gemm_key *k, gemm_entry **out) {
+    uint64_t h = hash_key(k) % N_BUCKETS;
+    kiln_status st = KILN_OK;
+    pthread_mutex_lock(&g_lock);
+    gemm_entry *e = g_buckets[h];
+    while (e && memcmp(&e->key, k, sizeof *k) != 0) e = e->next;
+    if (!e) {
+        /* Built under the lock: creation is rare and two threads building
+         * the same primitive would waste a JIT compile. */
+        st = build_entry(k, &e);
+        if (st == KILN_OK) {
+            e->next = g_buckets[h];
+            g_buckets[h] = e;
+            g_entries++;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    *out = e;
+    return st;
+}
+
+static void *scratch_for(size_t bytes) {
+    pthread_once(&g_scratch_once, scratch_key_init);
+    if (!g_scratch_key_ok) return NULL;
+    scratch_buf *s = pthread_getspecific(g_scratch_key);
+    if (s && bytes <= s->bytes) return s->p;
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(g_scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    size_t n = (bytes + 4095) & ~(size_t)4095;
+    void *p = aligned_alloc(64, n);
+    if (!p) return NULL;
+    free(s->p);
+    s->p = p;
+    s->bytes = n;
+    return p;
+}
+
+static kiln_status execute(gemm_entry *e, const void *A, const void *B, float *C) {
+    const gemm_key *k = &e->key;
+    void *scratch = NULL;
+    if (e->scratch_bytes && !(scratch = scratch_for(e->scratch_bytes)))
+        return kiln_error(KILN_ERR_OOM, "gemm: cannot allocate %zu bytes of scratchpad", e->scratch_bytes);
+    size_t esz = k->dtype == DT_BF16 ? 2 : 4;
+    int64_t steps = e->loop_batch ? k->batch : 1;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL, ms = NULL;
+    dnnl_status_t s;
+    for (int64_t b = 0; b < steps; b++) {
+        /* The memory objects only wrap pointers; oneDNN never writes A or B. */
+        char *pa = (char *)(uintptr_t)A + (size_t)(b * k->strideA) * esz;
+        char *pb = (char *)(uintptr_t)B + (size_t)(b * k->strideB) * esz;
+        float *pc = C + b * k->strideC;
+        if (b == 0) {
+            if ((s = dnnl_memory_create(&ma, &e->md_a, g_engine, pa)) ||
+                (s = dnnl_memory_create(&mb, &e->md_b, g_engine, pb)) ||
+                (s = dnnl_memory_create(&mc, &e->md_c, g_engine, pc)) ||
+                (scratch && (s = dnnl_memory_create(&ms, &e->md_s, g_engine, scratch))))
+                goto done;
+        } else if ((s = dnnl_memory_set_data_handle(ma, pa)) ||
+                   (s = dnnl_memory_set_data_handle(mb, pb)) ||
+                   (s = dnnl_memory_set_data_handle(mc, pc))) {
+            goto done;
+        }
+        dnnl_exec_arg_t args[4] = {
+            {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}};
+        if ((s = dnnl_primitive_execute(e->prim, g_stream, ms ? 4 : 3, args))) goto done;
+    }
+    s = dnnl_stream_wait(g_stream);
+done:
+    if (ma) dnnl_memory_destroy(ma);
+    if (mb) dnnl_memory_destroy(mb);
+    if (mc) dnnl_memory_destroy(mc);
+    if (ms) dnnl_memory_destroy(ms);
+    return s == dnnl_success ? KILN_OK : fail(k, "executing", s);
+}
+
+/* K == 0: the product is empty, C = beta*C. */
+static void empty_product(const kiln_gemm_desc *d, float *C) {
+    if (d->beta != 0.0f) return;
+    for (int64_t b = 0; b < d->batch; b++)
+        for (int64_t i = 0; i < d->M; i++)
+            memset(C + b * d->strideC + i * d->ldc, 0, (size_t)d->N * sizeof(float));
+}
+
+static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const void *B, float *C) {
+    if (!d) return kiln_error(KILN_ERR_INVALID, "gemm: NULL descriptor");
+    if (d->M < 0 || d->N < 0 || d->K < 0 || d->batch < 0)
+        return kiln_error(KILN_ERR_INVALID, "gemm: negative size M=%lld N=%lld K=%lld batch=%lld",
+                          (long long)d->M, (long long)d->N, (long long)d->K, (long long)d->batch);
+    if (d->beta != 0.0f && d->beta != 1.0f)
+        return kiln_error(KILN_ERR_INVALID, "gemm M=%lld N=%lld K=%lld: beta must be 0 or 1, got %g",
+                          (long long)d->M, (long long)d->N, (long long)d->K, (double)d->beta);
+    if (d->M == 0 || d->N == 0 || d->batch == 0) return KILN_OK;
+    int64_t a_cols = d->transA ? d->M : d->K, b_cols = d->transB ? d->K : d->N;
+    /* With K == 0, A and B are never read. */
+    if ((d->K > 0 && (d->lda < a_cols || d->ldb < b_cols)) || d->ldc < d->N)
+        return kiln_error(KILN_ERR_INVALID,
+                          "gemm M=%lld N=%lld K=%lld: leading dimension too small (lda=%lld ldb=%lld ldc=%lld)",
+                          (long long)d->M, (long long)d->N, (long long)d->K, (long long)d->lda,
+                          (long long)d->ldb, (long long)d->ldc);
+    if (d->batch > 1 && (d->strideA < 0 || d->strideB < 0 || d->strideC <= 0))
+        return kiln_error(KILN_ERR_INVALID,
+                          "gemm M=%lld N=%lld K=%lld batch=%lld: bad batch strides A=%lld B=%lld C=%lld",
+                          (long long)d->M, (long long)d->N, (long long)d->K, (long long)d->batch,
+                          (long long)d->strideA, (long long)d->strideB, (long long)d->strideC);
+    if (!C || (d->K > 0 && (!A || !B)))
+        return kiln_error(KILN_ERR_INVALID, "gemm M=%lld N=%lld K=%lld: NULL operand",
+                          (long long)d->M, (long long)d->N, (long long)d->K);
+    if (d->K == 0) {
+        empty_product(d, C);
+        return KILN_OK;
+    }
+    gemm_key k;
+    memset(&k, 0, sizeof k);
+    k.dtype = dtype;
+    k.transA = d->transA;
+    k.transB = d->transB;
+    k.M = d->M;
+    k.N = d->N;
+    k.K = d->K;
+    k.lda = d->lda;
+    k.ldb = d->ldb;
+    k.ldc = d->ldc;
+    k.batch = d->batch;
+    if (d->batch > 1) { /* strides of a single matrix do not matter */
+        k.strideA = d->strideA;
+        k.strideB = d->strideB;
+        k.strideC = d->strideC;
+    }
+    k.alpha = d->alpha;
+    k.beta = d->beta;
+    gemm_entry *e;
+    kiln_status st = lookup(&k, &e);
+    if (st) return st;
+    return execute(e, A, B, C);
+}
+
+kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+    return gemm(DT_F32, d, A, B, C);
+}
+
+kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uint16_t *B, float *C) {
+    return gemm(DT_BF16, d, A, B, C);
+}
+
+kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, const float *B, float beta, float *C) {
+    kiln_gemm_desc d = {
+        .transA = transA, .transB = transB, .M = M, .N = N, .K = K,
+        .lda = transA ? M : K, .ldb = transB ? K : N, .ldc = N,
+        .batch = 1, .alpha = alpha, .beta = beta,
+    };
+    return kiln_gemm_f32(&d, A, B, C);
+}
+
+static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
+static char g_backend[96];
+
+static void init_backend_name(void) {
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(g_backend, sizeof g_backend, "oneDNN %d.%d.%d matmul (cached primitives)", v->major,
+             v->minor, v->patch);
+}
+
+const char *kiln_gemm_backend(void) {
+    pthread_once(&g_backend_once, init_backend_name);
+    return g_backend;
+}
+
+/* Drops every cached primitive (and the calling thread's scratchpad). The
+ * caller must make sure no GEMM runs concurrently. Also needed after
+ * changing the thread count: a primitive keeps the count it was made with. */
+void kiln_gemm_cache_clear(void) {
+    pthread_mutex_lock(&g_lock);
+    for (int i = 0; i < N_BUCKETS; i++) {
+        gemm_entry *e = g_buckets[i];
+        while (e) {
+            gemm_entry *next = e->next;
+            dnnl_primitive_destroy(e->prim);
+            free(e);
+            e = next;
+        }
+        g_buckets[i] = NULL;
+    }
+    g_entries = 0;
+    pthread_mutex_unlock(&g_lock);
+    pthread_once(&g_scratch_once, scratch_key_init);
+    if (g_scratch_key_ok) {
+        scratch_free(pthread_getspecific(g_scratch_key));
+        pthread_setspecific(g_scratch_key, NULL);
+    }
+}
+
+size_t kiln_gemm_cache_entries(void) {
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_entries;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}

@@ -1,0 +1,256 @@
+/* kiln_gemm_f32 / kiln_gemm_bf16 against a naive double-precision product:
+ * all transpose combinations, odd sizes, padded leading dimensions, batches
+ * with strides and broadcasts, alpha, beta=1, the primitive cache, errors. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "kiln/kernels.h"
+#include "test.h"
+
+size_t kiln_gemm_cache_entries(void); /* defined in src/kernels/gemm.c for tests */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(g_rng >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+typedef struct {
+    bool tA, tB;
+    int64_t M, N, K, padA, padB, padC, batch;
+    int sA, sB; /* 1: own matrix per batch element, 0: broadcast */
+    float alpha, beta;
+    bool bf16;
+} gcase;
+
+/* Rows and columns of an operand as stored. */
+static void stored(bool t, int64_t r, int64_t c, int64_t *sr, int64_t *sc) {
+    *sr = t ? c : r;
+    *sc = t ? r : c;
+}
+
+static double at(const float *X, bool t, int64_t ld, int64_t i, int64_t j) {
+    return t ? X[j * ld + i] : X[i * ld + j];
+}
+
+/* Returns max |C - ref| / max |ref|, and checks padding of C is untouched. */
+static double run_case(const gcase *g, bool *pad_ok) {
+    int64_t ar, ac, br, bc;
+    stored(g->tA, g->M, g->K, &ar, &ac);
+    stored(g->tB, g->K, g->N, &br, &bc);
+    kiln_gemm_desc d = {
+        .transA = g->tA, .transB = g->tB, .M = g->M, .N = g->N, .K = g->K,
+        .lda = ac + g->padA, .ldb = bc + g->padB, .ldc = g->N + g->padC,
+        .batch = g->batch, .alpha = g->alpha, .beta = g->beta,
+    };
+    d.strideA = g->sA ? ar * d.lda + 3 : 0; /* +3: batch strides need not be packed */
+    d.strideB = g->sB ? br * d.ldb + 5 : 0;
+    d.strideC = g->M * d.ldc + 1;
+    int64_t nA = (g->sA ? g->batch : 1) * (ar * d.lda + 3);
+    int64_t nB = (g->sB ? g->batch : 1) * (br * d.ldb + 5);
+    int64_t nC = g->batch * d.strideC;
+    float *A = malloc((size_t)nA * 4), *B = malloc((size_t)nB * 4), *C = malloc((size_t)nC * 4),
+          *C0 = malloc((size_t)nC * 4);
+    uint16_t *Ah = malloc((size_t)nA * 2), *Bh = malloc((size_t)nB * 2);
+    for (int64_t i = 0; i < nA; i++) {
+        A[i] = frand();
+        if (g->bf16) A[i] = kiln_bf16_to_f32(Ah[i] = kiln_f32_to_bf16(A[i]));
+    }
+    for (int64_t i = 0; i < nB; i++) {
+        B[i] = frand();
+        if (g->bf16) B[i] = kiln_bf16_to_f32(Bh[i] = kiln_f32_to_bf16(B[i]));
+    }
+    for (int64_t i = 0; i < nC; i++) C0[i] = C[i] = frand();
+    kiln_status st = g->bf16 ? kiln_gemm_bf16(&d, Ah, Bh, C) : kiln_gemm_f32(&d, A, B, C);
+    CHECK(st == KILN_OK, "status %d: %s", (int)st, kiln_last_error());
+    double maxerr = 0, maxref = 0;
+    *pad_ok = true;
+    for (int64_t b = 0; b < g->batch; b++) {
+        const float *Ab = A + b * d.strideA, *Bb = B + b * d.strideB;
+        for (int64_t i = 0; i < g->M; i++) {
+            for (int64_t j = 0; j < g->N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < g->K; k++)
+                    s += at(Ab, g->tA, d.lda, i, k) * at(Bb, g->tB, d.ldb, k, j);
+                int64_t ci = b * d.strideC + i * d.ldc + j;
+                double ref = g->alpha * s + (g->beta != 0 ? g->beta * (double)C0[ci] : 0.0);
+                maxerr = fmax(maxerr, fabs(C[ci] - ref));
+                maxref = fmax(maxref, fabs(ref));
+            }
+            for (int64_t j = g->N; j < d.ldc; j++)
+                if (C[b * d.strideC + i * d.ldc + j] != C0[b * d.strideC + i * d.ldc + j]) *pad_ok = false;
+        }
+    }
+    free(A), free(B), free(C), free(C0), free(Ah), free(Bh);
+    return maxerr / (maxref > 0 ? maxref : 1.0);
+}
+
+#define RUN(tol, ...)                                                                   \
+    do {                                                                                \
+        gcase g_ = {__VA_ARGS__};                                                       \
+        bool pad_ok_;                                                                   \
+        double e_ = run_case(&g_, &pad_ok_);                                            \
+        CHECK(e_ < (tol) && pad_ok_,                                                    \
+              "tA=%d tB=%d M=%lld N=%lld K=%lld batch=%lld bf16=%d: rel err %.3g, pad %s", \
+              g_.tA, g_.tB, (long long)g_.M, (long long)g_.N, (long long)g_.K,          \
+              (long long)g_.batch, g_.bf16, e_, pad_ok_ ? "ok" : "CLOBBERED");          \
+    } while (0)
+
+static void test_shapes(void) {
+    static const int64_t sizes[][3] = {{37, 24, 13}, {1, 1, 1}, {2048, 8, 3}, {5, 67, 130}, {64, 48, 32}};
+    for (int t = 0; t < 4; t++) {
+        bool tA = t & 1, tB = t & 2;
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+            int64_t M = sizes[s][0], N = sizes[s][1], K = sizes[s][2];
+            RUN(1e-5, .tA = tA, .tB = tB, .M = M, .N = N, .K = K, .batch = 1, .alpha = 1);
+            /* padded rows, alpha, accumulate */
+            RUN(1e-5, .tA = tA, .tB = tB, .M = M, .N = N, .K = K, .padA = 3, .padB = 7, .padC = 2,
+                .batch = 1, .alpha = -0.5f, .beta = 1);
+        }
+        /* batches: own matrices, broadcast A, broadcast B */
+        RUN(1e-5, .tA = tA, .tB = tB, .M = 9, .N = 11, .K = 7, .padA = 1, .padC = 4, .batch = 3,
+            .sA = 1, .sB = 1, .alpha = 1);
+        RUN(1e-5, .tA = tA, .tB = tB, .M = 9, .N = 11, .K = 7, .padB = 2, .batch = 4, .sA = 0,
+            .sB = 1, .alpha = 2, .beta = 1);
+        RUN(1e-5, .tA = tA, .tB = tB, .M = 16, .N = 5, .K = 33, .batch = 2, .sA = 1, .sB = 0,
+            .alpha = 1, .beta = 1);
+        /* bf16 operands, fp32 accumulation */
+        RUN(1e-3, .tA = tA, .tB = tB, .M = 37, .N = 24, .K = 13, .batch = 1, .alpha = 1, .bf16 = true);
+        RUN(1e-3, .tA = tA, .tB = tB, .M = 64, .N = 80, .K = 96, .padA = 2, .padC = 1, .batch = 3,
+            .sA = 1, .sB = 1, .alpha = 0.25f, .beta = 1, .bf16 = true);
+    }
+}
+
+/* Attention-style views: per-head matrices interleaved in a B×T×H×D
+ * buffer (batch stride D, row stride H·D): Q·Kᵀ and P·V per head. */
+static void test_interleaved_heads(void) {
+    enum { T = 12, H = 3, D = 8 };
+    float q[T * H * D], k[T * H * D], s[H * T * T];
+    for (int i = 0; i < T * H * D; i++) q[i] = frand(), k[i] = frand();
+    kiln_gemm_desc d = {.transB = true, .M = T, .N = T, .K = D, .lda = H * D, .ldb = H * D,
+                        .ldc = T, .batch = H, .strideA = D, .strideB = D, .strideC = T * T,
+                        .alpha = 0.5f};
+    CHECK_OK(kiln_gemm_f32(&d, q, k, s));
+    double err = 0;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < T; j++) {
+                double r = 0;
+                for (int c = 0; c < D; c++) r += (double)q[i * H * D + h * D + c] * k[j * H * D + h * D + c];
+                err = fmax(err, fabs(s[h * T * T + i * T + j] - 0.5 * r));
+            }
+    CHECK(err < 1e-5, "interleaved Q.K^T err %g", err);
+    float o[T * H * D];
+    kiln_gemm_desc d2 = {.M = T, .N = D, .K = T, .lda = T, .ldb = H * D, .ldc = H * D, .batch = H,
+                         .strideA = T * T, .strideB = D, .strideC = D, .alpha = 1};
+    CHECK_OK(kiln_gemm_f32(&d2, s, k, o));
+    err = 0;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < T; i++)
+            for (int c = 0; c < D; c++) {
+                double r = 0;
+                for (int j = 0; j < T; j++) r += (double)s[h * T * T + i * T + j] * k[j * H * D + h * D + c];
+                err = fmax(err, fabs(o[i * H * D + h * D + c] - r));
+            }
+    CHECK(err < 1e-5, "interleaved P.V err %g", err);
+}
+
+static void test_sgemm_and_edges(void) {
+    float A[6] = {1, 2, 3, 4, 5, 6}, B[6] = {1, 0, 0, 1, 1, 1}, C[4] = {9, 9, 9, 9};
+    /* A 2×3, B 3×2: [[4,5],[10,11]] */
+    CHECK_OK(kiln_sgemm(false, false, 2, 2, 3, 1.0f, A, B, 0.0f, C));
+    CHECK(C[0] == 4 && C[1] == 5 && C[2] == 10 && C[3] == 11, "sgemm %g %g %g %g", C[0], C[1], C[2], C[3]);
+    /* Aᵀ·A with A stored 2×3 → 3×3 */
+    float G[9];
+    CHECK_OK(kiln_sgemm(true, false, 3, 3, 2, 1.0f, A, A, 0.0f, G));
+    CHECK(G[0] == 17 && G[4] == 29 && G[8] == 45 && G[1] == 22, "AtA %g %g %g", G[0], G[4], G[8]);
+    /* K = 0: beta 0 clears, beta 1 keeps */
+    float Z[4] = {1, 2, 3, 4};
+    CHECK_OK(kiln_sgemm(false, false, 2, 2, 0, 1.0f, A, B, 1.0f, Z));
+    CHECK(Z[0] == 1 && Z[3] == 4, "K=0 beta=1 changed C");
+    CHECK_OK(kiln_sgemm(false, false, 2, 2, 0, 1.0f, A, B, 0.0f, Z));
+    CHECK(Z[0] == 0 && Z[3] == 0, "K=0 beta=0 did not clear C");
+    /* M = 0: nothing to do, not an error */
+    CHECK_OK(kiln_sgemm(false, false, 0, 2, 3, 1.0f, A, B, 0.0f, Z));
+}
+
+static void test_errors(void) {
+    float A[4] = {0}, B[4] = {0}, C[4] = {0};
+    kiln_status st = kiln_sgemm(false, false, 2, 2, 2, 1.0f, A, B, 0.5f, C);
+    CHECK(st == KILN_ERR_INVALID, "beta=0.5 -> %d", (int)st);
+    CHECK(strstr(kiln_last_error(), "gemm M=2 N=2 K=2") != NULL, "message: %s", kiln_last_error());
+    kiln_gemm_desc d = {.M = 2, .N = 2, .K = 2, .lda = 1, .ldb = 2, .ldc = 2, .batch = 1, .alpha = 1};
+    st = kiln_gemm_f32(&d, A, B, C);
+    CHECK(st == KILN_ERR_INVALID, "lda too small -> %d", (int)st);
+    st = kiln_gemm_f32(NULL, A, B, C);
+    CHECK(st == KILN_ERR_INVALID, "NULL desc -> %d", (int)st);
+}
+
+static void test_cache(void) {
+    kiln_gemm_cache_clear();
+    CHECK(kiln_gemm_cache_entries() == 0, "entries after clear %zu", kiln_gemm_cache_entries());
+    float A[64], B[64], C[64];
+    for (int i = 0; i < 64; i++) A[i] = frand(), B[i] = frand();
+    CHECK_OK(kiln_sgemm(false, true, 8, 8, 8, 1.0f, A, B, 0.0f, C));
+    CHECK_OK(kiln_sgemm(false, true, 8, 8, 8, 1.0f, B, A, 0.0f, C)); /* other pointers, same shape */
+    CHECK(kiln_gemm_cache_entries() == 1, "same shape twice: %zu entries", kiln_gemm_cache_entries());
+    CHECK_OK(kiln_sgemm(false, true, 8, 8, 8, 1.0f, A, B, 1.0f, C));
+    CHECK_OK(kiln_sgemm(false, false, 8, 8, 8, 1.0f, A, B, 0.0f, C));
+    CHECK(kiln_gemm_cache_entries() == 3, "beta and transB are keys: %zu entries", kiln_gemm_cache_entries());
+    const char *be = kiln_gemm_backend();
+    CHECK(be && strstr(be, "oneDNN"), "backend %s", be ? be : "(null)");
+    kiln_gemm_cache_clear();
+    CHECK(kiln_gemm_cache_entries() == 0, "entries after clear %zu", kiln_gemm_cache_entries());
+}
+
+/* Cached primitives run from several threads at once (each thread has its
+ * own scratchpad), sharing shapes and primitives. */
+typedef struct {
+    const float *A, *B;
+    float C[96 * 80];
+    int bad;
+} thread_arg;
+
+static void *thread_body(void *p) {
+    thread_arg *t = p;
+    for (int it = 0; it < 20; it++) {
+        int64_t M = it % 2 ? 96 : 80; /* two shapes, both shared between the threads */
+        if (kiln_sgemm(false, true, M, 80, 200, 1.0f, t->A, t->B, 0.0f, t->C) != KILN_OK) t->bad++;
+        for (int64_t i = 0; i < M; i += 17)
+            for (int64_t j = 0; j < 80; j += 13) {
+                double r = 0;
+                for (int k = 0; k < 200; k++) r += (double)t->A[i * 200 + k] * t->B[j * 200 + k];
+                if (fabs(t->C[i * 80 + j] - r) > 1e-3) t->bad++;
+            }
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    float *A = malloc(96 * 200 * 4), *B = malloc(80 * 200 * 4);
+    for (int i = 0; i < 96 * 200; i++) A[i] = frand();
+    for (int i = 0; i < 80 * 200; i++) B[i] = frand();
+    enum { NT = 3 };
+    thread_arg *args = calloc(NT, sizeof *args);
+    pthread_t th[NT];
+    for (int i = 0; i < NT; i++) {
+        args[i].A = A, args[i].B = B;
+        pthread_create(&th[i], NULL, thread_body, &args[i]);
+    }
+    for (int i = 0; i < NT; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].bad == 0, "thread %d: %d bad results", i, args[i].bad);
+    }
+    free(args), free(A), free(B);
+}
+
+int main(void) {
+    test_shapes();
+    test_interleaved_heads();
+    test_sgemm_and_edges();
+    test_errors();
+    test_cache();
+    test_threads();
+    kiln_gemm_cache_clear();
+    TEST_END();
+}
