@@ -1,0 +1,80 @@
+/* Rotary position embedding, Hugging Face rotate_half convention:
+ * for j < D/2, with c = cos(pos f_j), s = sin(pos f_j), f_j = theta^(-2j/D):
+ *   out[j]       = x[j] c - x[j + D/2] s
+ *   out[j + D/2] = x[j + D/2] c + x[j] s
+ * inverse = true rotates by -angle, which is the transpose: the backward.
+ * Angles are formed in float (pos as float times f_j as float), as HF does. */
+#include "kiln/kernels.h"
+
+#include <stdlib.h>
+
+#define KILN_ROPE_PAR (1 << 15)
+#define KILN_ROPE_BLK 256
+
+/* cos/sin of pos * f_j for j in [j0, j1), stored from index 0 */
+static void rope_table(float *restrict cs, float *restrict sn, int64_t j0, int64_t j1,
+                       int64_t D, int64_t pos, float theta) {
+    for (int64_t j = j0; j < j1; j++) {
+        float inv = (float)(1.0 / pow((double)theta, (double)(2 * j) / (double)D));
+        float a = (float)pos * inv;
+        cs[j - j0] = cosf(a);
+        sn[j - j0] = sinf(a);
+    }
+}
+
+/* pairs (j, j + half) for j in [0, n) of a row whose halves start at x0/x1 */
+/* No restrict on x/o: out may be x (in place); each pair is read before it
+ * is written, and omp simd needs no aliasing proof. */
+static void rope_pairs(const float *x0, const float *x1, float *o0, float *o1,
+                       const float *restrict cs, const float *restrict sn,
+                       int64_t n, float sign) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) {
+        float a = x0[j], b = x1[j], s = sign * sn[j];
+        o0[j] = a * cs[j] - b * s;
+        o1[j] = b * cs[j] + a * s;
+    }
+}
+
+void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
+                 int64_t pos0, float theta, bool inverse) {
+    int64_t half = D / 2, rows = B * T * H;
+    float sign = inverse ? -1.0f : 1.0f;
+    bool par = rows * D > KILN_ROPE_PAR;
+    if (rows == 0 || half == 0) return;
+    float *tab = malloc((size_t)(2 * T * half) * sizeof(float));
+    if (tab) {
+#pragma omp parallel if (par)
+        {
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < T; t++)
+                rope_table(tab + 2 * t * half, tab + (2 * t + 1) * half, 0, half, D, pos0 + t,
+                           theta);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < rows; i++) {
+                int64_t t = (i / H) % T;
+                const float *xi = x + i * D;
+                float *oi = out + i * D;
+                rope_pairs(xi, xi + half, oi, oi + half, tab + 2 * t * half,
+                           tab + (2 * t + 1) * half, half, sign);
+            }
+        }
+        free(tab);
+        return;
+    }
+    /* out of memory: a block of one position's table at a time (same values) */
+    float cs[KILN_ROPE_BLK], sn[KILN_ROPE_BLK];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
+            int64_t j1 = j0 + KILN_ROPE_BLK < half ? j0 + KILN_ROPE_BLK : half;
+            rope_table(cs, sn, j0, j1, D, pos0 + t, theta);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t h = 0; h < H; h++) {
+                    int64_t i = (b * T + t) * H + h;
+                    const float *xi = x + i * D;
+                    float *oi = out + i * D;
+                    rope_pairs(xi + j0, xi + half + j0, oi + j0, oi + half + j0, cs, sn,
+                               j1 - j0, sign);
+                }
+        }
+}
