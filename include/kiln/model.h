@@ -1,0 +1,82 @@
+/* kiln model: the Llama configuration (Hugging Face LlamaConfig field names)
+ * and the forward pass, written once against the op API. The model never
+ * knows whether ops run eagerly or are traced.
+ *
+ * Ownership: kiln_llama_new returns a model the caller frees with
+ * kiln_llama_free; its parameter tensors belong to the model. Forward
+ * functions return new references. Errors: NULL / kiln_status with
+ * kiln_last_error() naming the field or op.
+ */
+#ifndef KILN_MODEL_H
+#define KILN_MODEL_H
+
+#include "kiln/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers;
+    int64_t num_attention_heads, num_key_value_heads, max_position_embeddings;
+    int64_t head_dim; /* hidden_size / num_attention_heads unless given */
+    double rms_norm_eps, rope_theta;
+    bool tie_word_embeddings;
+    int64_t bos_token_id, eos_token_id, pad_token_id; /* -1: not set */
+} kiln_llama_config;
+
+/* Fills defaults that HF uses (eps 1e-6, theta 10000, untied...). */
+void kiln_llama_config_default(kiln_llama_config *c);
+kiln_status kiln_llama_config_validate(const kiln_llama_config *c);
+/* Parses config.json text (path only names the source in errors). */
+kiln_status kiln_llama_config_parse(const char *json, const char *source, kiln_llama_config *c);
+kiln_status kiln_llama_config_load(const char *path, kiln_llama_config *c);
+/* JSON text (malloc'd) with HF field names; written atomically by _save. */
+char *kiln_llama_config_to_json(const kiln_llama_config *c);
+kiln_status kiln_llama_config_save(const char *path, const kiln_llama_config *c);
+
+typedef struct {
+    kiln_tensor *input_layernorm, *q_proj, *k_proj, *v_proj, *o_proj;
+    kiln_tensor *post_attention_layernorm, *gate_proj, *up_proj, *down_proj;
+} kiln_llama_layer;
+
+typedef struct {
+    kiln_llama_config cfg;
+    kiln_tensor *embed_tokens, *norm, *lm_head; /* lm_head == embed_tokens when tied */
+    kiln_llama_layer *layers;
+    int n_params;
+    kiln_tensor **params; /* every distinct parameter, named as Hugging Face names it */
+} kiln_llama;
+
+/* Parameters initialised as HF does: normal(0, 0.02), norms at one. The
+ * same seed gives the same weights on any thread count. */
+kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed);
+void kiln_llama_free(kiln_llama *m);
+kiln_tensor *kiln_llama_param(const kiln_llama *m, const char *name);
+int64_t kiln_llama_num_params(const kiln_llama *m);
+/* requires_grad = trainable for every parameter whose name matches the
+ * glob (fnmatch); returns how many matched. */
+int kiln_llama_set_trainable(kiln_llama *m, const char *glob, bool trainable);
+void kiln_llama_zero_grad(kiln_llama *m);
+
+/* Key/value cache for generation: keys and values of every layer for up to
+ * max_len positions, so each new token costs one position. */
+typedef struct kiln_llama_cache kiln_llama_cache;
+kiln_llama_cache *kiln_llama_cache_new(const kiln_llama *m, int64_t batch, int64_t max_len);
+void kiln_llama_cache_free(kiln_llama_cache *c);
+int64_t kiln_llama_cache_len(const kiln_llama_cache *c);
+
+/* ids [B, T] i32, pad_mask [B, T] i32 (1 real, 0 pad; NULL: all real).
+ * Returns logits [B, T, V]. With a cache, the T new positions follow the
+ * cached ones (pad_mask may then be NULL) and are appended to it. */
+kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, kiln_llama_cache *cache);
+/* Sum of token cross-entropies over targets != KILN_IGNORE_INDEX, shape [1].
+ * Dividing by the window's target count is the trainer's business. */
+kiln_tensor *kiln_llama_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask);
+/* Model FLOPs per trained token (forward + backward, 6N + attention). */
+double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t seq_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

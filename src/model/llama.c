@@ -1,0 +1,302 @@
+/* The Llama model, written once against the op API. */
+#include <fnmatch.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kiln/model.h"
+
+struct kiln_llama_cache {
+    int64_t B, max_len, len, n_layers;
+    kiln_tensor **k, **v; /* per layer [B, Hkv, max_len, D] */
+};
+
+static kiln_tensor *new_param(kiln_llama *m, const char *name, int ndim, const int64_t *shape, float std, uint64_t seed) {
+    kiln_tensor *t = kiln_tensor_new(KILN_F32, ndim, shape);
+    if (!t) return NULL;
+    kiln_tensor_set_name(t, name);
+    t->requires_grad = true;
+    int64_t n = kiln_tensor_numel(t);
+    if (std > 0) {
+        /* each parameter draws from its own counter range: adding a layer
+         * does not shift the values of the others */
+        kiln_rng rng = {seed, (uint64_t)m->n_params << 40};
+        kiln_rng_normal(&rng, kiln_f32(t), n, 0.0f, std);
+    } else {
+        for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = 1.0f;
+    }
+    m->params[m->n_params++] = t;
+    return t;
+}
+
+kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
+    if (kiln_llama_config_validate(c)) return NULL;
+    kiln_llama *m = calloc(1, sizeof *m);
+    if (!m) goto oom;
+    m->cfg = *c;
+    int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+    int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
+    m->layers = calloc((size_t)L, sizeof *m->layers);
+    m->params = calloc((size_t)(L * 9 + 3), sizeof *m->params);
+    if (!m->layers || !m->params) goto oom;
+    const float s = 0.02f;
+    char name[96];
+    m->embed_tokens = new_param(m, "model.embed_tokens.weight", 2, (int64_t[]){V, C}, s, seed);
+    for (int64_t l = 0; l < L; l++) {
+        kiln_llama_layer *ly = &m->layers[l];
+#define P(field, part, nd, ...)                                                            \
+    snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, part);        \
+    ly->field = new_param(m, name, nd, (int64_t[]){__VA_ARGS__}, s, seed);                 \
+    if (!ly->field) goto oom;
+        P(input_layernorm, "input_layernorm", 1, C);
+        ly->input_layernorm = m->params[m->n_params - 1];
+        P(q_proj, "self_attn.q_proj", 2, qd, C);
+        P(k_proj, "self_attn.k_proj", 2, kd, C);
+        P(v_proj, "self_attn.v_proj", 2, kd, C);
+        P(o_proj, "self_attn.o_proj", 2, C, qd);
+        P(post_attention_layernorm, "post_attention_layernorm", 1, C);
+        P(gate_proj, "mlp.gate_proj", 2, I, C);
+        P(up_proj, "mlp.up_proj", 2, I, C);
+        P(down_proj, "mlp.down_proj", 2, C, I);
+#undef P
+    }
+    m->norm = new_param(m, "model.norm.weight", 1, (int64_t[]){C}, 0, seed);
+    if (c->tie_word_embeddings)
+        m->lm_head = m->embed_tokens;
+    else
+        m->lm_head = new_param(m, "lm_head.weight", 2, (int64_t[]){V, C}, s, seed);
+    if (!m->embed_tokens || !m->norm || !m->lm_head) goto oom;
+    /* norms start at one (std 0 above means "fill with ones") */
+    return m;
+oom:
+    kiln_llama_free(m);
+    if (kiln_last_status() == KILN_OK) kiln_error(KILN_ERR_OOM, "out of memory creating the model");
+    return NULL;
+}
+
+void kiln_llama_free(kiln_llama *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_params; i++) kiln_tensor_release(m->params[i]);
+    free(m->params);
+    free(m->layers);
+    free(m);
+}
+
+kiln_tensor *kiln_llama_param(const kiln_llama *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i]->name, name) == 0) return m->params[i];
+    return NULL;
+}
+
+int64_t kiln_llama_num_params(const kiln_llama *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++) n += kiln_tensor_numel(m->params[i]);
+    return n;
+}
+
+int kiln_llama_set_trainable(kiln_llama *m, const char *glob, bool trainable) {
+    int hits = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (fnmatch(glob, m->params[i]->name, 0) == 0) {
+            m->params[i]->requires_grad = trainable;
+            if (!trainable) {
+                kiln_tensor_release(m->params[i]->grad);
+                m->params[i]->grad = NULL;
+            }
+            hits++;
+        }
+    return hits;
+}
+
+void kiln_llama_zero_grad(kiln_llama *m) {
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i]->grad) memset(m->params[i]->grad->data, 0, kiln_tensor_nbytes(m->params[i]->grad));
+}
+
+double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t T) {
+    double C = (double)c->hidden_size, qd = (double)(c->num_attention_heads * c->head_dim);
+    double kd = (double)(c->num_key_value_heads * c->head_dim), I = (double)c->intermediate_size;
+    double per_layer = C * qd * 2 + C * kd * 2 + 3 * C * I;
+    double n_mm = (double)c->num_hidden_layers * per_layer + (double)c->vocab_size * C;
+    double attn = 12.0 * (double)c->num_hidden_layers * (double)T * qd;
+    return 6.0 * n_mm + attn;
+}
+
+/* ---- key/value cache ------------------------------------------------------- */
+kiln_llama_cache *kiln_llama_cache_new(const kiln_llama *m, int64_t B, int64_t max_len) {
+    const kiln_llama_config *c = &m->cfg;
+    kiln_llama_cache *kc = calloc(1, sizeof *kc);
+    if (!kc) return NULL;
+    kc->B = B;
+    kc->max_len = max_len;
+    kc->n_layers = c->num_hidden_layers;
+    kc->k = calloc((size_t)kc->n_layers, sizeof *kc->k);
+    kc->v = calloc((size_t)kc->n_layers, sizeof *kc->v);
+    if (!kc->k || !kc->v) goto fail;
+    int64_t s[4] = {B, c->num_key_value_heads, max_len, c->head_dim};
+    for (int64_t l = 0; l < kc->n_layers; l++) {
+        kc->k[l] = kiln_tensor_new(KILN_F32, 4, s);
+        kc->v[l] = kiln_tensor_new(KILN_F32, 4, s);
+        if (!kc->k[l] || !kc->v[l]) goto fail;
+    }
+    return kc;
+fail:
+    kiln_llama_cache_free(kc);
+    return NULL;
+}
+
+void kiln_llama_cache_free(kiln_llama_cache *kc) {
+    if (!kc) return;
+    for (int64_t l = 0; l < kc->n_layers; l++) {
+        if (kc->k) kiln_tensor_release(kc->k[l]);
+        if (kc->v) kiln_tensor_release(kc->v[l]);
+    }
+    free(kc->k);
+    free(kc->v);
+    free(kc);
+}
+
+int64_t kiln_llama_cache_len(const kiln_llama_cache *kc) { return kc->len; }
+
+/* Appends x [B, Hkv, T, D] at position len of `store` and returns the first
+ * len + T positions as a new contiguous [B, Hkv, len+T, D] tensor. Inference
+ * only: the cache is plain storage, outside the op graph. */
+static kiln_tensor *cache_append(kiln_tensor *store, kiln_tensor *x, int64_t len) {
+    if (!x) return NULL;
+    int64_t B = x->shape[0], H = x->shape[1], T = x->shape[2], D = x->shape[3], M = store->shape[2];
+    float *s = kiln_f32(store);
+    const float *xs = kiln_f32(x);
+    for (int64_t bh = 0; bh < B * H; bh++) memcpy(s + (bh * M + len) * D, xs + bh * T * D, (size_t)(T * D) * sizeof(float));
+    int64_t shape[4] = {B, H, len + T, D};
+    kiln_tensor *out = kiln_tensor_new(KILN_F32, 4, shape);
+    if (!out) return NULL;
+    for (int64_t bh = 0; bh < B * H; bh++)
+        memcpy(kiln_f32(out) + bh * (len + T) * D, s + bh * M * D, (size_t)((len + T) * D) * sizeof(float));
+    return out;
+}
+
+/* ---- forward -------------------------------------------------------------------- */
+/* Replaces `var` by `expr`, releasing the old value (NULL propagates). */
+#define NEXT(var, expr)                 \
+    do {                                \
+        kiln_tensor *next_ = (expr);    \
+        kiln_tensor_release(var);       \
+        var = next_;                    \
+    } while (0)
+
+/* x [B, T, C] -> [B, heads, T, D], rotated when `rotate` */
+static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, bool rotate, int64_t pos0) {
+    if (!x) return NULL;
+    int64_t s[4] = {x->shape[0], x->shape[1], nh, c->head_dim};
+    kiln_tensor *t = kiln_reshape(x, 4, s);
+    if (rotate) NEXT(t, kiln_rope(t, c->rope_theta, pos0, false));
+    NEXT(t, kiln_transpose12(t));
+    return t;
+}
+
+static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, kiln_tensor *x, kiln_tensor *mask,
+                              kiln_llama_cache *kc) {
+    const kiln_llama_config *c = &m->cfg;
+    int64_t B = x->shape[0], T = x->shape[1], pos0 = kc ? kc->len : 0;
+    int64_t rep = c->num_attention_heads / c->num_key_value_heads;
+    kiln_tensor *t = kiln_linear(x, ly->q_proj);
+    kiln_tensor *q = heads(t, c, c->num_attention_heads, true, pos0);
+    NEXT(t, kiln_linear(x, ly->k_proj));
+    kiln_tensor *k = heads(t, c, c->num_key_value_heads, true, pos0);
+    NEXT(t, kiln_linear(x, ly->v_proj));
+    kiln_tensor *v = heads(t, c, c->num_key_value_heads, false, pos0);
+    kiln_tensor_release(t);
+    if (kc) {
+        NEXT(k, cache_append(kc->k[l], k, kc->len));
+        NEXT(v, cache_append(kc->v[l], v, kc->len));
+    }
+    if (rep > 1) {
+        NEXT(k, kiln_repeat_kv(k, rep));
+        NEXT(v, kiln_repeat_kv(v, rep));
+    }
+    kiln_tensor *s = kiln_matmul(q, k, KILN_MM_BATCHED, false, true);
+    kiln_tensor_release(q);
+    kiln_tensor_release(k);
+    NEXT(s, kiln_scale(s, 1.0 / sqrt((double)c->head_dim)));
+    NEXT(s, kiln_add(s, mask));
+    NEXT(s, kiln_softmax(s));
+    kiln_tensor *o = kiln_matmul(s, v, KILN_MM_BATCHED, false, false);
+    kiln_tensor_release(s);
+    kiln_tensor_release(v);
+    NEXT(o, kiln_transpose12(o));
+    int64_t flat[3] = {B, T, c->num_attention_heads * c->head_dim};
+    NEXT(o, kiln_reshape(o, 3, flat));
+    NEXT(o, kiln_linear(o, ly->o_proj));
+    return o;
+}
+
+static kiln_tensor *mlp(kiln_llama_layer *ly, kiln_tensor *x) {
+    kiln_tensor *g = kiln_linear(x, ly->gate_proj);
+    kiln_tensor *u = kiln_linear(x, ly->up_proj);
+    NEXT(g, kiln_silu(g));
+    NEXT(g, kiln_mul(g, u));
+    kiln_tensor_release(u);
+    NEXT(g, kiln_linear(g, ly->down_proj));
+    return g;
+}
+
+static kiln_tensor *ones_mask(int64_t B, int64_t T) {
+    int64_t s[2] = {B, T};
+    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
+    if (t)
+        for (int64_t i = 0; i < B * T; i++) kiln_i32(t)[i] = 1;
+    return t;
+}
+
+kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, kiln_llama_cache *kc) {
+    const kiln_llama_config *c = &m->cfg;
+    char b1[96], b2[96];
+    if (!ids || ids->ndim != 2 || ids->dtype != KILN_I32) {
+        kiln_error(KILN_ERR_SHAPE, "llama forward: input_ids must be [B, T] i32, got %s", ids ? kiln_shape_str(ids, b1, sizeof b1) : "NULL");
+        return NULL;
+    }
+    int64_t B = ids->shape[0], T = ids->shape[1], pos0 = kc ? kc->len : 0;
+    if (pad_mask && !kc && !kiln_tensor_same_shape(pad_mask, ids) ) {
+        kiln_error(KILN_ERR_SHAPE, "llama forward: pad_mask %s does not match input_ids %s", kiln_shape_str(pad_mask, b1, sizeof b1),
+                   kiln_shape_str(ids, b2, sizeof b2));
+        return NULL;
+    }
+    if (pos0 + T > c->max_position_embeddings || (kc && (pos0 + T > kc->max_len || B != kc->B))) {
+        kiln_error(KILN_ERR_RANGE, "llama forward: positions up to %lld exceed max_position_embeddings %lld or the cache",
+                   (long long)(pos0 + T), (long long)c->max_position_embeddings);
+        return NULL;
+    }
+    kiln_tensor *pm = pad_mask && !kc ? kiln_tensor_retain(pad_mask) : ones_mask(B, pos0 + T);
+    kiln_tensor *mask = kiln_attn_mask(pm, T);
+    kiln_tensor_release(pm);
+    kiln_tensor *h = kiln_embedding(m->embed_tokens, ids);
+    for (int64_t l = 0; l < c->num_hidden_layers && h && mask; l++) {
+        kiln_llama_layer *ly = &m->layers[l];
+        kiln_tensor *x = kiln_rmsnorm(h, ly->input_layernorm, c->rms_norm_eps);
+        kiln_tensor *a = x ? attention(m, ly, l, x, mask, kc) : NULL;
+        kiln_tensor_release(x);
+        NEXT(h, kiln_add(h, a));
+        kiln_tensor_release(a);
+        x = kiln_rmsnorm(h, ly->post_attention_layernorm, c->rms_norm_eps);
+        a = x ? mlp(ly, x) : NULL;
+        kiln_tensor_release(x);
+        NEXT(h, kiln_add(h, a));
+        kiln_tensor_release(a);
+    }
+    kiln_tensor_release(mask);
+    if (kc && h) kc->len += T;
+    NEXT(h, kiln_rmsnorm(h, m->norm, c->rms_norm_eps));
+    NEXT(h, kiln_linear(h, m->lm_head));
+    return h;
+}
+
+kiln_tensor *kiln_llama_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask) {
+    if (!targets || kiln_tensor_numel(targets) != kiln_tensor_numel(ids)) {
+        kiln_error(KILN_ERR_SHAPE, "llama loss: targets must match input_ids");
+        return NULL;
+    }
+    kiln_tensor *logits = kiln_llama_forward(m, ids, pad_mask, NULL);
+    kiln_tensor *loss = kiln_cross_entropy(logits, targets, KILN_IGNORE_INDEX);
+    kiln_tensor_release(logits);
+    return loss;
+}
