@@ -17,7 +17,7 @@ static kiln_tensor *new_param(kiln_llama *m, const char *name, int ndim, const i
     kiln_tensor_set_name(t, name);
     t->requires_grad = true;
     int64_t n = kiln_tensor_numel(t);
-    if (std > 0) {
+    if (std > 0) { /* std 0 means a norm weight: ones */
         /* each parameter draws from its own counter range: adding a layer
          * does not shift the values of the others */
         kiln_rng rng = {seed, (uint64_t)m->n_params << 40};
@@ -44,20 +44,19 @@ kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
     m->embed_tokens = new_param(m, "model.embed_tokens.weight", 2, (int64_t[]){V, C}, s, seed);
     for (int64_t l = 0; l < L; l++) {
         kiln_llama_layer *ly = &m->layers[l];
-#define P(field, part, nd, ...)                                                            \
+#define P(field, part, std, nd, ...)                                                       \
     snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, part);        \
-    ly->field = new_param(m, name, nd, (int64_t[]){__VA_ARGS__}, s, seed);                 \
+    ly->field = new_param(m, name, nd, (int64_t[]){__VA_ARGS__}, std, seed);               \
     if (!ly->field) goto oom;
-        P(input_layernorm, "input_layernorm", 1, C);
-        ly->input_layernorm = m->params[m->n_params - 1];
-        P(q_proj, "self_attn.q_proj", 2, qd, C);
-        P(k_proj, "self_attn.k_proj", 2, kd, C);
-        P(v_proj, "self_attn.v_proj", 2, kd, C);
-        P(o_proj, "self_attn.o_proj", 2, C, qd);
-        P(post_attention_layernorm, "post_attention_layernorm", 1, C);
-        P(gate_proj, "mlp.gate_proj", 2, I, C);
-        P(up_proj, "mlp.up_proj", 2, I, C);
-        P(down_proj, "mlp.down_proj", 2, C, I);
+        P(input_layernorm, "input_layernorm", 0, 1, C);
+        P(q_proj, "self_attn.q_proj", s, 2, qd, C);
+        P(k_proj, "self_attn.k_proj", s, 2, kd, C);
+        P(v_proj, "self_attn.v_proj", s, 2, kd, C);
+        P(o_proj, "self_attn.o_proj", s, 2, C, qd);
+        P(post_attention_layernorm, "post_attention_layernorm", 0, 1, C);
+        P(gate_proj, "mlp.gate_proj", s, 2, I, C);
+        P(up_proj, "mlp.up_proj", s, 2, I, C);
+        P(down_proj, "mlp.down_proj", s, 2, C, I);
 #undef P
     }
     m->norm = new_param(m, "model.norm.weight", 1, (int64_t[]){C}, 0, seed);
@@ -66,7 +65,6 @@ kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
     else
         m->lm_head = new_param(m, "lm_head.weight", 2, (int64_t[]){V, C}, s, seed);
     if (!m->embed_tokens || !m->norm || !m->lm_head) goto oom;
-    /* norms start at one (std 0 above means "fill with ones") */
     return m;
 oom:
     kiln_llama_free(m);

@@ -1,0 +1,40 @@
+/* kiln: the command-line entry point; dispatches to subcommands. */
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "kiln/core.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"tokenizer", kiln_cmd_tokenizer, "train, encode or decode with a byte-level BPE tokenizer"},
+    {"tokenize", kiln_cmd_tokenize, "turn text files into token shards (train.bin, val.bin)"},
+    {"bench", kiln_cmd_bench, "time training steps of a model configuration"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "kiln %s: train Llama-style language models on the CPU\n\nusage: kiln COMMAND [options]\n\ncommands:\n",
+            KILN_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`kiln COMMAND --help` describes each command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kiln %s\n", KILN_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kiln: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

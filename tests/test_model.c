@@ -1,0 +1,214 @@
+/* The whole Llama model against PyTorch fixtures (tests/reference/), plus
+ * config validation and bad-input errors. */
+#include <stdlib.h>
+#include "kiln/eager.h"
+#include "kiln/model.h"
+#include "kiln/safetensors.h"
+#include "test.h"
+
+#define FIX "tests/fixtures/"
+
+static kiln_tensor *wrap_st(const kiln_st_tensor *t) {
+    return kiln_tensor_wrap((void *)t->data, t->dtype, t->ndim, t->shape);
+}
+
+/* max |a-b| / max |b| over the tensor: fair to elements near zero */
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)b[i]));
+    }
+    return s > 0 ? d / s : d;
+}
+
+static void check_fixture(const char *name) {
+    char path[256];
+    kiln_llama_config cfg;
+    snprintf(path, sizeof path, FIX "%s.config.json", name);
+    CHECK_OK(kiln_llama_config_load(path, &cfg));
+    snprintf(path, sizeof path, FIX "%s.safetensors", name);
+    kiln_st_file *f = NULL;
+    CHECK_OK(kiln_st_open(path, &f));
+    if (!f) return;
+    kiln_llama *m = kiln_llama_new(&cfg, 1);
+    CHECK(m != NULL, "model: %s", kiln_last_error());
+    if (!m) return;
+    for (int i = 0; i < m->n_params; i++) {
+        kiln_tensor *p = m->params[i];
+        const kiln_st_tensor *t = kiln_st_find(f, p->name);
+        CHECK(t && t->nbytes == kiln_tensor_nbytes(p), "%s: parameter %s missing or wrong size", name, p->name);
+        if (t && t->nbytes == kiln_tensor_nbytes(p)) memcpy(p->data, t->data, t->nbytes);
+    }
+    kiln_tensor *ids = wrap_st(kiln_st_find(f, "input_ids"));
+    kiln_tensor *mask = wrap_st(kiln_st_find(f, "attention_mask"));
+    kiln_tensor *labels = wrap_st(kiln_st_find(f, "labels"));
+    const kiln_st_tensor *ref_logits = kiln_st_find(f, "logits");
+    const kiln_st_tensor *ref_loss = kiln_st_find(f, "loss");
+
+    kiln_tensor *logits = kiln_llama_forward(m, ids, mask, NULL);
+    CHECK(logits != NULL, "%s forward: %s", name, kiln_last_error());
+    if (logits) {
+        double e = rel_err(kiln_f32(logits), ref_logits->data, kiln_tensor_numel(logits));
+        printf("%s: logits max rel error %.3g\n", name, e);
+        CHECK(e < 1e-4, "%s: logits differ from PyTorch by %.3g", name, e);
+    }
+    kiln_tensor_release(logits);
+
+    /* loss = sum / count, as PyTorch's reduction='mean' with ignore_index */
+    int64_t count = 0;
+    for (int64_t i = 0; i < kiln_tensor_numel(labels); i++) count += kiln_i32(labels)[i] != KILN_IGNORE_INDEX;
+    kiln_tensor *sum = kiln_llama_loss(m, ids, labels, mask);
+    int64_t one = 1;
+    kiln_tensor *inv = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_f32(inv)[0] = 1.0f / (float)count;
+    kiln_tensor *loss = kiln_scale_by(sum, inv);
+    CHECK(loss != NULL, "%s loss: %s", name, kiln_last_error());
+    if (loss) {
+        double e = t_rel(kiln_f32(loss)[0], ((const float *)ref_loss->data)[0]);
+        printf("%s: loss %.7f (PyTorch %.7f), rel error %.3g\n", name, kiln_f32(loss)[0], ((const float *)ref_loss->data)[0], e);
+        CHECK(e < 1e-4, "%s: loss differs by %.3g", name, e);
+        CHECK_OK(kiln_backward(loss));
+        double worst = 0;
+        for (int i = 0; i < m->n_params; i++) {
+            kiln_tensor *p = m->params[i];
+            char gname[128];
+            snprintf(gname, sizeof gname, "grad.%s", p->name);
+            const kiln_st_tensor *g = kiln_st_find(f, gname);
+            CHECK(g && p->grad, "%s: gradient of %s missing", name, p->name);
+            if (!g || !p->grad) continue;
+            double ge = rel_err(kiln_f32(p->grad), g->data, kiln_tensor_numel(p));
+            worst = fmax(worst, ge);
+            CHECK(ge < 1e-4, "%s: gradient of %s differs by %.3g", name, p->name, ge);
+        }
+        printf("%s: worst parameter-gradient rel error %.3g over %d tensors\n", name, worst, m->n_params);
+    }
+    kiln_tensor_release(loss);
+    kiln_tensor_release(sum);
+    kiln_tensor_release(inv);
+
+    /* a second micro-batch accumulates: grads double */
+    kiln_tensor *p0 = m->params[1];
+    float before = kiln_f32(p0->grad)[3];
+    sum = kiln_llama_loss(m, ids, labels, mask);
+    inv = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_f32(inv)[0] = 1.0f / (float)count;
+    loss = kiln_scale_by(sum, inv);
+    CHECK_OK(kiln_backward(loss));
+    CHECK(t_rel(kiln_f32(p0->grad)[3], 2 * before) < 1e-5, "%s: backward accumulates (+=): %g vs 2*%g", name,
+          kiln_f32(p0->grad)[3], before);
+    kiln_tensor_release(loss);
+    kiln_tensor_release(sum);
+    kiln_tensor_release(inv);
+
+    /* frozen parameter: no gradient at all */
+    kiln_llama_zero_grad(m);
+    CHECK(kiln_llama_set_trainable(m, "model.embed_tokens.*", false) == 1, "freeze glob matches one tensor");
+    sum = kiln_llama_loss(m, ids, labels, mask);
+    CHECK_OK(kiln_backward(sum));
+    CHECK(m->embed_tokens->grad == NULL, "%s: a frozen parameter gets no gradient", name);
+    CHECK(m->norm->grad != NULL, "%s: others still do", name);
+    kiln_tensor_release(sum);
+
+    kiln_tensor_release(ids);
+    kiln_tensor_release(mask);
+    kiln_tensor_release(labels);
+    kiln_llama_free(m);
+    kiln_st_close(f);
+}
+
+static void check_bad_config(const char *json, const char *field) {
+    kiln_llama_config c;
+    kiln_status st = kiln_llama_config_parse(json, "test.json", &c);
+    CHECK(st != KILN_OK && strstr(kiln_last_error(), field) && strstr(kiln_last_error(), "test.json"),
+          "bad config should name %s and the file, got %d: %s", field, st, kiln_last_error());
+}
+
+static void bad_inputs(void) {
+    check_bad_config("{\"hidden_size\": 64}", "vocab_size");
+    check_bad_config("{\"vocab_size\": 10, \"hidden_size\": 50, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
+                     " \"num_attention_heads\": 4}", "num_attention_heads");
+    check_bad_config("{\"vocab_size\": 10, \"hidden_size\": 64, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 3}", "num_key_value_heads");
+    check_bad_config("{\"vocab_size\": -3, \"hidden_size\": 64, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
+                     " \"num_attention_heads\": 4}", "vocab_size");
+    check_bad_config("{\"vocab_size\": 10, \"hidden_size\": \"64\", \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
+                     " \"num_attention_heads\": 4}", "hidden_size");
+    check_bad_config("{\"vocab_size\": 10, \"hidden_size\": 64, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
+                     " \"num_attention_heads\": 4, \"rms_norm_eps\": 0}", "rms_norm_eps");
+    check_bad_config("{\"vocab_size\": 10, \"hidden_size\": 64, ", "JSON");
+    kiln_llama_config c;
+    CHECK(kiln_llama_config_load("/nonexistent/config.json", &c) == KILN_ERR_IO &&
+              strstr(kiln_last_error(), "/nonexistent/config.json"),
+          "missing config names the path: %s", kiln_last_error());
+
+    /* round trip through JSON */
+    CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &c));
+    char *js = kiln_llama_config_to_json(&c);
+    kiln_llama_config c2;
+    CHECK_OK(kiln_llama_config_parse(js, "roundtrip", &c2));
+    CHECK(memcmp(&c, &c2, sizeof c) == 0, "config survives a JSON round trip");
+    free(js);
+
+    kiln_llama *m = kiln_llama_new(&c, 7);
+    int64_t s[2] = {1, 4};
+    kiln_tensor *ids = kiln_tensor_zeros(KILN_I32, 2, s);
+    kiln_i32(ids)[2] = (int32_t)c.vocab_size; /* out of range */
+    kiln_tensor *out = kiln_llama_forward(m, ids, NULL, NULL);
+    CHECK(out == NULL && kiln_last_status() == KILN_ERR_RANGE && strstr(kiln_last_error(), "embedding") &&
+              strstr(kiln_last_error(), "position 2"),
+          "token id out of range is reported: %s", kiln_last_error());
+    kiln_i32(ids)[2] = 0;
+    kiln_tensor *tg = kiln_tensor_zeros(KILN_I32, 2, s);
+    kiln_i32(tg)[1] = -5;
+    out = kiln_llama_loss(m, ids, tg, NULL);
+    CHECK(out == NULL && strstr(kiln_last_error(), "cross_entropy"), "bad target reported: %s", kiln_last_error());
+    /* shape mismatch between ops names the op and the shapes */
+    int64_t sa[2] = {3, 5}, sb[2] = {4, 5};
+    kiln_tensor *a = kiln_tensor_zeros(KILN_F32, 2, sa), *b = kiln_tensor_zeros(KILN_F32, 2, sb);
+    out = kiln_mul(a, b);
+    CHECK(out == NULL && kiln_last_status() == KILN_ERR_SHAPE && strstr(kiln_last_error(), "mul") &&
+              strstr(kiln_last_error(), "[3, 5]") && strstr(kiln_last_error(), "[4, 5]"),
+          "shape mismatch names op and shapes: %s", kiln_last_error());
+    int64_t sw[2] = {4, 6};
+    kiln_tensor *w = kiln_tensor_zeros(KILN_F32, 2, sw);
+    out = kiln_linear(a, w);
+    CHECK(out == NULL && strstr(kiln_last_error(), "matmul") && strstr(kiln_last_error(), "[4, 6]"),
+          "linear mismatch: %s", kiln_last_error());
+    kiln_tensor_release(w);
+    /* a NULL input propagates without a crash */
+    CHECK(kiln_add(NULL, a) == NULL, "NULL input propagates");
+    kiln_tensor_release(a);
+    kiln_tensor_release(b);
+    kiln_tensor_release(ids);
+    kiln_tensor_release(tg);
+    kiln_llama_free(m);
+}
+
+static void init_stats(void) {
+    kiln_llama_config c;
+    CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &c));
+    kiln_llama *a = kiln_llama_new(&c, 42), *b = kiln_llama_new(&c, 42);
+    double s = 0, ss = 0;
+    int64_t n = kiln_tensor_numel(a->layers[0].gate_proj);
+    for (int64_t i = 0; i < n; i++) {
+        double v = kiln_f32(a->layers[0].gate_proj)[i];
+        s += v;
+        ss += v * v;
+    }
+    double sd = sqrt(ss / n - (s / n) * (s / n));
+    CHECK(fabs(sd - 0.02) < 0.002 && fabs(s / n) < 0.002, "init std %.4f mean %.4f", sd, s / n);
+    CHECK(kiln_f32(a->layers[1].input_layernorm)[5] == 1.0f, "norms start at one");
+    CHECK(memcmp(a->lm_head->data, b->lm_head->data, kiln_tensor_nbytes(a->lm_head)) == 0, "same seed, same weights");
+    kiln_llama_free(a);
+    kiln_llama_free(b);
+}
+
+int main(void) {
+    kiln_eager_enable();
+    check_fixture("tiny_gqa");
+    check_fixture("tiny_tied");
+    bad_inputs();
+    init_stats();
+    TEST_END();
+}
