@@ -69,6 +69,24 @@ static void test_exp(void) {
     CHECK(isinf(kiln_expf_fast(100.0f)), "exp(100)");
     CHECK(isinf(kiln_expf_fast(INFINITY)), "exp(inf)");
     CHECK(isnan(kiln_expf_fast(NAN)), "exp(nan)");
+    CHECK(kiln_expf_fast(-87.8f) == 0.0f && kiln_expf_fast(-88.5f) == 0.0f, "exp(-87.8)");
+    CHECK(isinf(kiln_expf_fast(88.5f)) && isinf(kiln_expf_fast(89.5f)), "exp(88.5)");
+    /* the same through a vectorised loop */
+    {
+        float xv[64], yv[64];
+        for (int i = 0; i < 64; i++) xv[i] = (float)(i - 32) * 0.7f;
+        xv[3] = NAN, xv[5] = -INFINITY, xv[7] = INFINITY, xv[9] = -88.5f, xv[11] = 88.5f;
+#pragma omp simd
+        for (int i = 0; i < 64; i++) yv[i] = kiln_expf_fast(xv[i]);
+        int bad = 0;
+        for (int i = 0; i < 64; i++) {
+            if (i == 3) bad += !isnan(yv[i]);
+            else if (i == 5 || i == 9) bad += yv[i] != 0.0f;
+            else if (i == 7 || i == 11) bad += !isinf(yv[i]);
+            else bad += fabs(yv[i] - exp((double)xv[i])) > 5e-7 * exp((double)xv[i]);
+        }
+        CHECK(bad == 0, "vectorised expf_fast: %d wrong", bad);
+    }
     printf("  expf_fast: max rel err %.3g\n", worst);
 }
 

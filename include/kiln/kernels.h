@@ -103,15 +103,17 @@ void kiln_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float
 #include <string.h>
 
 /* exp(x) in float, relative error < 5e-7 against double for
- * x in [-87.33, 88.37]. Below that it returns 0 (the true value is
- * subnormal, < 1.2e-38); above 88.376 it returns +inf (exact overflow is
- * at 88.72). NaN propagates. Written with plain C so `#pragma omp simd`
- * loops vectorise it; the exponent is built by bit arithmetic, not by a
- * float->int conversion, so NaN or inf inputs are not undefined behaviour. */
+ * x in [-87.33, 88.37]. Below that the true value is subnormal: it returns
+ * 0 from about -87.7 down (absolute error < 1.2e-38); above 88.376 it returns
+ * +inf (exact overflow is at 88.72). NaN propagates. Plain C so that
+ * `#pragma omp simd` loops vectorise it. The clamps are written so they
+ * become single vmaxps/vminps that pass NaN through, and the range ends need
+ * no select: k = -127 builds a scale of +0, k = 128 one of +inf. The exponent
+ * comes from bit arithmetic, not a float->int conversion, so NaN and inf
+ * inputs are not undefined behaviour. */
 static inline float kiln_expf_fast(float x) {
-    const float lo = -87.33654f, hi = 88.376f;
-    float xc = x < lo ? lo : x;
-    xc = xc > hi ? hi : xc;
+    float xc = x < -88.0f ? -88.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
     /* k = round(x / ln2) via the 1.5*2^23 trick; its bits hold k */
     float kf = fmaf(xc, 1.44269504088896341f, 12582912.0f);
     uint32_t kb;
@@ -127,12 +129,10 @@ static inline float kiln_expf_fast(float x) {
     p = fmaf(p, r, 0.5f);
     p = fmaf(p, r, 1.0f);
     p = fmaf(p, r, 1.0f);
-    uint32_t sb = (kb - 0x4B400000u + 127u) << 23;
+    uint32_t sb = (kb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 128] */
     float s;
     memcpy(&s, &sb, sizeof s);
-    float y = p * s;
-    y = x < lo ? 0.0f : y;
-    return x > hi ? INFINITY : y;
+    return p * s;
 }
 
 

@@ -1,0 +1,97 @@
+/* Memory bandwidth of the non-GEMM kernels on training-sized inputs.
+ * Prints, per kernel, the best time of several runs and the GB/s of the bytes
+ * it must move (reads + writes, each array once). Usage: kernels [threads] */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kiln/kernels.h"
+
+static float *buf(int64_t n, float lo, float hi) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * (float)((i * 2654435761u) % 1000) / 1000.0f;
+    return p;
+}
+
+#define BENCH(name, bytes, stmt)                                                         \
+    do {                                                                                 \
+        stmt; /* warm */                                                                 \
+        double best = 1e30;                                                              \
+        for (int it_ = 0; it_ < 20; it_++) {                                             \
+            double t0_ = omp_get_wtime();                                                \
+            stmt;                                                                        \
+            double t_ = omp_get_wtime() - t0_;                                           \
+            if (t_ < best) best = t_;                                                    \
+        }                                                                                \
+        printf("%-34s %9.3f ms %8.1f GB/s\n", name, best * 1e3, (double)(bytes) / best / 1e9); \
+    } while (0)
+
+int main(int argc, char **argv) {
+    if (argc > 1) omp_set_num_threads(atoi(argv[1]));
+    printf("threads %d\n", omp_get_max_threads());
+    const int64_t rows = 2048, V = 8192;
+    const int64_t dims[] = {512, 1376};
+    volatile double sink = 0;
+    for (int di = 0; di < 2; di++) {
+        int64_t dim = dims[di], n = rows * dim;
+        float *x = buf(n, -2, 2), *y = buf(n, 0, 1), *dy = buf(n, -1, 1), *w = buf(dim, 0.5f, 1.5f),
+              *dw = buf(dim, 0, 0);
+        char name[64];
+        double mb = (double)n * 4;
+        snprintf(name, sizeof name, "rmsnorm %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 2 * mb, kiln_k_rmsnorm(x, w, y, rows, dim, 1e-5f));
+        snprintf(name, sizeof name, "rmsnorm_backward %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 3 * mb, kiln_k_rmsnorm_backward(x, w, dy, y, dw, rows, dim, 1e-5f));
+        snprintf(name, sizeof name, "softmax %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 2 * mb, kiln_k_softmax(x, y, rows, dim));
+        snprintf(name, sizeof name, "softmax_backward %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 3 * mb, kiln_k_softmax_backward(x, dy, y, rows, dim));
+        snprintf(name, sizeof name, "silu %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 2 * mb, kiln_k_silu(x, y, n));
+        snprintf(name, sizeof name, "silu_backward %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 3 * mb, kiln_k_silu_backward(x, dy, y, n));
+        snprintf(name, sizeof name, "add %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, 3 * mb, kiln_k_add(x, dy, y, n));
+        snprintf(name, sizeof name, "sumsq %lldx%lld", (long long)rows, (long long)dim);
+        BENCH(name, mb, sink += kiln_k_sumsq(x, n));
+        free(x), free(y), free(dy), free(w), free(dw);
+    }
+    {
+        int64_t n = rows * V;
+        float *lg = buf(n, -8, 8), *d = buf(n, 0, 1);
+        int32_t *t = malloc((size_t)rows * sizeof(int32_t));
+        for (int64_t i = 0; i < rows; i++) t[i] = (int32_t)((i * 7919) % V);
+        int64_t cnt;
+        BENCH("cross_entropy 2048x8192", (double)n * 4,
+              sink += kiln_k_cross_entropy(lg, t, rows, V, KILN_IGNORE_INDEX, &cnt));
+        BENCH("cross_entropy_backward 2048x8192", (double)n * 8,
+              kiln_k_cross_entropy_backward(lg, t, 1.0f / 2048, d, rows, V, KILN_IGNORE_INDEX));
+        free(lg), free(d), free(t);
+    }
+    {
+        int64_t dim = 512, n = rows * dim;
+        float *dout = buf(n, -1, 1), *dW = buf(V * dim, 0, 0), *out = buf(n, 0, 0);
+        int32_t *ids = malloc((size_t)rows * sizeof(int32_t));
+        for (int64_t i = 0; i < rows; i++) ids[i] = (int32_t)((i * 104729) % V);
+        BENCH("embedding 2048x512", (double)n * 8, kiln_k_embedding(dW, ids, out, rows, dim));
+        BENCH("embedding_backward 2048x512", (double)n * 12,
+              kiln_k_embedding_backward(dout, ids, dW, rows, dim, V));
+        free(dout), free(dW), free(out), free(ids);
+    }
+    {
+        int64_t B = 8, T = 256, H = 8, D = 64, n = B * T * H * D;
+        float *x = buf(n, -1, 1), *y = buf(n, 0, 0);
+        BENCH("rope 8x256x8x64", (double)n * 8,
+              kiln_k_rope(x, y, B, T, H, D, 0, 10000.0f, false));
+        free(x), free(y);
+    }
+    {
+        int64_t n = 20 * 1000 * 1000;
+        float *p = buf(n, -1, 1), *g = buf(n, -1, 1), *m = buf(n, 0, 0), *v = buf(n, 0, 0);
+        BENCH("adamw 20M", (double)n * 28,
+              kiln_k_adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f));
+        free(p), free(g), free(m), free(v);
+    }
+    (void)sink;
+    return 0;
+}
