@@ -226,6 +226,12 @@ static void test_rmsnorm(void) {
         float *dx2 = frand(n, 0, 1);
         kiln_k_rmsnorm_backward(x, w, dy, dx2, NULL, rows, dim, eps);
         CHECK(memcmp(dx, dx2, (size_t)n * sizeof(float)) == 0, "dx with dw=NULL differs");
+        /* NULL dx gives the same dw */
+        float *dw3 = frand(dim, -1, 1), *dw4 = fcopy(dw3, dim);
+        kiln_k_rmsnorm_backward(x, w, dy, dx2, dw3, rows, dim, eps);
+        kiln_k_rmsnorm_backward(x, w, dy, NULL, dw4, rows, dim, eps);
+        CHECK(memcmp(dw3, dw4, (size_t)dim * sizeof(float)) == 0, "dw with dx=NULL differs");
+        free(dw3), free(dw4);
         /* in place: y = x, dx = dy */
         float *xi = fcopy(x, n), *dyi = fcopy(dy, n);
         kiln_k_rmsnorm(xi, w, xi, rows, dim, eps);

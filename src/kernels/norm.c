@@ -3,7 +3,8 @@
  * The backward's dw is a sum over rows. To keep it race-free and identical
  * for any thread count, rows are cut into a number of chunks that depends on
  * `rows` only; each chunk sums into its own buffer and the buffers are added
- * into dw in chunk order. */
+ * into dw in chunk order.
+ * dx may be NULL when only dw is wanted (the backward to w alone). */
 #include "kiln/kernels.h"
 
 #include <stdlib.h>
@@ -34,11 +35,17 @@ void kiln_k_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int6
 }
 
 /* One row: xhat = x r, g = dy w, dx = r (g - xhat mean(g xhat));
- * accumulates dy * xhat into acc when acc is non-NULL. */
+ * accumulates dy * xhat into acc when acc is non-NULL. dx NULL: only acc
+ * (then acc must not be NULL). */
 static void row_backward(const float *xr, const float *w, const float *dyr, float *dxr,
                          float *restrict acc,
                          int64_t dim, float eps) {
     float rs = row_rstd(xr, dim, eps);
+    if (!dxr) { /* dw only */
+#pragma omp simd
+        for (int64_t j = 0; j < dim; j++) acc[j] += dyr[j] * (xr[j] * rs);
+        return;
+    }
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int64_t j = 0; j < dim; j++) dot += dyr[j] * w[j] * (xr[j] * rs);
@@ -56,11 +63,13 @@ static void row_backward(const float *xr, const float *w, const float *dyr, floa
 
 void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy, float *dx,
                              float *dw, int64_t rows, int64_t dim, float eps) {
+#define DXROW(r) (dx ? dx + (r) * dim : NULL)
     bool par = rows * dim > KILN_NORM_PAR && rows > 1;
     if (!dw) {
+        if (!dx) return;
 #pragma omp parallel for schedule(static) if (par)
         for (int64_t r = 0; r < rows; r++)
-            row_backward(x + r * dim, w, dy + r * dim, dx + r * dim, NULL, dim, eps);
+            row_backward(x + r * dim, w, dy + r * dim, DXROW(r), NULL, dim, eps);
         return;
     }
     int64_t nc = rows < KILN_NORM_CHUNKS ? rows : KILN_NORM_CHUNKS;
@@ -71,7 +80,7 @@ void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy, fl
         /* out of memory: one thread, rows straight into dw (same maths,
          * different rounding of the dw sum) */
         for (int64_t r = 0; r < rows; r++)
-            row_backward(x + r * dim, w, dy + r * dim, dx + r * dim, dw, dim, eps);
+            row_backward(x + r * dim, w, dy + r * dim, DXROW(r), dw, dim, eps);
         return;
     }
 #pragma omp parallel if (par)
@@ -80,7 +89,7 @@ void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy, fl
         for (int64_t c = 0; c < nc; c++) {
             int64_t lo = c * per, hi = lo + per < rows ? lo + per : rows;
             for (int64_t r = lo; r < hi; r++)
-                row_backward(x + r * dim, w, dy + r * dim, dx + r * dim, part + c * dim, dim,
+                row_backward(x + r * dim, w, dy + r * dim, DXROW(r), part + c * dim, dim,
                              eps);
         }
         /* reduce over chunks in order, columns split among threads */
@@ -99,3 +108,4 @@ void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy, fl
     }
     free(part);
 }
+#undef DXROW
