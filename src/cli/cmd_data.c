@@ -1,0 +1,291 @@
+/* `kiln tokenizer {train,encode,decode}` and `kiln tokenize`. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+#include "kiln/data.h"
+
+static const char *tokenizer_usage =
+    "usage: kiln tokenizer train CORPUS... --vocab-size N -o FILE\n"
+    "       kiln tokenizer encode --tokenizer FILE [TEXT | -]\n"
+    "       kiln tokenizer decode --tokenizer FILE [IDS... | -]\n"
+    "\n"
+    "train   learns a byte-level BPE tokenizer from text files and writes it as a\n"
+    "        Hugging Face tokenizer.json (ids: 0 <|bos|>, 1 <|eos|>, 2 <|pad|>,\n"
+    "        3..258 the bytes, then merges).\n"
+    "encode  prints the ids of TEXT (or of stdin when TEXT is - or absent).\n"
+    "decode  writes the bytes of the ids (arguments, or whitespace/comma separated\n"
+    "        on stdin with -) to stdout.\n"
+    "options: --threads N (default: all cores), -h/--help\n";
+
+static const char *tokenize_usage =
+    "usage: kiln tokenize CORPUS... --tokenizer FILE -o DIR [--val-frac F]\n"
+    "                     [--docs paragraph|file|line] [--seed N] [--threads N]\n"
+    "\n"
+    "Encodes text files into DIR/train.bin and DIR/val.bin (token shards, each\n"
+    "document followed by <|eos|>). Documents are blank-line-separated\n"
+    "paragraphs by default. A document is held out for val.bin when a hash of\n"
+    "its text and the seed falls below --val-frac (default 0.05), so the split\n"
+    "is deterministic.\n";
+
+typedef struct {
+    const char **pos; /* positional arguments */
+    int n_pos;
+    const char *vocab_size, *out, *tokenizer, *val_frac, *docs, *seed, *threads;
+    bool help;
+} args;
+
+/* --flag value, --flag=value; "-" alone is positional. */
+static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
+    static const char *const names[] = {"--vocab-size", "-o", "--output", "--tokenizer", "--val-frac",
+                                        "--docs", "--seed", "--threads"};
+    a->pos = calloc((size_t)argc + 1, sizeof *a->pos);
+    if (!a->pos) return 1;
+    for (int i = first; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            a->help = true;
+            continue;
+        }
+        if (s[0] != '-' || !strcmp(s, "-") || (s[1] >= '0' && s[1] <= '9')) {
+            a->pos[a->n_pos++] = s;
+            continue;
+        }
+        const char *eq = strchr(s, '=');
+        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
+        int k = -1;
+        for (int j = 0; j < 8; j++)
+            if (strlen(names[j]) == nl && !strncmp(s, names[j], nl)) k = j;
+        if (k < 0) {
+            fprintf(stderr, "kiln %s: unknown flag %.*s (see --help)\n", cmd, (int)nl, s);
+            return 2;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "kiln %s: flag %s needs a value\n", cmd, s);
+            return 2;
+        }
+        const char **slot[] = {&a->vocab_size, &a->out, &a->out, &a->tokenizer, &a->val_frac,
+                               &a->docs, &a->seed, &a->threads};
+        *slot[k] = v;
+    }
+    return 0;
+}
+
+static bool parse_long(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "kiln %s: %s %s: expected an integer in [%ld, %ld]\n", cmd, flag, v, lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool set_threads(const char *cmd, const args *a) {
+    long n;
+    if (!a->threads) return true;
+    if (!parse_long(cmd, "--threads", a->threads, 1, 1024, &n)) return false;
+    kiln_set_num_threads((int)n);
+    return true;
+}
+
+static int fail(const char *cmd) {
+    fprintf(stderr, "kiln %s: %s\n", cmd, kiln_last_error());
+    return 1;
+}
+
+static char *read_stdin(size_t *n) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len, stdin);
+        len += got;
+        if (got == 0) break;
+        if (len == cap) {
+            char *b = realloc(buf, 2 * cap + 1);
+            if (!b) {
+                free(buf);
+                return NULL;
+            }
+            buf = b;
+            cap *= 2;
+        }
+    }
+    if (buf) buf[len] = 0;
+    *n = len;
+    return buf;
+}
+
+static int cmd_train(args *a) {
+    const char *cmd = "tokenizer train";
+    long vs;
+    if (a->n_pos == 0) return fprintf(stderr, "kiln %s: no CORPUS files given\n%s", cmd, tokenizer_usage), 2;
+    if (!a->vocab_size) return fprintf(stderr, "kiln %s: --vocab-size is required\n", cmd), 2;
+    if (!a->out) return fprintf(stderr, "kiln %s: -o FILE is required\n", cmd), 2;
+    if (!parse_long(cmd, "--vocab-size", a->vocab_size, KILN_TOK_BASE_VOCAB, 1 << 24, &vs)) return 2;
+    double t0 = kiln_time_now();
+    kiln_tokenizer *t = NULL;
+    if (kiln_tokenizer_train(a->pos, a->n_pos, (int)vs, &t)) return fail(cmd);
+    kiln_status st = kiln_tokenizer_save(t, a->out);
+    if (!st)
+        fprintf(stderr, "kiln %s: %d tokens (%d merges) in %.2f s -> %s\n", cmd, kiln_tokenizer_vocab_size(t),
+                kiln_tokenizer_n_merges(t), kiln_time_now() - t0, a->out);
+    kiln_tokenizer_free(t);
+    return st ? fail(cmd) : 0;
+}
+
+static int cmd_encode(args *a, kiln_tokenizer *t) {
+    char *text = NULL;
+    size_t n;
+    if (a->n_pos > 1) return fprintf(stderr, "kiln tokenizer encode: give one TEXT (quote it) or -\n"), 2;
+    if (a->n_pos == 0 || !strcmp(a->pos[0], "-")) {
+        text = read_stdin(&n);
+        if (!text) return fprintf(stderr, "kiln tokenizer encode: cannot read stdin\n"), 1;
+    }
+    int32_t *ids;
+    size_t n_ids;
+    kiln_status st = text ? kiln_tokenizer_encode(t, text, n, &ids, &n_ids)
+                          : kiln_tokenizer_encode(t, a->pos[0], strlen(a->pos[0]), &ids, &n_ids);
+    free(text);
+    if (st) return fail("tokenizer encode");
+    for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", (int)ids[i]);
+    printf("\n");
+    free(ids);
+    return 0;
+}
+
+/* Appends the ids in s (separated by spaces, commas, brackets) to *ids. */
+static bool parse_ids(const char *s, int32_t **ids, size_t *n, size_t *cap) {
+    while (*s) {
+        if (strchr(" \t\r\n,[]", *s)) {
+            s++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < INT32_MIN || v > INT32_MAX) {
+            fprintf(stderr, "kiln tokenizer decode: \"%.20s\" is not an id\n", s);
+            return false;
+        }
+        if (*n == *cap) {
+            *cap = *cap ? 2 * *cap : 256;
+            int32_t *p = realloc(*ids, *cap * sizeof *p);
+            if (!p) return false;
+            *ids = p;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        s = end;
+    }
+    return true;
+}
+
+static int cmd_decode(args *a, kiln_tokenizer *t) {
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    bool ok = true;
+    for (int i = 0; i < a->n_pos && ok; i++) {
+        if (!strcmp(a->pos[i], "-")) {
+            size_t len;
+            char *in = read_stdin(&len);
+            ok = in && parse_ids(in, &ids, &n, &cap);
+            free(in);
+        } else {
+            ok = parse_ids(a->pos[i], &ids, &n, &cap);
+        }
+    }
+    char *out = NULL;
+    size_t len = 0;
+    if (ok && kiln_tokenizer_decode(t, ids, n, &out, &len)) {
+        free(ids);
+        return fail("tokenizer decode");
+    }
+    free(ids);
+    if (!ok) return 2;
+    fwrite(out, 1, len, stdout);
+    free(out);
+    return 0;
+}
+
+int kiln_cmd_tokenizer(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        fputs(tokenizer_usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *sub = argv[1];
+    args a = {0};
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "tokenizer %s", sub);
+    int rc = parse(argc, argv, 2, &a, cmd);
+    if (!rc && a.help) {
+        fputs(tokenizer_usage, stdout);
+    } else if (!rc && !set_threads(cmd, &a)) {
+        rc = 2;
+    } else if (!rc && !strcmp(sub, "train")) {
+        rc = cmd_train(&a);
+    } else if (!rc && (!strcmp(sub, "encode") || !strcmp(sub, "decode"))) {
+        kiln_tokenizer *t = NULL;
+        if (!a.tokenizer) {
+            fprintf(stderr, "kiln %s: --tokenizer FILE is required\n", cmd);
+            rc = 2;
+        } else if (kiln_tokenizer_load(a.tokenizer, &t)) {
+            rc = fail(cmd);
+        } else {
+            rc = sub[0] == 'e' ? cmd_encode(&a, t) : cmd_decode(&a, t);
+        }
+        kiln_tokenizer_free(t);
+    } else if (!rc) {
+        fprintf(stderr, "kiln tokenizer: unknown subcommand \"%s\" (train, encode, decode)\n", sub);
+        rc = 2;
+    }
+    free(a.pos);
+    return rc;
+}
+
+int kiln_cmd_tokenize(int argc, char **argv) {
+    const char *cmd = "tokenize";
+    args a = {0};
+    int rc = parse(argc, argv, 1, &a, cmd);
+    kiln_tokenize_opts o = {.val_frac = 0.05, .split = KILN_DOC_PARAGRAPH};
+    if (!rc && a.help) {
+        fputs(tokenize_usage, stdout);
+        goto done;
+    }
+    if (!rc && !set_threads(cmd, &a)) rc = 2;
+    if (!rc && a.n_pos == 0) rc = (fprintf(stderr, "kiln %s: no CORPUS files given\n%s", cmd, tokenize_usage), 2);
+    if (!rc && !a.tokenizer) rc = (fprintf(stderr, "kiln %s: --tokenizer FILE is required\n", cmd), 2);
+    if (!rc && !a.out) rc = (fprintf(stderr, "kiln %s: -o DIR is required\n", cmd), 2);
+    if (!rc && a.val_frac) {
+        char *end;
+        o.val_frac = strtod(a.val_frac, &end);
+        if (*end || end == a.val_frac || !(o.val_frac >= 0 && o.val_frac < 1))
+            rc = (fprintf(stderr, "kiln %s: --val-frac %s: expected a number in [0, 1)\n", cmd, a.val_frac), 2);
+    }
+    if (!rc && a.docs) {
+        if (!strcmp(a.docs, "paragraph")) o.split = KILN_DOC_PARAGRAPH;
+        else if (!strcmp(a.docs, "file")) o.split = KILN_DOC_FILE;
+        else if (!strcmp(a.docs, "line")) o.split = KILN_DOC_LINE;
+        else rc = (fprintf(stderr, "kiln %s: --docs %s: expected paragraph, file or line\n", cmd, a.docs), 2);
+    }
+    long seed = 0;
+    if (!rc && a.seed && !parse_long(cmd, "--seed", a.seed, 0, __LONG_MAX__, &seed)) rc = 2;
+    o.seed = (uint64_t)seed;
+    if (rc) goto done;
+    kiln_tokenizer *t = NULL;
+    kiln_tokenize_stats s;
+    if (kiln_tokenizer_load(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
+        rc = fail(cmd);
+    } else {
+        fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu docs), %s/val.bin (%llu tokens, %llu docs)\n",
+                cmd, s.bytes / 1e6, a.out, (unsigned long long)s.train_tokens, (unsigned long long)s.train_docs, a.out,
+                (unsigned long long)s.val_tokens, (unsigned long long)s.val_docs);
+    }
+    kiln_tokenizer_free(t);
+done:
+    free(a.pos);
+    return rc;
+}

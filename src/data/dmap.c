@@ -1,0 +1,252 @@
+/* Hash maps and the byte-level pre-tokenizer used across src/data. */
+#include <stdlib.h>
+#include <string.h>
+#include "data_impl.h"
+
+#define EMPTY UINT64_MAX
+
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+bool kd_map64_init(kd_map64 *m, size_t expect) {
+    m->cap = pow2_at_least(expect * 2);
+    m->n = 0;
+    m->keys = malloc(m->cap * sizeof *m->keys);
+    m->vals = malloc(m->cap * sizeof *m->vals);
+    if (!m->keys || !m->vals) {
+        kd_map64_free(m);
+        return false;
+    }
+    memset(m->keys, 0xff, m->cap * sizeof *m->keys);
+    return true;
+}
+
+void kd_map64_free(kd_map64 *m) {
+    free(m->keys);
+    free(m->vals);
+    m->keys = m->vals = NULL;
+    m->cap = m->n = 0;
+}
+
+uint64_t *kd_map64_get(const kd_map64 *m, uint64_t key) {
+    if (!m->cap) return NULL;
+    size_t mask = m->cap - 1, i = mix64(key) & mask;
+    for (;;) {
+        if (m->keys[i] == key) return &m->vals[i];
+        if (m->keys[i] == EMPTY) return NULL;
+        i = (i + 1) & mask;
+    }
+}
+
+static bool map64_grow(kd_map64 *m) {
+    kd_map64 g;
+    if (!kd_map64_init(&g, m->cap)) return false;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->keys[i] == EMPTY) continue;
+        size_t j = mix64(m->keys[i]) & (g.cap - 1);
+        while (g.keys[j] != EMPTY) j = (j + 1) & (g.cap - 1);
+        g.keys[j] = m->keys[i];
+        g.vals[j] = m->vals[i];
+    }
+    g.n = m->n;
+    kd_map64_free(m);
+    *m = g;
+    return true;
+}
+
+uint64_t *kd_map64_put(kd_map64 *m, uint64_t key, uint64_t init, bool *inserted) {
+    if ((m->n + 1) * 4 > m->cap * 3 && !map64_grow(m)) return NULL;
+    size_t mask = m->cap - 1, i = mix64(key) & mask;
+    while (m->keys[i] != EMPTY) {
+        if (m->keys[i] == key) {
+            if (inserted) *inserted = false;
+            return &m->vals[i];
+        }
+        i = (i + 1) & mask;
+    }
+    m->keys[i] = key;
+    m->vals[i] = init;
+    m->n++;
+    if (inserted) *inserted = true;
+    return &m->vals[i];
+}
+
+/* ---- string map ---- */
+
+uint64_t kd_hash_bytes(const void *p, size_t n) {
+    const unsigned char *s = p;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ mix64(w)) * 0x100000001b3ULL;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    return mix64(h ^ w);
+}
+
+bool kd_strmap_init(kd_strmap *m, size_t expect) {
+    memset(m, 0, sizeof *m);
+    m->cap = pow2_at_least(expect * 2);
+    m->ecap = expect < 16 ? 16 : expect;
+    m->acap = m->ecap * 8;
+    m->slots = calloc(m->cap, sizeof *m->slots);
+    m->hashes = malloc(m->ecap * sizeof *m->hashes);
+    m->offs = malloc(m->ecap * sizeof *m->offs);
+    m->lens = malloc(m->ecap * sizeof *m->lens);
+    m->vals = malloc(m->ecap * sizeof *m->vals);
+    m->arena = malloc(m->acap);
+    if (!m->slots || !m->hashes || !m->offs || !m->lens || !m->vals || !m->arena) {
+        kd_strmap_free(m);
+        return false;
+    }
+    return true;
+}
+
+void kd_strmap_free(kd_strmap *m) {
+    free(m->slots);
+    free(m->hashes);
+    free(m->offs);
+    free(m->lens);
+    free(m->vals);
+    free(m->arena);
+    memset(m, 0, sizeof *m);
+}
+
+uint64_t *kd_strmap_get(const kd_strmap *m, const char *key, size_t len, uint64_t h) {
+    if (!m->cap) return NULL;
+    size_t mask = m->cap - 1, i = h & mask;
+    for (;;) {
+        uint32_t e = m->slots[i];
+        if (!e) return NULL;
+        e--;
+        if (m->hashes[e] == h && m->lens[e] == len && !memcmp(m->arena + m->offs[e], key, len))
+            return &m->vals[e];
+        i = (i + 1) & mask;
+    }
+}
+
+static bool strmap_rehash(kd_strmap *m) {
+    size_t cap = m->cap * 2;
+    uint32_t *slots = calloc(cap, sizeof *slots);
+    if (!slots) return false;
+    for (size_t e = 0; e < m->n; e++) {
+        size_t i = m->hashes[e] & (cap - 1);
+        while (slots[i]) i = (i + 1) & (cap - 1);
+        slots[i] = (uint32_t)(e + 1);
+    }
+    free(m->slots);
+    m->slots = slots;
+    m->cap = cap;
+    return true;
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+uint64_t *kd_strmap_put(kd_strmap *m, const char *key, size_t len, uint64_t h, uint64_t init,
+                        bool *inserted) {
+    uint64_t *v = kd_strmap_get(m, key, len, h);
+    if (v) {
+        if (inserted) *inserted = false;
+        return v;
+    }
+    if (m->n >= UINT32_MAX - 1) return NULL;
+    if ((m->n + 1) * 4 > m->cap * 3 && !strmap_rehash(m)) return NULL;
+    if (m->n + 1 > m->ecap) {
+        size_t c = m->ecap * 2;
+        uint64_t *hs = realloc(m->hashes, c * sizeof *hs);
+        if (hs) m->hashes = hs;
+        uint64_t *os = realloc(m->offs, c * sizeof *os);
+        if (os) m->offs = os;
+        uint32_t *ls = realloc(m->lens, c * sizeof *ls);
+        if (ls) m->lens = ls;
+        uint64_t *vs = realloc(m->vals, c * sizeof *vs);
+        if (vs) m->vals = vs;
+        if (!hs || !os || !ls || !vs) return NULL;
+        m->ecap = c;
+    }
+    if (!grow((void **)&m->arena, &m->acap, m->alen + len + 1, 1)) return NULL;
+    size_t e = m->n++;
+    memcpy(m->arena + m->alen, key, len);
+    m->hashes[e] = h;
+    m->offs[e] = m->alen;
+    m->lens[e] = (uint32_t)len;
+    m->vals[e] = init;
+    m->alen += len;
+    size_t i = h & (m->cap - 1);
+    while (m->slots[i]) i = (i + 1) & (m->cap - 1);
+    m->slots[i] = (uint32_t)(e + 1);
+    if (inserted) *inserted = true;
+    return &m->vals[e];
+}
+
+/* ---- pre-tokenizer ---- */
+
+enum { C_SPACE, C_LETTER, C_DIGIT, C_OTHER };
+
+static inline int cls(unsigned char c) {
+    if (c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return C_LETTER;
+    if (c >= '0' && c <= '9') return C_DIGIT;
+    if (c == ' ' || (c >= '\t' && c <= '\r')) return C_SPACE;
+    return C_OTHER;
+}
+
+static size_t contraction(const unsigned char *s, size_t n) {
+    if (n < 2 || s[0] != '\'') return 0;
+    unsigned char a = s[1];
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (n >= 3 && ((a == 'r' && s[2] == 'e') || (a == 'v' && s[2] == 'e') ||
+                   (a == 'l' && s[2] == 'l')))
+        return 3;
+    return 0;
+}
+
+size_t kd_pretoken_len(const unsigned char *s, size_t n) {
+    size_t c = contraction(s, n);
+    if (c) return c;
+    size_t i = 0;
+    int k = cls(s[0]);
+    if (s[0] == ' ' && n > 1 && cls(s[1]) != C_SPACE) {
+        i = 1;
+        k = cls(s[1]);
+    }
+    if (k != C_SPACE) {
+        while (i < n && cls(s[i]) == k) i++;
+        return i;
+    }
+    while (i < n && cls(s[i]) == C_SPACE) i++;
+    /* A run followed by text leaves its last byte to the next pre-token. */
+    if (i < n && i > 1) i--;
+    return i;
+}
+
+size_t kd_chunk_boundary(const unsigned char *s, size_t n, size_t pos) {
+    if (pos == 0) return 0;
+    for (size_t i = pos; i < n; i++)
+        if (cls(s[i]) == C_SPACE && cls(s[i - 1]) != C_SPACE) return i;
+    return n;
+}

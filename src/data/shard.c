@@ -1,0 +1,348 @@
+/* Token shards: the file format (write, map, validate) and `kiln tokenize`
+ * (split files into documents, encode, hold out a deterministic fraction). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "data_impl.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kiln shards are read in place and assume a little-endian host"
+#endif
+
+#define NO_ID 0xffffffffu
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+kiln_status kiln_shard_write(const char *path, const int32_t *tokens, size_t count,
+                             const kiln_shard_info *info) {
+    uint32_t width = info->vocab_size <= 65536 ? 2 : 4;
+    if (info->vocab_size == 0) return kiln_error(KILN_ERR_INVALID, "%s: vocab size 0", path);
+    size_t bytes = KILN_SHARD_HEADER + count * width;
+    unsigned char *buf = calloc(1, bytes);
+    if (!buf) return kiln_error(KILN_ERR_OOM, "%s: out of memory for %zu bytes", path, bytes);
+    memcpy(buf, KILN_SHARD_MAGIC, 8);
+    put32(buf + 8, KILN_SHARD_VERSION);
+    put32(buf + 12, width);
+    put64(buf + 16, count);
+    put32(buf + 24, info->vocab_size);
+    put32(buf + 28, info->eos_id);
+    put32(buf + 32, info->pad_id);
+    put32(buf + 36, info->bos_id);
+    put64(buf + 40, info->n_docs);
+    for (size_t i = 0; i < count; i++) {
+        if (tokens[i] < 0 || (uint32_t)tokens[i] >= info->vocab_size) {
+            free(buf);
+            return kiln_error(KILN_ERR_RANGE, "%s: token %d at index %zu is outside vocab size %u", path,
+                              (int)tokens[i], i, info->vocab_size);
+        }
+        if (width == 2) {
+            uint16_t v = (uint16_t)tokens[i];
+            memcpy(buf + KILN_SHARD_HEADER + 2 * i, &v, 2);
+        } else {
+            put32(buf + KILN_SHARD_HEADER + 4 * i, (uint32_t)tokens[i]);
+        }
+    }
+    kiln_status st = kiln_write_file_atomic(path, buf, bytes);
+    free(buf);
+    return st ? kiln_error_context(st, "writing shard %s", path) : KILN_OK;
+}
+
+struct kiln_shard {
+    kiln_shard_info info;
+    void *map;
+    size_t map_len;
+    const void *tokens;
+};
+
+static kiln_status validate(const char *path, const unsigned char *h, size_t size, kiln_shard_info *in) {
+    if (size < KILN_SHARD_HEADER)
+        return kiln_error(KILN_ERR_FORMAT, "%s: truncated header: file has %zu bytes, the header needs %d", path,
+                          size, KILN_SHARD_HEADER);
+    if (memcmp(h, KILN_SHARD_MAGIC, 8))
+        return kiln_error(KILN_ERR_FORMAT, "%s: bad magic at offset 0 (not a kiln token shard; expected \"%s\")",
+                          path, KILN_SHARD_MAGIC);
+    in->version = get32(h + 8);
+    in->width = get32(h + 12);
+    in->count = get64(h + 16);
+    in->vocab_size = get32(h + 24);
+    in->eos_id = get32(h + 28);
+    in->pad_id = get32(h + 32);
+    in->bos_id = get32(h + 36);
+    in->n_docs = get64(h + 40);
+    if (in->version != KILN_SHARD_VERSION)
+        return kiln_error(KILN_ERR_FORMAT, "%s: version %u at offset 8, this build reads version %d", path,
+                          in->version, KILN_SHARD_VERSION);
+    if (in->width != 2 && in->width != 4)
+        return kiln_error(KILN_ERR_FORMAT, "%s: token width %u at offset 12, must be 2 or 4", path, in->width);
+    if (in->vocab_size == 0 || (in->width == 2 && in->vocab_size > 65536))
+        return kiln_error(KILN_ERR_FORMAT, "%s: vocab size %u at offset 24 does not fit width %u", path,
+                          in->vocab_size, in->width);
+    uint64_t have = size - KILN_SHARD_HEADER;
+    if (in->count > have / in->width || in->count * in->width != have)
+        return kiln_error(KILN_ERR_FORMAT,
+                          "%s: token count %llu at offset 16 needs %llu bytes of tokens, the file has %llu", path,
+                          (unsigned long long)in->count, (unsigned long long)in->count * in->width,
+                          (unsigned long long)have);
+    return KILN_OK;
+}
+
+kiln_status kiln_shard_open(const char *path, kiln_shard **out) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open shard %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        int e = errno;
+        close(fd);
+        return kiln_error(KILN_ERR_IO, "cannot stat shard %s: %s", path, strerror(e));
+    }
+    size_t size = (size_t)sb.st_size;
+    unsigned char head[KILN_SHARD_HEADER];
+    ssize_t got = pread(fd, head, sizeof head, 0);
+    kiln_shard_info info;
+    kiln_status st = KILN_OK;
+    if (got < 0 || (size_t)got < (size < sizeof head ? size : sizeof head))
+        st = kiln_error(KILN_ERR_IO, "cannot read shard %s: %s", path, got < 0 ? strerror(errno) : "short read");
+    if (!st) st = validate(path, head, size, &info);
+    if (st) {
+        close(fd);
+        return st;
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED) return kiln_error(KILN_ERR_IO, "cannot map shard %s: %s", path, strerror(e));
+    const void *tok = (const unsigned char *)map + KILN_SHARD_HEADER;
+    for (uint64_t i = 0; i < info.count; i++) {
+        uint32_t v = kiln_shard_width_token(tok, info.width, i);
+        if (v >= info.vocab_size) {
+            munmap(map, size);
+            return kiln_error(KILN_ERR_FORMAT, "%s: token %u at index %llu (byte offset %llu) is >= vocab size %u",
+                              path, v, (unsigned long long)i,
+                              (unsigned long long)(KILN_SHARD_HEADER + i * info.width), info.vocab_size);
+        }
+    }
+    kiln_shard *s = calloc(1, sizeof *s);
+    if (!s) {
+        munmap(map, size);
+        return kiln_error(KILN_ERR_OOM, "out of memory");
+    }
+    s->info = info;
+    s->map = map;
+    s->map_len = size;
+    s->tokens = tok;
+    *out = s;
+    return KILN_OK;
+}
+
+void kiln_shard_close(kiln_shard *s) {
+    if (!s) return;
+    munmap(s->map, s->map_len);
+    free(s);
+}
+
+const kiln_shard_info *kiln_shard_get_info(const kiln_shard *s) { return &s->info; }
+
+uint32_t kiln_shard_token(const kiln_shard *s, uint64_t i) {
+    return kiln_shard_width_token(s->tokens, s->info.width, i);
+}
+
+/* ---- kiln tokenize ---- */
+
+typedef struct { size_t *start, *len; size_t n, cap; } spans;
+
+static bool span_add(spans *d, size_t s, size_t l) {
+    if (l == 0) return true;
+    if (d->n == d->cap) {
+        size_t c = d->cap ? d->cap * 2 : 1024;
+        size_t *a = realloc(d->start, c * sizeof *a);
+        if (a) d->start = a;
+        size_t *b = realloc(d->len, c * sizeof *b);
+        if (b) d->len = b;
+        if (!a || !b) return false;
+        d->cap = c;
+    }
+    d->start[d->n] = s;
+    d->len[d->n++] = l;
+    return true;
+}
+
+static bool is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\f' && s[i] != '\v') return false;
+    return true;
+}
+
+static bool split_docs(const char *text, size_t n, kiln_doc_split how, spans *d) {
+    if (how == KILN_DOC_FILE) return span_add(d, 0, n);
+    size_t i = 0, doc = 0, doc_end = 0;
+    bool in_doc = false;
+    while (i < n) {
+        const char *nl = memchr(text + i, '\n', n - i);
+        size_t e = nl ? (size_t)(nl - text) : n;
+        bool blank = is_blank(text + i, e - i);
+        if (how == KILN_DOC_LINE) {
+            if (!blank && !span_add(d, i, e - i)) return false;
+        } else if (blank) {
+            if (in_doc && !span_add(d, doc, doc_end - doc)) return false;
+            in_doc = false;
+        } else {
+            if (!in_doc) doc = i;
+            in_doc = true;
+            doc_end = e;
+        }
+        i = e + 1;
+    }
+    return !in_doc || span_add(d, doc, doc_end - doc);
+}
+
+typedef struct { int32_t *v; size_t n, cap; uint64_t docs; } tokvec;
+
+static bool tv_append(tokvec *t, const int32_t *v, size_t n) {
+    if (t->n + n > t->cap) {
+        size_t c = t->cap ? t->cap : 1 << 16;
+        while (c < t->n + n) c *= 2;
+        int32_t *p = realloc(t->v, c * sizeof *p);
+        if (!p) return false;
+        t->v = p;
+        t->cap = c;
+    }
+    if (n) memcpy(t->v + t->n, v, n * sizeof *v);
+    t->n += n;
+    return true;
+}
+
+static bool goes_to_val(const char *doc, size_t n, const kiln_tokenize_opts *o) {
+    if (o->val_frac <= 0) return false;
+    uint64_t h = kiln_rng_u64(o->seed, kd_hash_bytes(doc, n));
+    return (double)(h >> 11) * 0x1.0p-53 < o->val_frac;
+}
+
+typedef struct {
+    const kiln_tokenizer *tok;
+    const kiln_tokenize_opts *opts;
+    tokvec train, val;
+    size_t last_train_start; /* of the last document put in train */
+} tk_ctx;
+
+#define BATCH_BYTES ((size_t)32 << 20)
+
+/* Encodes documents [d0, d1) of one file and sends each to train or val. */
+static kiln_status route_docs(tk_ctx *c, const char *text, const spans *d, size_t d0, size_t d1) {
+    int32_t *ids;
+    size_t n_ids, p = 0;
+    int32_t eos = c->tok->eos;
+    kiln_status st = kiln_tokenizer_encode_docs(c->tok, text, d->start + d0, d->len + d0, d1 - d0, eos, &ids, &n_ids);
+    if (st) return st;
+    for (size_t k = d0; k < d1; k++) {
+        size_t q = p;
+        while (q + 1 < n_ids && ids[q] != eos) q++; /* text never encodes to a special id */
+        q++;
+        bool val = goes_to_val(text + d->start[k], d->len[k], c->opts);
+        tokvec *dst = val ? &c->val : &c->train;
+        if (!val) c->last_train_start = c->train.n;
+        if (!tv_append(dst, ids + p, q - p)) {
+            free(ids);
+            return kiln_error(KILN_ERR_OOM, "out of memory collecting tokens");
+        }
+        dst->docs++;
+        p = q;
+    }
+    free(ids);
+    return KILN_OK;
+}
+
+static kiln_status tokenize_file(tk_ctx *c, const char *path, kiln_tokenize_stats *stats) {
+    char *text;
+    size_t n;
+    kiln_status st = kiln_read_file(path, &text, &n);
+    if (st) return kiln_error_context(st, "reading corpus %s", path);
+    spans d = {0};
+    double t0 = kiln_time_now();
+    if (!split_docs(text, n, c->opts->split, &d)) st = kiln_error(KILN_ERR_OOM, "out of memory splitting %s", path);
+    size_t d0 = 0;
+    while (!st && d0 < d.n) {
+        size_t d1 = d0, bytes = 0;
+        while (d1 < d.n && (d1 == d0 || bytes < BATCH_BYTES)) bytes += d.len[d1++];
+        st = route_docs(c, text, &d, d0, d1);
+        d0 = d1;
+        if (n > BATCH_BYTES)
+            kiln_log(KILN_LOG_INFO, "tokenize: %s: %.0f%% (%.1f MB/s)", path,
+                     100.0 * (double)(d0 < d.n ? d.start[d0] : n) / (double)n,
+                     (double)(d0 < d.n ? d.start[d0] : n) / 1e6 / (kiln_time_now() - t0 + 1e-9));
+    }
+    if (!st)
+        kiln_log(KILN_LOG_INFO, "tokenize: %s: %.2f MB, %zu documents in %.2f s", path, n / 1e6, d.n,
+                 kiln_time_now() - t0);
+    stats->bytes += n;
+    free(d.start);
+    free(d.len);
+    free(text);
+    return st;
+}
+
+static kiln_status write_pair(tk_ctx *c, const char *dir, kiln_tokenize_stats *stats) {
+    const kiln_tokenizer *t = c->tok;
+    kiln_shard_info info = {
+        .vocab_size = (uint32_t)kiln_tokenizer_vocab_size(t),
+        .eos_id = (uint32_t)t->eos,
+        .pad_id = t->pad >= 0 ? (uint32_t)t->pad : NO_ID,
+        .bos_id = t->bos >= 0 ? (uint32_t)t->bos : NO_ID,
+    };
+    size_t plen = strlen(dir) + 16;
+    char *path = malloc(plen);
+    if (!path) return kiln_error(KILN_ERR_OOM, "out of memory");
+    info.n_docs = c->train.docs;
+    snprintf(path, plen, "%s/train.bin", dir);
+    kiln_status st = kiln_shard_write(path, c->train.v, c->train.n, &info);
+    if (!st) {
+        info.n_docs = c->val.docs;
+        snprintf(path, plen, "%s/val.bin", dir);
+        st = kiln_shard_write(path, c->val.v, c->val.n, &info);
+    }
+    free(path);
+    stats->train_tokens = c->train.n;
+    stats->val_tokens = c->val.n;
+    stats->train_docs = c->train.docs;
+    stats->val_docs = c->val.docs;
+    return st;
+}
+
+kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *paths, int n_paths,
+                                const char *dir, const kiln_tokenize_opts *opts, kiln_tokenize_stats *stats) {
+    kiln_tokenize_stats dummy;
+    if (!stats) stats = &dummy;
+    memset(stats, 0, sizeof *stats);
+    if (tok->eos < 0) return kiln_error(KILN_ERR_INVALID, "the tokenizer has no <|eos|> token to end documents");
+    if (opts->val_frac < 0 || opts->val_frac >= 1)
+        return kiln_error(KILN_ERR_INVALID, "--val-frac %g: must be in [0, 1)", opts->val_frac);
+    if (mkdir(dir, 0777) < 0 && errno != EEXIST)
+        return kiln_error(KILN_ERR_IO, "cannot create output directory %s: %s", dir, strerror(errno));
+    tk_ctx c = {.tok = tok, .opts = opts};
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < n_paths && !st; i++) st = tokenize_file(&c, paths[i], stats);
+    if (!st && c.train.docs + c.val.docs == 0) st = kiln_error(KILN_ERR_INVALID, "the corpus holds no documents");
+    if (!st && opts->val_frac > 0 && c.val.docs == 0 && c.train.docs >= 2) {
+        /* Too few documents for the hash to pick one: hold out the last. */
+        size_t s = c.last_train_start;
+        if (!tv_append(&c.val, c.train.v + s, c.train.n - s)) st = kiln_error(KILN_ERR_OOM, "out of memory");
+        c.train.n = s;
+        c.train.docs--;
+        c.val.docs++;
+    }
+    if (!st) st = write_pair(&c, dir, stats);
+    if (!st)
+        kiln_log(KILN_LOG_INFO, "tokenize: %s: train %zu tokens (%llu docs), val %zu tokens (%llu docs)", dir,
+                 c.train.n, (unsigned long long)c.train.docs, c.val.n, (unsigned long long)c.val.docs);
+    free(c.train.v);
+    free(c.val.v);
+    return st;
+}
