@@ -51,7 +51,7 @@ void kiln_k_silu_backward(const float *x, const float *gout, float *gin, int64_t
 /* ---- normalisation ----------------------------------------------------- */
 /* rows × dim; y = x * rsqrt(mean(x^2) + eps) * w */
 void kiln_k_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t dim, float eps);
-/* dx (overwritten) from dy; dw accumulated (+=) if non-NULL */
+/* dx (overwritten, may be NULL) from dy; dw accumulated (+=) if non-NULL */
 void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy,
                              float *dx, float *dw, int64_t rows, int64_t dim, float eps);
 

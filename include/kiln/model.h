@@ -27,6 +27,9 @@ typedef struct {
 
 /* Fills defaults that HF uses (eps 1e-6, theta 10000, untied...). */
 void kiln_llama_config_default(kiln_llama_config *c);
+/* Named sizes: "tiny" (hidden 128, 2 layers), "small" (hidden 512, 8
+ * layers, vocab 8192: the benchmark model), "demo" (the README's run). */
+kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c);
 kiln_status kiln_llama_config_validate(const kiln_llama_config *c);
 /* Parses config.json text (path only names the source in errors). */
 kiln_status kiln_llama_config_parse(const char *json, const char *source, kiln_llama_config *c);

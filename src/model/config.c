@@ -15,6 +15,29 @@ void kiln_llama_config_default(kiln_llama_config *c) {
     };
 }
 
+kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c) {
+    kiln_llama_config_default(c);
+    c->rms_norm_eps = 1e-5;
+    c->max_position_embeddings = 1024;
+    c->vocab_size = 8192;
+    if (!strcmp(name, "tiny")) {
+        c->hidden_size = 128, c->intermediate_size = 344, c->num_hidden_layers = 2, c->num_attention_heads = 4;
+    } else if (!strcmp(name, "small")) {
+        c->hidden_size = 512, c->intermediate_size = 1376, c->num_hidden_layers = 8, c->num_attention_heads = 8;
+        c->tie_word_embeddings = true;
+    } else if (!strcmp(name, "demo")) {
+        c->hidden_size = 256, c->intermediate_size = 688, c->num_hidden_layers = 4, c->num_attention_heads = 4;
+        c->num_key_value_heads = 2;
+        c->vocab_size = 4096;
+        c->tie_word_embeddings = true;
+    } else {
+        return kiln_error(KILN_ERR_INVALID, "unknown model preset '%s' (tiny, small, demo, or a config.json path)", name);
+    }
+    if (!c->num_key_value_heads) c->num_key_value_heads = c->num_attention_heads;
+    c->head_dim = c->hidden_size / c->num_attention_heads;
+    return kiln_llama_config_validate(c);
+}
+
 kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
     struct { const char *name; int64_t v; } pos[] = {
         {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size}, {"intermediate_size", c->intermediate_size},

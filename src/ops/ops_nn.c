@@ -59,12 +59,9 @@ static kiln_status rmsbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_me
 }
 static kiln_status rmsbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
     int64_t C = in[1]->shape[0], n = kiln_tensor_numel(in[0]);
-    float *scratch = kiln_alloc((size_t)n * sizeof(float));
-    if (!scratch) return KILN_ERR_OOM;
     memset(out->data, 0, kiln_tensor_nbytes(out));
-    kiln_k_rmsnorm_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), scratch, kiln_f32(out), n / C, C,
+    kiln_k_rmsnorm_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), NULL, kiln_f32(out), n / C, C,
                             (float)a->f[0]);
-    kiln_dealloc(scratch);
     return KILN_OK;
 }
 const kiln_op_def kiln_opdef_rmsnorm_bwd_w = {.name = "rmsnorm_backward_w", .n_in = 3, .shape = rmsbw_shape,

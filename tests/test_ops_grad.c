@@ -1,0 +1,165 @@
+/* Every op's backward rule against central finite differences of
+ * L = sum(op(inputs) * R), accumulated in double, on random non-zero inputs
+ * with odd sizes (T = 37, head dim 24). Prints the relative error per op. */
+#include <stdlib.h>
+#include "kiln/eager.h"
+#include "test.h"
+
+typedef kiln_tensor *(*op_fn)(kiln_tensor **in);
+static uint64_t seed_ctr = 1;
+
+static kiln_tensor *rnd(int ndim, const int64_t *shape, float lo, float hi) {
+    kiln_tensor *t = kiln_tensor_new(KILN_F32, ndim, shape);
+    kiln_rng r = {seed_ctr++, 0};
+    kiln_rng_uniform(&r, kiln_f32(t), kiln_tensor_numel(t), lo, hi);
+    return t;
+}
+#define RND(lo, hi, ...) rnd(sizeof((int64_t[]){__VA_ARGS__}) / 8, (int64_t[]){__VA_ARGS__}, lo, hi)
+
+static double objective(op_fn f, kiln_tensor **in, const kiln_tensor *R) {
+    kiln_tensor *out = f(in);
+    double s = 0;
+    for (int64_t i = 0; i < kiln_tensor_numel(out); i++) s += (double)kiln_f32(out)[i] * kiln_f32(R)[i];
+    kiln_tensor_release(out);
+    return s;
+}
+
+/* inputs flagged in `diff` are checked; returns the worst relative error */
+static void gradcheck(const char *name, op_fn f, kiln_tensor **in, int n_in, unsigned diff) {
+    for (int i = 0; i < n_in; i++) {
+        in[i]->requires_grad = (diff >> i) & 1;
+        kiln_tensor_release(in[i]->grad);
+        in[i]->grad = NULL;
+    }
+    kiln_tensor *out = f(in);
+    CHECK(out != NULL, "%s forward: %s", name, kiln_last_error());
+    if (!out) return;
+    kiln_tensor *R = rnd(out->ndim, out->shape, -1, 1);
+    CHECK_OK(kiln_backward_with(out, R));
+    kiln_tensor_release(out);
+    bool was = kiln_grad_set_enabled(false);
+    double worst = 0;
+    for (int i = 0; i < n_in; i++) {
+        if (!((diff >> i) & 1)) continue;
+        kiln_tensor *x = in[i];
+        CHECK(x->grad != NULL, "%s: input %d got no gradient", name, i);
+        if (!x->grad) continue;
+        int64_t n = kiln_tensor_numel(x), samples = n < 48 ? n : 48;
+        double num = 0, den = 0;
+        for (int64_t s = 0; s < samples; s++) {
+            int64_t j = samples == n ? s : (int64_t)(kiln_rng_u64(77, (uint64_t)s) % (uint64_t)n);
+            float *p = &kiln_f32(x)[j], keep = *p;
+            /* five-point stencil: O(h^4) truncation lets h be large enough
+             * that the f32 rounding of the op's output stays small */
+            double h = 5e-2 * fmax(1.0, fabs(keep)), L[4];
+            const double k[4] = {-2, -1, 1, 2};
+            for (int q = 0; q < 4; q++) {
+                *p = (float)(keep + k[q] * h);
+                L[q] = objective(f, in, R);
+            }
+            *p = keep;
+            double fd = (L[0] - 8 * L[1] + 8 * L[2] - L[3]) / (12 * h), an = kiln_f32(x->grad)[j];
+            num += (fd - an) * (fd - an);
+            den += an * an;
+        }
+        double err = sqrt(num) / fmax(sqrt(den), 1e-6);
+        worst = fmax(worst, err);
+        CHECK(err < 2e-3, "%s: input %d gradient rel error %.3g", name, i, err);
+    }
+    kiln_grad_set_enabled(was);
+    printf("  %-28s rel error %.2e\n", name, worst);
+    kiln_tensor_release(R);
+    for (int i = 0; i < n_in; i++) {
+        kiln_tensor_release(in[i]->grad);
+        in[i]->grad = NULL;
+    }
+}
+
+static kiln_tensor *ids_tensor(int64_t B, int64_t T, int64_t V, bool with_ignore) {
+    int64_t s[2] = {B, T};
+    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
+    for (int64_t i = 0; i < B * T; i++) {
+        kiln_i32(t)[i] = (int32_t)(kiln_rng_u64(seed_ctr, (uint64_t)i) % (uint64_t)V);
+        if (with_ignore && i % 7 == 3) kiln_i32(t)[i] = KILN_IGNORE_INDEX;
+    }
+    seed_ctr++;
+    return t;
+}
+
+static kiln_tensor *f_embedding(kiln_tensor **in) { return kiln_embedding(in[0], in[1]); }
+static kiln_tensor *f_linear(kiln_tensor **in) { return kiln_linear(in[0], in[1]); }
+static kiln_tensor *f_rows_nt(kiln_tensor **in) { return kiln_matmul(in[0], in[1], KILN_MM_ROWS, false, false); }
+static kiln_tensor *f_bmm00(kiln_tensor **in) { return kiln_matmul(in[0], in[1], KILN_MM_BATCHED, false, false); }
+static kiln_tensor *f_bmm01(kiln_tensor **in) { return kiln_matmul(in[0], in[1], KILN_MM_BATCHED, false, true); }
+static kiln_tensor *f_bmm10(kiln_tensor **in) { return kiln_matmul(in[0], in[1], KILN_MM_BATCHED, true, false); }
+static kiln_tensor *f_bmm11(kiln_tensor **in) { return kiln_matmul(in[0], in[1], KILN_MM_BATCHED, true, true); }
+static kiln_tensor *f_add(kiln_tensor **in) { return kiln_add(in[0], in[1]); }
+static kiln_tensor *f_mul(kiln_tensor **in) { return kiln_mul(in[0], in[1]); }
+static kiln_tensor *f_scale(kiln_tensor **in) { return kiln_scale(in[0], -0.37); }
+static kiln_tensor *f_scale_by(kiln_tensor **in) { return kiln_scale_by(in[0], in[1]); }
+static kiln_tensor *f_silu(kiln_tensor **in) { return kiln_silu(in[0]); }
+static kiln_tensor *f_rmsnorm(kiln_tensor **in) { return kiln_rmsnorm(in[0], in[1], 1e-5); }
+static kiln_tensor *f_rope(kiln_tensor **in) { return kiln_rope(in[0], 10000.0, 5, false); }
+static kiln_tensor *f_repeat(kiln_tensor **in) { return kiln_repeat_kv(in[0], 3); }
+static kiln_tensor *f_transpose(kiln_tensor **in) { return kiln_transpose12(in[0]); }
+static kiln_tensor *f_reshape(kiln_tensor **in) {
+    int64_t s[3] = {37, 2, 24};
+    return kiln_reshape(in[0], 3, s);
+}
+/* the model's masked softmax: softmax(x + causal/padding mask) */
+static kiln_tensor *f_masked_softmax(kiln_tensor **in) {
+    kiln_tensor *m = kiln_attn_mask(in[1], in[0]->shape[2]);
+    kiln_tensor *s = kiln_add(in[0], m);
+    kiln_tensor *y = kiln_softmax(s);
+    kiln_tensor_release(m);
+    kiln_tensor_release(s);
+    return y;
+}
+static kiln_tensor *f_ce(kiln_tensor **in) { return kiln_cross_entropy(in[0], in[1], KILN_IGNORE_INDEX); }
+static kiln_tensor *f_sum(kiln_tensor **in) { return kiln_sum(in[0]); }
+static kiln_tensor *f_mean(kiln_tensor **in) { return kiln_mean(in[0]); }
+static kiln_tensor *f_expand(kiln_tensor **in) {
+    int64_t s[2] = {5, 7};
+    return kiln_expand(in[0], 2, s);
+}
+
+int main(void) {
+    kiln_eager_enable();
+    printf("finite-difference check of every backward rule:\n");
+    kiln_tensor *in[4];
+#define RUN(name, fn, n, diff, ...)                                          \
+    do {                                                                     \
+        kiln_tensor *tmp_[] = {__VA_ARGS__};                                 \
+        for (int i_ = 0; i_ < (n); i_++) in[i_] = tmp_[i_];                  \
+        gradcheck(name, fn, in, n, diff);                                    \
+        for (int i_ = 0; i_ < (n); i_++) kiln_tensor_release(in[i_]);        \
+    } while (0)
+    RUN("embedding", f_embedding, 2, 1, RND(-1, 1, 11, 24), ids_tensor(2, 37, 11, false));
+    RUN("linear (matmul rows, W^T)", f_linear, 2, 3, RND(-1, 1, 2, 37, 24), RND(-1, 1, 13, 24));
+    RUN("matmul rows", f_rows_nt, 2, 3, RND(-1, 1, 37, 24), RND(-1, 1, 24, 13));
+    RUN("matmul batched a.b", f_bmm00, 2, 3, RND(-1, 1, 2, 3, 37, 24), RND(-1, 1, 2, 3, 24, 13));
+    RUN("matmul batched a.b^T", f_bmm01, 2, 3, RND(-1, 1, 2, 3, 37, 24), RND(-1, 1, 2, 3, 13, 24));
+    RUN("matmul batched a^T.b", f_bmm10, 2, 3, RND(-1, 1, 2, 3, 24, 37), RND(-1, 1, 2, 3, 24, 13));
+    RUN("matmul batched a^T.b^T", f_bmm11, 2, 3, RND(-1, 1, 2, 3, 24, 37), RND(-1, 1, 2, 3, 13, 24));
+    RUN("add", f_add, 2, 3, RND(-1, 1, 2, 37, 24), RND(-1, 1, 2, 37, 24));
+    RUN("add (broadcast)", f_add, 2, 3, RND(-1, 1, 2, 3, 37, 24), RND(-1, 1, 2, 1, 37, 1));
+    RUN("mul", f_mul, 2, 3, RND(-1, 1, 2, 37, 24), RND(-1, 1, 2, 37, 24));
+    RUN("scale", f_scale, 1, 1, RND(-1, 1, 37, 24));
+    RUN("scale_by", f_scale_by, 2, 1, RND(-1, 1, 37, 24), RND(0.5f, 2, 1));
+    RUN("silu", f_silu, 1, 1, RND(-4, 4, 37, 24));
+    RUN("rmsnorm", f_rmsnorm, 2, 3, RND(-2, 2, 2, 37, 24), RND(0.5f, 1.5f, 24));
+    RUN("rope", f_rope, 1, 1, RND(-1, 1, 2, 37, 3, 24));
+    RUN("repeat_kv", f_repeat, 1, 1, RND(-1, 1, 2, 2, 37, 24));
+    RUN("transpose12", f_transpose, 1, 1, RND(-1, 1, 2, 37, 3, 24));
+    RUN("reshape", f_reshape, 1, 1, RND(-1, 1, 2, 37, 24));
+    {
+        kiln_tensor *pm = ids_tensor(2, 37, 1, false); /* all zeros... then set */
+        for (int64_t i = 0; i < 74; i++) kiln_i32(pm)[i] = (i % 37) < (i < 37 ? 37 : 30); /* row 1: 7 pads */
+        RUN("softmax (causal+padding mask)", f_masked_softmax, 2, 1, RND(-3, 3, 2, 3, 37, 37), pm);
+    }
+    RUN("cross_entropy (ignore index)", f_ce, 2, 1, RND(-3, 3, 2, 9, 29), ids_tensor(2, 9, 29, true));
+    RUN("sum", f_sum, 1, 1, RND(-1, 1, 5, 37));
+    RUN("mean", f_mean, 1, 1, RND(-1, 1, 5, 37));
+    RUN("expand", f_expand, 1, 1, RND(-1, 1, 1));
+    TEST_END();
+}
