@@ -151,7 +151,7 @@ static const char *tiny_json =
     "{\"version\": \"1.0\", \"added_tokens\": [{\"id\": 8, \"content\": \"<|eos|>\", \"special\": true}],\n"
     " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"},\n"
     " \"model\": {\"type\": \"BPE\",\n"
-    "  \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"\xc4\xa0\": 3, \"ab\": 4, \"abc\": 5, \"\xc4\xa0" "ab\": 6, \"\xc4\xa0" "abc\": 7},\n"
+    "  \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"\xc4\xa0\": 3, \"ab\": 4, \"abc\": 5, \"\xc4\xa0" "ab\": 6, \"\xc4\xa0" "abc\": 7, \"aa\": 9},\n"
     "  \"merges\": [%s]}}\n";
 
 static void expect_ids(const kiln_tokenizer *t, const char *text, const int32_t *want, size_t n) {
@@ -170,7 +170,7 @@ static void test_tiny(const char *merges_json, const char *name) {
     kiln_tokenizer *t = NULL;
     CHECK_OK(kiln_tokenizer_load(path, &t));
     if (!t) return;
-    CHECK(kiln_tokenizer_vocab_size(t) == 9 && kiln_tokenizer_eos(t) == 8 && kiln_tokenizer_bos(t) == -1, "tiny ids");
+    CHECK(kiln_tokenizer_vocab_size(t) == 10 && kiln_tokenizer_eos(t) == 8 && kiln_tokenizer_bos(t) == -1, "tiny ids");
     /* "abc" -> a b -> ab c -> abc; " abcab" -> Ġ ab c ab -> Ġ abc ab ("ab c"
      * ranks before "Ġ ab"); " ab" -> Ġ ab -> Ġab; " abc" stays Ġ abc: the
      * merge "Ġab c" never sees "Ġab" next to "c". */
@@ -179,6 +179,20 @@ static void test_tiny(const char *merges_json, const char *name) {
     expect_ids(t, " abc", (int32_t[]){3, 5}, 2);
     expect_ids(t, "abc ab abcab", (int32_t[]){5, 6, 3, 5, 4}, 5);
     expect_ids(t, "ba cab", (int32_t[]){1, 0, 3, 2, 4}, 5);
+    /* equal ranks: the leftmost pair merges first */
+    expect_ids(t, "aaa", (int32_t[]){9, 0}, 2);
+    expect_ids(t, "aaaaa", (int32_t[]){9, 9, 0}, 3);
+    /* words over 64 bytes take the heap merger: same rule */
+    char longa[102];
+    int32_t want[51];
+    memset(longa, 'a', 101);
+    longa[101] = 0;
+    for (int i = 0; i < 50; i++) want[i] = 9;
+    want[50] = 0;
+    expect_ids(t, longa, want, 51);
+    memcpy(longa + 95, "abcab", 6);
+    for (int i = 47; i < 50; i++) want[i] = (int32_t[]){0, 5, 4}[i - 47];
+    expect_ids(t, longa, want, 50);
     int32_t *ids;
     size_t n;
     kiln_status st = kiln_tokenizer_encode(t, "abd", 3, &ids, &n);
@@ -188,7 +202,7 @@ static void test_tiny(const char *merges_json, const char *name) {
     CHECK_OK(kiln_tokenizer_decode(t, (int32_t[]){7, 8}, 2, &s, &sl));
     CHECK(sl == 11 && !memcmp(s, " abc<|eos|>", 11), "decode tiny");
     free(s);
-    st = kiln_tokenizer_decode(t, (int32_t[]){9}, 1, &s, &sl);
+    st = kiln_tokenizer_decode(t, (int32_t[]){10}, 1, &s, &sl);
     CHECK(st == KILN_ERR_RANGE, "decode of an unknown id fails");
     kiln_tokenizer_free(t);
 }
@@ -256,8 +270,8 @@ int main(void) {
         free(again);
     }
     kiln_tokenizer_free(t);
-    test_tiny("\"a b\", \"ab c\", \"\xc4\xa0 ab\", \"\xc4\xa0" "ab c\"", "tiny.json");
-    test_tiny("[\"a\", \"b\"], [\"ab\", \"c\"], [\"\xc4\xa0\", \"ab\"], [\"\xc4\xa0" "ab\", \"c\"]", "tiny_arrays.json");
+    test_tiny("\"a b\", \"ab c\", \"\xc4\xa0 ab\", \"\xc4\xa0" "ab c\", \"a a\"", "tiny.json");
+    test_tiny("[\"a\", \"b\"], [\"ab\", \"c\"], [\"\xc4\xa0\", \"ab\"], [\"\xc4\xa0" "ab\", \"c\"], [\"a\", \"a\"]", "tiny_arrays.json");
     test_malformed();
     CHECK(kiln_tokenizer_train_text("x", 1, 100, &t) == KILN_ERR_INVALID, "vocab size below 259 is refused");
 

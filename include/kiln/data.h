@@ -15,7 +15,15 @@
  * Token ids (tokenizers trained by kiln): 0 = <|bos|>, 1 = <|eos|>,
  * 2 = <|pad|>, 3..258 = the 256 single bytes (id = 3 + byte), 259.. = merges
  * in rank order. A tokenizer.json loaded from elsewhere keeps its own ids;
- * its special ids are looked up by content and are -1 when absent.
+ * its special ids are looked up by content and are -1 when absent; if its
+ * vocabulary lacks some single bytes, encoding text that holds one fails
+ * with an error naming the byte and offset.
+ *
+ * Compatibility: files are written as Hugging Face `tokenizer.json` (BPE,
+ * ByteLevel pre-tokenizer and decoder, GPT-2 byte-to-unicode mapping). Our
+ * pre-tokenizer is a byte-level version of the GPT-2 regex: it agrees with it
+ * on ASCII text; bytes >= 0x80 all count as letters (HF uses Unicode \p{L}
+ * and \p{N}), so non-ASCII punctuation and digits may split differently.
  */
 #ifndef KILN_DATA_H
 #define KILN_DATA_H
