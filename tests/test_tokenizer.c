@@ -109,6 +109,13 @@ static void test_parallel(const kiln_tokenizer *t) {
     }
     CHECK(pos == nd, "encode_docs length %zu vs %zu", nd, pos);
     free(d);
+    /* one document larger than the parallel threshold */
+    size_t whole = 0;
+    kiln_set_num_threads(2);
+    CHECK_OK(kiln_tokenizer_encode_docs(t, big, &whole, &n, 1, KILN_TOK_EOS, &d, &nd));
+    kiln_set_num_threads(saved);
+    CHECK(nd == na + 1 && !memcmp(d, a, na * sizeof *a) && d[na] == KILN_TOK_EOS, "one big document");
+    free(d);
     free(a);
     free(b);
     free(big);

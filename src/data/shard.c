@@ -338,6 +338,8 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
         c.train.docs--;
         c.val.docs++;
     }
+    if (!st && opts->val_frac > 0 && c.val.docs == 0)
+        kiln_log(KILN_LOG_WARN, "tokenize: a single document: %s/val.bin is empty (split the text into documents, see --docs)", dir);
     if (!st) st = write_pair(&c, dir, stats);
     if (!st)
         kiln_log(KILN_LOG_INFO, "tokenize: %s: train %zu tokens (%llu docs), val %zu tokens (%llu docs)", dir,

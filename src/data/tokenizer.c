@@ -416,6 +416,31 @@ static void docs_part(const kiln_tokenizer *t, encoder *e, const void *ctx, int 
     }
 }
 
+/* Fewer documents than threads: each document is split across threads. */
+static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, const size_t *starts,
+                                   const size_t *lens, size_t n_docs, int32_t sep, int32_t **ids, size_t *n_ids) {
+    ivec all = {0};
+    kiln_status st = KILN_OK;
+    for (size_t d = 0; d < n_docs && !st; d++) {
+        int32_t *one;
+        size_t n;
+        st = kiln_tokenizer_encode(t, text + starts[d], lens[d], &one, &n);
+        if (st) break;
+        if (!ivec_reserve(&all, n + 1)) st = kiln_error(KILN_ERR_OOM, "out of memory encoding");
+        if (!st && n) memcpy(all.v + all.n, one, n * sizeof *one);
+        all.n += st ? 0 : n;
+        if (!st && sep >= 0) all.v[all.n++] = sep;
+        free(one);
+    }
+    if (st) {
+        free(all.v);
+        return st;
+    }
+    *ids = all.v;
+    *n_ids = all.n;
+    return KILN_OK;
+}
+
 kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text,
                                        const size_t *starts, const size_t *lens, size_t n_docs,
                                        int32_t sep, int32_t **ids, size_t *n_ids) {
@@ -423,7 +448,7 @@ kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text
     size_t total = 0;
     for (size_t d = 0; d < n_docs; d++) total += lens[d];
     int n = threads_for(total);
-    if ((size_t)n > n_docs) n = n_docs ? (int)n_docs : 1;
+    if ((size_t)n > n_docs && n_docs > 0) return encode_few_docs(t, text, starts, lens, n_docs, sep, ids, n_ids);
     /* Split the documents into n runs of about equal bytes. */
     size_t d = 0, acc = 0;
     c.first[0] = 0;
