@@ -45,7 +45,7 @@ test: all
 	bash tests/run.sh $(BUILD)
 
 asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -march=native -fno-omit-frame-pointer" SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
 
 clean:
 	rm -rf build build-asan

@@ -1,0 +1,171 @@
+/* kiln train: AdamW and the global gradient norm, the warm-up + cosine
+ * schedule, gradient accumulation with exact loss normalisation, clipping,
+ * evaluation, the trainer loop, checkpoints that resume exactly, and
+ * generation with a key/value cache.
+ *
+ * Ownership: constructors return objects the caller frees with the matching
+ * _free. Errors: kiln_status + kiln_last_error() naming the file, flag or step.
+ * Nothing here prints: progress goes to a callback the CLI provides.
+ */
+#ifndef KILN_TRAIN_H
+#define KILN_TRAIN_H
+
+#include "kiln/data.h"
+#include "kiln/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { KILN_LOSS_NORM_TOKENS = 0, KILN_LOSS_NORM_STEPS = 1 } kiln_loss_norm;
+typedef enum { KILN_ON_NAN_SKIP = 0, KILN_ON_NAN_STOP = 1 } kiln_on_nan;
+
+/* Every setting of a run; serialised as train_config.json (the same keys as
+ * the long CLI flags, with '-' as '_'). */
+typedef struct {
+    char data[512];      /* directory with train.bin (and val.bin) */
+    char run_dir[512];   /* where checkpoints, metrics and plots go */
+    char model[512];     /* preset name or config.json path */
+    char tokenizer[512]; /* tokenizer.json copied into the run (optional) */
+    char init[512];      /* start from the weights of this run dir (fine-tuning) */
+    char freeze[256];    /* glob of parameters to freeze ("" = none) */
+    int batch, accum, seq_len;
+    kiln_pack_mode pack;
+    bool shuffle;
+    kiln_loss_norm loss_norm;
+    double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
+    bool decay_embeddings; /* default false: embeddings (and a tied head) get no decay */
+    int64_t warmup, steps, epochs; /* steps 0: derived from epochs */
+    int64_t eval_every, eval_batches, save_every, log_every;
+    int keep;
+    kiln_on_nan on_nan;
+    uint64_t seed;
+} kiln_train_config;
+
+void kiln_train_config_default(kiln_train_config *c);
+kiln_status kiln_train_config_validate(const kiln_train_config *c);
+/* Overlays keys from JSON text onto *c; unknown keys are an error. */
+kiln_status kiln_train_config_parse(const char *json, const char *source, kiln_train_config *c);
+char *kiln_train_config_to_json(const kiln_train_config *c); /* malloc'd */
+
+/* ---- optimiser ---------------------------------------------------------- */
+/* AdamW over the model's trainable parameters (requires_grad). Frozen ones
+ * get no state and no update. */
+typedef struct {
+    kiln_llama *model;
+    int n;                 /* trainable parameters */
+    kiln_tensor **params;  /* borrowed from the model */
+    kiln_tensor **m, **v;  /* first and second moments, owned */
+    bool *decay;           /* weight decay applies to params[i] */
+    int64_t t;             /* steps taken (bias corrections use t) */
+    double beta1, beta2, eps, weight_decay;
+} kiln_adamw;
+
+kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c);
+void kiln_adamw_free(kiln_adamw *o);
+/* One update with learning rate `lr` (a runtime value); t += 1. */
+kiln_status kiln_adamw_step(kiln_adamw *o, double lr);
+/* sqrt(sum of squares) over the trainable gradients (missing grads count 0). */
+double kiln_grad_norm(const kiln_adamw *o);
+void kiln_grad_scale(const kiln_adamw *o, double s);
+void kiln_grad_zero(const kiln_adamw *o);
+
+/* Linear warm-up over `warmup` steps, then cosine from lr to min_lr at
+ * `total`; step counts optimiser steps from 0. */
+double kiln_lr_at(const kiln_train_config *c, int64_t step, int64_t total);
+
+/* ---- one optimiser step over a window of micro-batches ------------------- */
+typedef struct {
+    double loss;        /* window loss: summed token losses / target tokens */
+    double grad_norm;   /* before clipping */
+    double lr;
+    int64_t tokens;     /* target tokens in the window */
+    int micro_batches;
+    bool skipped;       /* non-finite loss or norm: no update was made */
+    int bad_micro;      /* with skipped: first micro-batch with a non-finite loss, or -1 (norm) */
+} kiln_step_result;
+
+/* Runs forward+backward on each micro-batch (gradients accumulate), then
+ * clips and steps. Loss normalisation per c->loss_norm. On a non-finite loss
+ * or norm, gradients are dropped and nothing is updated (res->skipped); the
+ * caller decides whether to stop. */
+kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
+                              double lr, kiln_step_result *res);
+/* Mean token loss over batches, no gradient work. */
+kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens);
+
+/* ---- the trainer --------------------------------------------------------- */
+typedef struct {
+    int64_t step, total_steps, steps_per_epoch, micro_per_epoch;
+    int64_t epoch;
+    int64_t tokens_seen;
+    double elapsed_s;     /* training time over all sessions */
+    double last_loss, last_val_loss;
+    uint64_t seed;
+} kiln_trainer_state;
+
+typedef enum { KILN_EVENT_STEP, KILN_EVENT_EVAL, KILN_EVENT_SAVE, KILN_EVENT_NAN, KILN_EVENT_INFO } kiln_event_kind;
+typedef struct {
+    kiln_event_kind kind;
+    const kiln_trainer_state *state;
+    const kiln_step_result *step;  /* KILN_EVENT_STEP / NAN */
+    double val_loss;               /* KILN_EVENT_EVAL */
+    double tokens_per_s;
+    const char *message;           /* KILN_EVENT_SAVE (path) / INFO */
+} kiln_event;
+typedef void (*kiln_event_fn)(const kiln_event *e, void *user);
+
+typedef struct kiln_trainer kiln_trainer;
+/* Sets up a run: model (fresh, --init, or the latest checkpoint of run_dir
+ * when resume), optimiser, loaders, metrics.jsonl. */
+kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out);
+void kiln_trainer_free(kiln_trainer *t);
+/* Trains until total steps, a stop request, or an error; saves at the end. */
+kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user);
+/* Async-signal-safe: finish the current step, save, return. */
+void kiln_trainer_request_stop(kiln_trainer *t);
+const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t);
+kiln_llama *kiln_trainer_model(kiln_trainer *t);
+const kiln_train_config *kiln_trainer_config(const kiln_trainer *t);
+
+/* ---- checkpoints ---------------------------------------------------------- */
+/* run_dir/checkpoint-<step>/ holds config.json, model.safetensors,
+ * optimizer.safetensors, trainer_state.json (+ train_config.json,
+ * tokenizer.json). It is written as checkpoint-<step>.tmp and renamed when
+ * complete, so a crash mid-save leaves the earlier checkpoints intact. The
+ * run_dir's model.safetensors, config.json and tokenizer.json are symlinks to
+ * the newest. keep > 0 deletes the oldest beyond `keep`, never the newest. */
+kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
+                                 const kiln_trainer_state *st, const kiln_train_config *c, int keep);
+/* The newest complete checkpoint directory of run_dir (into out). */
+kiln_status kiln_checkpoint_latest(const char *run_dir, char *out, size_t n);
+/* Loads weights by Hugging Face name into an existing model, checking names,
+ * shapes and dtypes against it. */
+kiln_status kiln_load_weights(const char *safetensors_path, kiln_llama *m);
+kiln_status kiln_save_weights(const char *safetensors_path, const kiln_llama *m);
+/* A model from a directory holding config.json and model.safetensors. */
+kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out);
+kiln_status kiln_adamw_load(const char *path, kiln_adamw *o);
+kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o);
+kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st);
+kiln_status kiln_trainer_state_load(const char *path, kiln_trainer_state *st);
+
+/* ---- generation ------------------------------------------------------------- */
+typedef struct {
+    int max_tokens;
+    double temperature; /* 0: greedy */
+    int top_k;          /* 0: off */
+    double top_p;       /* 1: off */
+    uint64_t seed;
+    int stop_id;        /* stop after this id (e.g. eos), -1: none */
+} kiln_sample_config;
+/* Appends up to max_tokens ids to prompt (n_prompt >= 1) using a key/value
+ * cache; out receives the new ids (capacity max_tokens), *n_out their count.
+ * on_token (may be NULL) is called for each new id. */
+kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, const kiln_sample_config *sc,
+                          int32_t *out, int *n_out, void (*on_token)(int32_t id, void *user), void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

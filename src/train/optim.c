@@ -1,0 +1,102 @@
+/* AdamW, the global gradient norm and the learning-rate schedule. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kiln/kernels.h"
+#include "kiln/train.h"
+
+/* Decay applies to matrices (linear weights); never to norm weights; to the
+ * embedding (and a head tied to it) only with decay_embeddings, since decay
+ * pulls rarely seen tokens' rows to zero for no benefit. */
+static bool wants_decay(const kiln_llama *m, const kiln_tensor *p, bool decay_embeddings) {
+    if (p->ndim < 2) return false;                           /* norm weights */
+    if (p == m->embed_tokens) return decay_embeddings;       /* also a tied head */
+    return true;                                             /* linear weights, an untied head */
+}
+
+kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c) {
+    kiln_adamw *o = calloc(1, sizeof *o);
+    if (!o) goto oom;
+    o->model = m;
+    o->beta1 = c->beta1;
+    o->beta2 = c->beta2;
+    o->eps = c->eps;
+    o->weight_decay = c->weight_decay;
+    o->params = calloc((size_t)m->n_params, sizeof *o->params);
+    o->m = calloc((size_t)m->n_params, sizeof *o->m);
+    o->v = calloc((size_t)m->n_params, sizeof *o->v);
+    o->decay = calloc((size_t)m->n_params, sizeof *o->decay);
+    if (!o->params || !o->m || !o->v || !o->decay) goto oom;
+    for (int i = 0; i < m->n_params; i++) {
+        kiln_tensor *p = m->params[i];
+        if (!p->requires_grad) continue;
+        int j = o->n++;
+        o->params[j] = p;
+        o->m[j] = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
+        o->v[j] = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
+        if (!o->m[j] || !o->v[j]) goto oom;
+        o->decay[j] = wants_decay(m, p, c->decay_embeddings);
+    }
+    return o;
+oom:
+    kiln_adamw_free(o);
+    kiln_error(KILN_ERR_OOM, "out of memory for the optimiser state");
+    return NULL;
+}
+
+void kiln_adamw_free(kiln_adamw *o) {
+    if (!o) return;
+    for (int i = 0; i < o->n; i++) {
+        kiln_tensor_release(o->m[i]);
+        kiln_tensor_release(o->v[i]);
+    }
+    free(o->params);
+    free(o->m);
+    free(o->v);
+    free(o->decay);
+    free(o);
+}
+
+kiln_status kiln_adamw_step(kiln_adamw *o, double lr) {
+    if (!isfinite(lr) || lr < 0) return kiln_error(KILN_ERR_NUMERIC, "AdamW: learning rate %g is not a finite value >= 0", lr);
+    o->t++;
+    double bc1 = 1.0 - pow(o->beta1, (double)o->t), bc2 = 1.0 - pow(o->beta2, (double)o->t);
+    for (int i = 0; i < o->n; i++) {
+        kiln_tensor *p = o->params[i];
+        if (!p->grad) continue; /* no gradient reached it: torch skips such params too */
+        kiln_k_adamw(kiln_f32(p), kiln_f32(p->grad), kiln_f32(o->m[i]), kiln_f32(o->v[i]), kiln_tensor_numel(p), (float)lr,
+                     (float)o->beta1, (float)o->beta2, (float)o->eps, o->decay[i] ? (float)o->weight_decay : 0.0f,
+                     (float)bc1, (float)bc2);
+    }
+    return KILN_OK;
+}
+
+double kiln_grad_norm(const kiln_adamw *o) {
+    double s = 0;
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad) s += kiln_k_sumsq(kiln_f32(o->params[i]->grad), kiln_tensor_numel(o->params[i]));
+    return sqrt(s);
+}
+
+void kiln_grad_scale(const kiln_adamw *o, double s) {
+    for (int i = 0; i < o->n; i++) {
+        kiln_tensor *g = o->params[i]->grad;
+        if (g) kiln_k_scale(kiln_f32(g), (float)s, kiln_f32(g), kiln_tensor_numel(g));
+    }
+}
+
+void kiln_grad_zero(const kiln_adamw *o) {
+    for (int i = 0; i < o->n; i++) {
+        kiln_tensor *g = o->params[i]->grad;
+        if (g) memset(g->data, 0, kiln_tensor_nbytes(g));
+    }
+}
+
+double kiln_lr_at(const kiln_train_config *c, int64_t step, int64_t total) {
+    if (step < c->warmup) return c->lr * (double)(step + 1) / (double)c->warmup;
+    int64_t span = total - c->warmup;
+    if (span <= 0) return c->lr;
+    double p = (double)(step - c->warmup) / (double)span;
+    if (p > 1) p = 1;
+    return c->min_lr + 0.5 * (c->lr - c->min_lr) * (1.0 + cos(M_PI * p));
+}

@@ -1,0 +1,297 @@
+/* The trainer loop: windows of micro-batches, the schedule, evaluation,
+ * NaN handling, metrics.jsonl and checkpoints. Every window is a pure
+ * function of (seed, step), so a resumed run continues exactly. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "kiln/eager.h"
+#include "kiln/train.h"
+
+struct kiln_trainer {
+    kiln_train_config cfg;
+    kiln_llama *model;
+    kiln_adamw *opt;
+    kiln_loader *train, *val;
+    kiln_batch **mb, **vb;
+    int n_val;
+    kiln_trainer_state st;
+    FILE *metrics;
+    volatile sig_atomic_t stop;
+};
+
+static bool is_file(const char *p) {
+    struct stat s;
+    return stat(p, &s) == 0 && S_ISREG(s.st_mode);
+}
+
+static kiln_status mkdir_p(const char *dir) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0755) && errno != EEXIST) return kiln_error(KILN_ERR_IO, "cannot create %s: %s", buf, strerror(errno));
+            *p = '/';
+        }
+    if (mkdir(buf, 0755) && errno != EEXIST) return kiln_error(KILN_ERR_IO, "cannot create %s: %s", buf, strerror(errno));
+    return KILN_OK;
+}
+
+/* The model of a fresh run: a preset sized to the shard's vocabulary, or a
+ * config.json, or the weights of --init. */
+static kiln_status build_model(kiln_trainer *t, const kiln_shard_info *info) {
+    kiln_train_config *c = &t->cfg;
+    if (c->init[0]) {
+        kiln_status st = kiln_load_model_dir(c->init, &t->model);
+        return st ? kiln_error_context(st, "--init %s", c->init) : KILN_OK;
+    }
+    kiln_llama_config mc;
+    bool preset = !strchr(c->model, '/') && !strstr(c->model, ".json");
+    kiln_status st = preset ? kiln_llama_config_preset(c->model, &mc) : kiln_llama_config_load(c->model, &mc);
+    if (st) return kiln_error_context(st, "--model %s", c->model);
+    if (preset) {
+        mc.vocab_size = (int64_t)info->vocab_size;
+        mc.eos_token_id = info->eos_id;
+        mc.bos_token_id = info->bos_id;
+        mc.pad_token_id = info->pad_id;
+        if (mc.max_position_embeddings < c->seq_len) mc.max_position_embeddings = c->seq_len;
+    }
+    t->model = kiln_llama_new(&mc, c->seed);
+    return t->model ? KILN_OK : kiln_last_status();
+}
+
+static kiln_status open_loaders(kiln_trainer *t) {
+    kiln_train_config *c = &t->cfg;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/train.bin", c->data);
+    kiln_loader_config lc = {.path = path, .batch_size = c->batch, .seq_len = c->seq_len, .mode = c->pack,
+                             .shuffle = c->shuffle, .seed = c->seed};
+    kiln_status st = kiln_loader_open(&lc, &t->train);
+    if (st) return st;
+    if (kiln_loader_len(t->train) < 1)
+        return kiln_error(KILN_ERR_INVALID, "%s holds too few tokens for one micro-batch of %d x %d", path, c->batch, c->seq_len);
+    snprintf(path, sizeof path, "%s/val.bin", c->data);
+    if (is_file(path)) {
+        lc.shuffle = false;
+        lc.mode = KILN_PACK_PACKED;
+        st = kiln_loader_open(&lc, &t->val);
+        if (st) return st;
+        int64_t n = kiln_loader_len(t->val);
+        t->n_val = (int)(c->eval_batches && c->eval_batches < n ? c->eval_batches : n);
+    }
+    t->mb = calloc((size_t)c->accum, sizeof *t->mb);
+    t->vb = calloc((size_t)(t->n_val ? t->n_val : 1), sizeof *t->vb);
+    if (!t->mb || !t->vb) return kiln_error(KILN_ERR_OOM, "out of memory");
+    for (int i = 0; i < c->accum; i++)
+        if (!(t->mb[i] = kiln_batch_alloc(c->batch, c->seq_len))) return kiln_last_status();
+    for (int i = 0; i < t->n_val; i++) {
+        if (!(t->vb[i] = kiln_batch_alloc(c->batch, c->seq_len))) return kiln_last_status();
+        if ((st = kiln_loader_get(t->val, 0, i, t->vb[i]))) return st;
+    }
+    return KILN_OK;
+}
+
+static kiln_status check_fit(kiln_trainer *t, const kiln_shard_info *info) {
+    const kiln_llama_config *mc = &t->model->cfg;
+    if ((int64_t)info->vocab_size > mc->vocab_size)
+        return kiln_error(KILN_ERR_INVALID, "%s/train.bin has vocabulary %llu but the model only %lld", t->cfg.data,
+                          (unsigned long long)info->vocab_size, (long long)mc->vocab_size);
+    if (t->cfg.seq_len > mc->max_position_embeddings)
+        return kiln_error(KILN_ERR_INVALID, "--seq-len %d exceeds the model's max_position_embeddings %lld", t->cfg.seq_len,
+                          (long long)mc->max_position_embeddings);
+    return KILN_OK;
+}
+
+/* Keeps metrics.jsonl lines up to `step` (a resumed run rewrites the rest). */
+static kiln_status open_metrics(kiln_trainer *t, bool resume) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->cfg.run_dir);
+    if (resume && is_file(path)) {
+        char *text;
+        size_t n;
+        kiln_status st = kiln_read_file(path, &text, &n);
+        if (st) return st;
+        size_t o = 0, w = 0;
+        while (o < n) {
+            char *nl = memchr(text + o, '\n', n - o);
+            size_t len = nl ? (size_t)(nl - (text + o)) + 1 : n - o;
+            const char *s = strstr(text + o, "\"step\":");
+            long long step = s && s < text + o + len ? atoll(s + 7) : 0;
+            if (nl && step <= t->st.step) {
+                memmove(text + w, text + o, len);
+                w += len;
+            }
+            o += len;
+        }
+        st = kiln_write_file_atomic(path, text, w);
+        free(text);
+        if (st) return st;
+    }
+    t->metrics = fopen(path, resume ? "a" : "w");
+    if (!t->metrics) return kiln_error(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    return KILN_OK;
+}
+
+kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out) {
+    *out = NULL;
+    kiln_status st = kiln_train_config_validate(c);
+    if (st) return st;
+    kiln_trainer *t = calloc(1, sizeof *t);
+    if (!t) return kiln_error(KILN_ERR_OOM, "out of memory");
+    t->cfg = *c;
+    char ck[1100] = "";
+    if ((st = open_loaders(t))) goto fail;
+    const kiln_shard_info *info = kiln_loader_info(t->train);
+    if (resume) {
+        if ((st = kiln_checkpoint_latest(c->run_dir, ck, sizeof ck))) goto fail;
+        if ((st = kiln_load_model_dir(ck, &t->model))) goto fail;
+    } else if ((st = build_model(t, info))) {
+        goto fail;
+    }
+    if ((st = check_fit(t, info))) goto fail;
+    if (c->freeze[0] && kiln_llama_set_trainable(t->model, c->freeze, false) == 0) {
+        st = kiln_error(KILN_ERR_INVALID, "--freeze '%s' matches no parameter (names look like model.layers.0.mlp.up_proj.weight)",
+                        c->freeze);
+        goto fail;
+    }
+    if (!(t->opt = kiln_adamw_new(t->model, c))) {
+        st = kiln_last_status();
+        goto fail;
+    }
+    t->st.micro_per_epoch = kiln_loader_len(t->train);
+    t->st.steps_per_epoch = (t->st.micro_per_epoch + c->accum - 1) / c->accum;
+    t->st.total_steps = c->steps ? c->steps : t->st.steps_per_epoch * c->epochs;
+    t->st.seed = c->seed;
+    t->st.last_val_loss = NAN;
+    if (resume) {
+        char p[1200];
+        kiln_trainer_state saved;
+        snprintf(p, sizeof p, "%s/trainer_state.json", ck);
+        if ((st = kiln_trainer_state_load(p, &saved))) goto fail;
+        snprintf(p, sizeof p, "%s/optimizer.safetensors", ck);
+        if ((st = kiln_adamw_load(p, t->opt))) goto fail;
+        if (saved.micro_per_epoch != t->st.micro_per_epoch) {
+            st = kiln_error(KILN_ERR_INVALID, "%s: the data has %lld micro-batches per epoch, the checkpoint was made with %lld",
+                            ck, (long long)t->st.micro_per_epoch, (long long)saved.micro_per_epoch);
+            goto fail;
+        }
+        int64_t total = t->st.total_steps;
+        t->st = saved;
+        t->st.total_steps = c->steps ? c->steps : total;
+    }
+    if ((st = mkdir_p(c->run_dir)) || (st = open_metrics(t, resume))) goto fail;
+    kiln_eager_enable();
+    *out = t;
+    return KILN_OK;
+fail:
+    kiln_trainer_free(t);
+    return st;
+}
+
+void kiln_trainer_free(kiln_trainer *t) {
+    if (!t) return;
+    for (int i = 0; t->mb && i < t->cfg.accum; i++) kiln_batch_free(t->mb[i]);
+    for (int i = 0; t->vb && i < t->n_val; i++) kiln_batch_free(t->vb[i]);
+    free(t->mb);
+    free(t->vb);
+    kiln_loader_close(t->train);
+    kiln_loader_close(t->val);
+    kiln_adamw_free(t->opt);
+    kiln_llama_free(t->model);
+    if (t->metrics) fclose(t->metrics);
+    free(t);
+}
+
+void kiln_trainer_request_stop(kiln_trainer *t) { t->stop = 1; }
+const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t) { return &t->st; }
+kiln_llama *kiln_trainer_model(kiln_trainer *t) { return t->model; }
+const kiln_train_config *kiln_trainer_config(const kiln_trainer *t) { return &t->cfg; }
+
+static void emit(kiln_event_fn fn, void *user, kiln_event e) {
+    if (fn) fn(&e, user);
+}
+
+static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
+    if (!t->n_val) return KILN_OK;
+    double loss;
+    kiln_status st = kiln_evaluate(t->model, t->vb, t->n_val, &loss, NULL);
+    if (st) return kiln_error_context(st, "evaluation at step %lld", (long long)t->st.step);
+    t->st.last_val_loss = loss;
+    fprintf(t->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)t->st.step, loss, exp(loss));
+    fflush(t->metrics);
+    emit(fn, user, (kiln_event){.kind = KILN_EVENT_EVAL, .state = &t->st, .val_loss = loss});
+    return KILN_OK;
+}
+
+static kiln_status save(kiln_trainer *t, kiln_event_fn fn, void *user) {
+    kiln_status st = kiln_checkpoint_save(t->cfg.run_dir, t->model, t->opt, &t->st, &t->cfg, t->cfg.keep);
+    if (st) return kiln_error_context(st, "saving the checkpoint of step %lld", (long long)t->st.step);
+    emit(fn, user, (kiln_event){.kind = KILN_EVENT_SAVE, .state = &t->st, .message = t->cfg.run_dir});
+    return KILN_OK;
+}
+
+static kiln_status load_window(kiln_trainer *t, int *k) {
+    int64_t epoch = t->st.step / t->st.steps_per_epoch, w = t->st.step % t->st.steps_per_epoch;
+    int64_t first = w * t->cfg.accum, left = t->st.micro_per_epoch - first;
+    *k = (int)(left < t->cfg.accum ? left : t->cfg.accum); /* the epoch's last window may be short */
+    t->st.epoch = epoch;
+    for (int i = 0; i < *k; i++) {
+        kiln_status st = kiln_loader_get(t->train, epoch, first + i, t->mb[i]);
+        if (st) return st;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
+    kiln_status st = KILN_OK;
+    int64_t saved_at = -1;
+    while (t->st.step < t->st.total_steps && !t->stop) {
+        int k;
+        if ((st = load_window(t, &k))) break;
+        double t0 = kiln_time_now(), lr = kiln_lr_at(&t->cfg, t->st.step, t->st.total_steps);
+        kiln_step_result res;
+        if ((st = kiln_train_window(t->model, t->opt, &t->cfg, t->mb, k, lr, &res))) {
+            kiln_error_context(st, "step %lld", (long long)t->st.step + 1);
+            break;
+        }
+        double dt = kiln_time_now() - t0;
+        t->st.step++;
+        t->st.elapsed_s += dt;
+        double positions = 0;
+        for (int i = 0; i < k; i++) positions += (double)t->mb[i]->rows * t->cfg.seq_len;
+        if (res.skipped) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "non-finite %s at step %lld, micro-batch %d (epoch %lld): %s",
+                     res.bad_micro >= 0 ? "loss" : "gradient norm", (long long)t->st.step, res.bad_micro,
+                     (long long)t->st.epoch, t->cfg.on_nan == KILN_ON_NAN_STOP ? "stopping" : "step skipped, weights unchanged");
+            emit(fn, user, (kiln_event){.kind = KILN_EVENT_NAN, .state = &t->st, .step = &res, .message = msg});
+            if (t->cfg.on_nan == KILN_ON_NAN_STOP) {
+                st = kiln_error(KILN_ERR_NUMERIC, "%s", msg);
+                break;
+            }
+            continue;
+        }
+        t->st.tokens_seen += res.tokens;
+        t->st.last_loss = res.loss;
+        fprintf(t->metrics,
+                "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
+                "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                (long long)t->st.step, (long long)t->st.epoch, res.loss, res.lr, res.grad_norm, (long long)res.tokens,
+                positions / dt, t->st.elapsed_s);
+        fflush(t->metrics);
+        emit(fn, user, (kiln_event){.kind = KILN_EVENT_STEP, .state = &t->st, .step = &res, .tokens_per_s = positions / dt});
+        if (t->cfg.eval_every && t->st.step % t->cfg.eval_every == 0 && (st = evaluate(t, fn, user))) break;
+        if (t->cfg.save_every && t->st.step % t->cfg.save_every == 0) {
+            if ((st = save(t, fn, user))) break;
+            saved_at = t->st.step;
+        }
+    }
+    if (st) return st;
+    if (!t->stop && (!t->cfg.eval_every || t->st.step % t->cfg.eval_every) && (st = evaluate(t, fn, user))) return st;
+    if (saved_at != t->st.step) st = save(t, fn, user);
+    return st;
+}
