@@ -55,9 +55,9 @@ static kiln_status build_model(kiln_trainer *t, const kiln_shard_info *info) {
     if (st) return kiln_error_context(st, "--model %s", c->model);
     if (preset) {
         mc.vocab_size = (int64_t)info->vocab_size;
-        mc.eos_token_id = info->eos_id;
-        mc.bos_token_id = info->bos_id;
-        mc.pad_token_id = info->pad_id;
+        mc.eos_token_id = info->eos_id < info->vocab_size ? (int64_t)info->eos_id : -1;
+        mc.bos_token_id = info->bos_id < info->vocab_size ? (int64_t)info->bos_id : -1;
+        mc.pad_token_id = info->pad_id < info->vocab_size ? (int64_t)info->pad_id : -1;
         if (mc.max_position_embeddings < c->seq_len) mc.max_position_embeddings = c->seq_len;
     }
     t->model = kiln_llama_new(&mc, c->seed);

@@ -1,0 +1,277 @@
+/* The trainer's exactness: accumulation equals a big batch (packed and
+ * padded), --loss-norm steps does not on padded data, a non-finite loss
+ * never updates the weights, the schedule, and resume is bit-identical. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "kiln/eager.h"
+#include "kiln/train.h"
+#include "test.h"
+
+static kiln_llama_config tiny_cfg(void) {
+    kiln_llama_config c;
+    kiln_llama_config_default(&c);
+    c.vocab_size = 61, c.hidden_size = 48, c.intermediate_size = 40, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-5;
+    return c;
+}
+
+/* row r of a batch: random ids, `pads` padding positions at the end */
+static void fill_row(kiln_batch *b, int r, int pads, uint64_t seed) {
+    int T = b->T;
+    for (int t = 0; t < T; t++) b->input_ids[r * T + t] = 3 + (int32_t)(kiln_rng_u64(seed, (uint64_t)t) % 58);
+    for (int t = 0; t < T; t++) {
+        bool real = t < T - pads;
+        b->pad_mask[r * T + t] = real;
+        if (!real) b->input_ids[r * T + t] = 2;
+        bool next_real = t + 1 < T - pads;
+        b->targets[r * T + t] = next_real ? b->input_ids[r * T + t + 1] : KILN_IGNORE_INDEX;
+    }
+}
+
+static void count_targets(kiln_batch *b) {
+    b->n_targets = 0;
+    for (int i = 0; i < b->B * b->T; i++) b->n_targets += b->targets[i] != KILN_IGNORE_INDEX;
+}
+
+static double max_rel_diff(const kiln_llama *a, const kiln_llama *b) {
+    double worst = 0;
+    for (int i = 0; i < a->n_params; i++) {
+        double d = 0, s = 0;
+        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++) {
+            d = fmax(d, fabs((double)kiln_f32(a->params[i])[j] - kiln_f32(b->params[i])[j]));
+            s = fmax(s, fabs((double)kiln_f32(b->params[i])[j]));
+        }
+        worst = fmax(worst, d / s);
+    }
+    return worst;
+}
+
+/* k micro-batches of b rows vs one batch of k*b rows, 3 optimiser steps */
+static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) {
+    const int k = 4, b = 2, T = 24;
+    kiln_llama_config mc = tiny_cfg();
+    kiln_llama *A = kiln_llama_new(&mc, 5), *Bm = kiln_llama_new(&mc, 5);
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    c.loss_norm = norm;
+    c.clip = 0.5; /* clipping on: the norm must match too */
+    kiln_adamw *oa = kiln_adamw_new(A, &c), *ob = kiln_adamw_new(Bm, &c);
+    kiln_batch *mb[4], *big = kiln_batch_alloc(k * b, T);
+    *norm_diff = 0;
+    for (int step = 0; step < 3; step++) {
+        for (int i = 0; i < k; i++) {
+            mb[i] = kiln_batch_alloc(b, T);
+            for (int r = 0; r < b; r++) {
+                int pads = padded ? (i * 5 + r * 3 + step) % 13 : 0;
+                uint64_t seed = 1000 * step + 10 * i + r;
+                fill_row(mb[i], r, pads, seed);
+                fill_row(big, i * b + r, pads, seed);
+            }
+            count_targets(mb[i]);
+        }
+        count_targets(big);
+        kiln_step_result ra, rb;
+        CHECK_OK(kiln_train_window(A, oa, &c, mb, k, 1e-2, &ra));
+        CHECK_OK(kiln_train_window(Bm, ob, &c, &big, 1, 1e-2, &rb));
+        CHECK(ra.tokens == rb.tokens, "same target count");
+        *norm_diff = fmax(*norm_diff, t_rel(ra.grad_norm, rb.grad_norm));
+        if (norm == KILN_LOSS_NORM_TOKENS)
+            CHECK(t_rel(ra.loss, rb.loss) < 1e-5, "window loss %.7f vs big batch %.7f", ra.loss, rb.loss);
+        for (int i = 0; i < k; i++) kiln_batch_free(mb[i]);
+    }
+    double d = max_rel_diff(A, Bm);
+    kiln_batch_free(big);
+    kiln_adamw_free(oa);
+    kiln_adamw_free(ob);
+    kiln_llama_free(A);
+    kiln_llama_free(Bm);
+    return d;
+}
+
+static void accumulation(void) {
+    double nd, d = accum_vs_big(false, KILN_LOSS_NORM_TOKENS, &nd);
+    printf("packed, token norm: weights max rel diff %.2e, grad-norm rel diff %.2e\n", d, nd);
+    CHECK(d < 2e-5 && nd < 1e-5, "packed accumulation equals the big batch: %.3g %.3g", d, nd);
+    d = accum_vs_big(true, KILN_LOSS_NORM_TOKENS, &nd);
+    printf("padded, token norm: weights max rel diff %.2e, grad-norm rel diff %.2e\n", d, nd);
+    CHECK(d < 2e-5 && nd < 1e-5, "padded accumulation equals the big batch: %.3g %.3g", d, nd);
+    d = accum_vs_big(false, KILN_LOSS_NORM_STEPS, &nd);
+    printf("packed, steps norm: weights max rel diff %.2e (equal counts: must match)\n", d);
+    CHECK(d < 2e-5, "steps norm matches when every micro-batch has the same count: %.3g", d);
+    d = accum_vs_big(true, KILN_LOSS_NORM_STEPS, &nd);
+    printf("padded, steps norm: grad-norm rel diff %.2e, weights %.2e (must NOT match)\n", nd, d);
+    CHECK(nd > 1e-3, "steps norm on padded data differs from the big batch: %.3g", nd);
+}
+
+static bool all_zero(const kiln_tensor *t) {
+    for (int64_t i = 0; i < kiln_tensor_numel(t); i++)
+        if (kiln_f32(t)[i] != 0.0f) return false;
+    return true;
+}
+
+static void nan_skip(void) {
+    kiln_llama_config mc = tiny_cfg();
+    kiln_llama *m = kiln_llama_new(&mc, 9);
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    kiln_adamw *o = kiln_adamw_new(m, &c);
+    kiln_batch *mb[2] = {kiln_batch_alloc(2, 16), kiln_batch_alloc(2, 16)};
+    for (int i = 0; i < 2; i++) {
+        fill_row(mb[i], 0, 0, 1 + i);
+        fill_row(mb[i], 1, 2, 3 + i);
+        count_targets(mb[i]);
+    }
+    kiln_f32(m->lm_head)[5 * 48 + 1] = INFINITY; /* logits of token 5 become inf */
+    size_t nb = kiln_tensor_nbytes(m->layers[0].q_proj);
+    float *before = malloc(nb);
+    memcpy(before, m->layers[0].q_proj->data, nb);
+    kiln_step_result r;
+    CHECK_OK(kiln_train_window(m, o, &c, mb, 2, 1e-2, &r));
+    CHECK(r.skipped && r.bad_micro == 0, "non-finite loss skips the step (skipped %d, micro %d)", r.skipped, r.bad_micro);
+    CHECK(memcmp(before, m->layers[0].q_proj->data, nb) == 0, "weights are not updated");
+    CHECK(o->t == 0, "optimiser did not step");
+    for (int i = 0; i < o->n; i++)
+        if (o->params[i]->grad)
+            CHECK(all_zero(o->params[i]->grad), "gradients of %s were zeroed", o->params[i]->name);
+    free(before);
+    kiln_batch_free(mb[0]);
+    kiln_batch_free(mb[1]);
+    kiln_adamw_free(o);
+    kiln_llama_free(m);
+}
+
+static void schedule(void) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    c.lr = 1e-3, c.min_lr = 1e-4, c.warmup = 10;
+    CHECK(t_rel(kiln_lr_at(&c, 0, 100), 1e-4) < 1e-12, "warm-up starts at lr/warmup");
+    CHECK(t_rel(kiln_lr_at(&c, 9, 100), 1e-3) < 1e-12, "warm-up ends at lr");
+    CHECK(t_rel(kiln_lr_at(&c, 10, 100), 1e-3) < 1e-12, "cosine starts at lr");
+    CHECK(t_rel(kiln_lr_at(&c, 55, 100), 5.5e-4) < 1e-12, "cosine midpoint");
+    CHECK(t_rel(kiln_lr_at(&c, 100, 100), 1e-4) < 1e-12, "ends at min_lr");
+}
+
+/* ---- the trainer on files: resume is bit-identical -------------------------- */
+static char tmpdir[256];
+
+static void write_shards(void) {
+    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
+    for (int which = 0; which < 2; which++) {
+        size_t n = which ? 1500 : 6000;
+        int32_t *tok = malloc(n * sizeof *tok);
+        for (size_t i = 0; i < n; i++) tok[i] = (i % 97 == 96) ? 1 : 3 + (int32_t)(kiln_rng_u64(which + 11, i) % 58);
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s.bin", tmpdir, which ? "val" : "train");
+        info.n_docs = n / 97 + 1;
+        CHECK_OK(kiln_shard_write(p, tok, n, &info));
+        free(tok);
+    }
+}
+
+static void base_config(kiln_train_config *c, const char *run) {
+    kiln_train_config_default(c);
+    snprintf(c->data, sizeof c->data, "%s", tmpdir);
+    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run);
+    snprintf(c->model, sizeof c->model, "tiny");
+    c->batch = 2, c->accum = 3, c->seq_len = 32, c->pack = KILN_PACK_PADDED;
+    c->warmup = 2, c->epochs = 2, c->eval_every = 4, c->eval_batches = 2, c->save_every = 0, c->log_every = 0;
+    c->lr = 3e-3, c->min_lr = 3e-4;
+}
+
+typedef struct { kiln_trainer *t; int64_t stop_at; int steps, evals, saves; } watch;
+static void on_event(const kiln_event *e, void *user) {
+    watch *w = user;
+    if (e->kind == KILN_EVENT_STEP) {
+        w->steps++;
+        if (e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
+    }
+    w->evals += e->kind == KILN_EVENT_EVAL;
+    w->saves += e->kind == KILN_EVENT_SAVE;
+}
+
+static bool same_file(const char *a, const char *b) {
+    char *x, *y;
+    size_t nx, ny;
+    if (kiln_read_file(a, &x, &nx) || kiln_read_file(b, &y, &ny)) return false;
+    bool same = nx == ny && memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static void resume(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_train_%d", (int)getpid());
+    mkdir(tmpdir, 0755);
+    write_shards();
+    kiln_train_config c;
+    base_config(&c, "straight");
+    kiln_trainer *t;
+    CHECK_OK(kiln_trainer_open(&c, false, &t));
+    if (!t) return;
+    int64_t total = kiln_trainer_get_state(t)->total_steps;
+    CHECK(total >= 6, "enough steps to interrupt (%lld)", (long long)total);
+    watch w = {.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    CHECK(w.steps == total && w.evals >= 1 && w.saves == 1, "steps %d evals %d saves %d", w.steps, w.evals, w.saves);
+    kiln_trainer_free(t);
+
+    base_config(&c, "interrupted");
+    CHECK_OK(kiln_trainer_open(&c, false, &t));
+    if (!t) return;
+    w = (watch){.t = t, .stop_at = 3};
+    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    CHECK(w.steps == 3 && kiln_trainer_get_state(t)->step == 3, "stopped after step 3 (%d)", w.steps);
+    kiln_trainer_free(t);
+    CHECK_OK(kiln_trainer_open(&c, true, &t));
+    if (!t) return;
+    CHECK(kiln_trainer_get_state(t)->step == 3, "resumed at step 3");
+    w = (watch){.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    CHECK(w.steps == total - 3, "resumed run finished the remaining %lld steps (%d)", (long long)total - 3, w.steps);
+    kiln_trainer_free(t);
+
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/straight/model.safetensors", tmpdir);
+    snprintf(b, sizeof b, "%s/interrupted/model.safetensors", tmpdir);
+    CHECK(same_file(a, b), "resumed model.safetensors is byte-identical to the uninterrupted run");
+    snprintf(a, sizeof a, "%s/straight/metrics.jsonl", tmpdir);
+    snprintf(b, sizeof b, "%s/interrupted/metrics.jsonl", tmpdir);
+    char *x, *y;
+    size_t nx, ny;
+    if (!kiln_read_file(a, &x, &nx) && !kiln_read_file(b, &y, &ny)) {
+        /* losses are identical line by line (timings differ) */
+        int lines_x = 0, lines_y = 0;
+        for (size_t i = 0; i < nx; i++) lines_x += x[i] == '\n';
+        for (size_t i = 0; i < ny; i++) lines_y += y[i] == '\n';
+        CHECK(lines_x == lines_y, "metrics.jsonl has the same number of lines (%d vs %d)", lines_x, lines_y);
+        free(x);
+        free(y);
+    }
+    /* a bad setting is refused with its name */
+    base_config(&c, "bad");
+    c.accum = 0;
+    CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && strstr(kiln_last_error(), "accum"), "bad accum: %s",
+          kiln_last_error());
+    base_config(&c, "bad");
+    snprintf(c.data, sizeof c.data, "%s/nope", tmpdir);
+    CHECK(kiln_trainer_open(&c, false, &t) != KILN_OK && strstr(kiln_last_error(), "nope"), "missing data dir: %s",
+          kiln_last_error());
+    base_config(&c, "bad");
+    snprintf(c.freeze, sizeof c.freeze, "no.such.*");
+    CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && strstr(kiln_last_error(), "freeze"), "bad freeze: %s",
+          kiln_last_error());
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
+int main(void) {
+    kiln_eager_enable();
+    schedule();
+    accumulation();
+    nan_skip();
+    resume();
+    TEST_END();
+}
