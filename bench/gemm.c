@@ -231,7 +231,7 @@ static double g_err[N_CANDS][MAX_SHAPES];
 static void set_threads(int n) {
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
-    kiln_gemm_cache_clear(); /* a oneDNN primitive keeps the thread count it was made with */
+    kiln_gemm_cache_clear(); /* not needed (the thread count is in the key); frees memory */
 }
 
 static double rel_err(const shape *s) {

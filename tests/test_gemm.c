@@ -1,6 +1,7 @@
 /* kiln_gemm_f32 / kiln_gemm_bf16 against a naive double-precision product:
  * all transpose combinations, odd sizes, padded leading dimensions, batches
  * with strides and broadcasts, alpha, beta=1, the primitive cache, errors. */
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -197,6 +198,19 @@ static void test_cache(void) {
     CHECK_OK(kiln_sgemm(false, true, 8, 8, 8, 1.0f, A, B, 1.0f, C));
     CHECK_OK(kiln_sgemm(false, false, 8, 8, 8, 1.0f, A, B, 0.0f, C));
     CHECK(kiln_gemm_cache_entries() == 3, "beta and transB are keys: %zu entries", kiln_gemm_cache_entries());
+    /* the thread count is part of the key: a primitive made for more threads
+     * must not run with fewer (results stay correct either way) */
+    int nthr = omp_get_max_threads();
+    omp_set_num_threads(1);
+    float C1[64];
+    CHECK_OK(kiln_sgemm(false, true, 8, 8, 8, 1.0f, A, B, 0.0f, C1));
+    omp_set_num_threads(nthr);
+    CHECK(kiln_gemm_cache_entries() == (nthr > 1 ? 4u : 3u), "thread count key: %zu entries",
+          kiln_gemm_cache_entries());
+    CHECK_OK(kiln_sgemm(false, true, 8, 8, 8, 1.0f, A, B, 0.0f, C));
+    double dmax = 0;
+    for (int i = 0; i < 64; i++) dmax = fmax(dmax, fabs(C[i] - C1[i]));
+    CHECK(dmax < 1e-5, "1-thread result differs by %g", dmax);
     const char *be = kiln_gemm_backend();
     CHECK(be && strstr(be, "oneDNN"), "backend %s", be ? be : "(null)");
     kiln_gemm_cache_clear();

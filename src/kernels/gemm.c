@@ -20,6 +20,7 @@
  * implement as one batched primitive (e.g. interleaved head views) fall back
  * to a 2-D primitive run once per batch element.
  */
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,9 +35,11 @@ size_t kiln_gemm_cache_entries(void); /* for tests; not in the public header */
 enum { DT_F32 = 0, DT_BF16 = 1 };
 
 /* Everything that determines the primitive. Built with memset so padding
- * bytes are zero and the key can be hashed and compared as bytes. */
+ * bytes are zero and the key can be hashed and compared as bytes. A oneDNN
+ * primitive keeps the thread count it was created with, so that is part of
+ * the key too (kiln_set_num_threads then just works). */
 typedef struct {
-    int32_t dtype, transA, transB, pad_;
+    int32_t dtype, transA, transB, nthreads;
     int64_t M, N, K, lda, ldb, ldc, batch, strideA, strideB, strideC;
     float alpha, beta;
 } gemm_key;
@@ -316,6 +319,7 @@ static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const
     gemm_key k;
     memset(&k, 0, sizeof k);
     k.dtype = dtype;
+    k.nthreads = omp_get_max_threads();
     k.transA = d->transA;
     k.transB = d->transB;
     k.M = d->M;
@@ -371,8 +375,7 @@ const char *kiln_gemm_backend(void) {
 }
 
 /* Drops every cached primitive (and the calling thread's scratchpad). The
- * caller must make sure no GEMM runs concurrently. Also needed after
- * changing the thread count: a primitive keeps the count it was made with. */
+ * caller must make sure no GEMM runs concurrently. */
 void kiln_gemm_cache_clear(void) {
     pthread_mutex_lock(&g_lock);
     for (int i = 0; i < N_BUCKETS; i++) {
