@@ -33,6 +33,13 @@ kiln_status kiln_backward(kiln_tensor *loss);
 kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad);
 /* How many ops the eager engine has run on this thread (for benchmarks). */
 uint64_t kiln_eager_op_count(void);
+/* Per-op wall time on this thread: pass a table of KILN_OP_COUNT entries
+ * (zeroed here) to start, NULL to stop. */
+typedef struct {
+    double seconds, flops;
+    uint64_t calls;
+} kiln_op_profile;
+void kiln_eager_profile(kiln_op_profile *table);
 
 #ifdef __cplusplus
 }

@@ -39,6 +39,10 @@ kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K
 const char *kiln_gemm_backend(void);
 void kiln_gemm_cache_clear(void);
 
+/* The fp32 FMA peak of this machine on all OpenMP threads, measured for
+ * about `seconds` (0 when the CPU has neither AVX-512 nor AVX2+FMA). */
+double kiln_fma_peak_gflops(double seconds);
+
 /* ---- element-wise ------------------------------------------------------ */
 void kiln_k_add(const float *a, const float *b, float *out, int64_t n);
 void kiln_k_mul(const float *a, const float *b, float *out, int64_t n);

@@ -15,6 +15,7 @@ typedef struct node {
 
 static _Thread_local bool grad_off;
 static _Thread_local uint64_t op_count;
+static _Thread_local kiln_op_profile *profile; /* per-op time when profiling */
 
 static void free_saved(node *n) {
     for (int i = 0; i < KILN_OP_MAX_IN; i++) {
@@ -48,7 +49,15 @@ static kiln_tensor *eager_dispatch(void *ctx, int op, kiln_tensor *const *in, in
                                    const kiln_meta *out_meta) {
     (void)ctx;
     op_count++;
+    double t0 = profile ? kiln_time_now() : 0;
     kiln_tensor *t = kiln_op_execute(op, in, attrs, out_meta);
+    if (profile) {
+        kiln_meta im[KILN_OP_MAX_IN];
+        for (int i = 0; i < n_in; i++) im[i] = kiln_meta_of(in[i]);
+        profile[op].seconds += kiln_time_now() - t0;
+        profile[op].calls++;
+        profile[op].flops += kiln_op_flops(op, im, attrs, out_meta);
+    }
     if (!t || grad_off) return t;
     const kiln_op_def *d = kiln_op_get(op);
     bool any = false, needs[KILN_OP_MAX_IN] = {0};
@@ -94,6 +103,10 @@ bool kiln_grad_set_enabled(bool on) {
 }
 bool kiln_grad_enabled(void) { return !grad_off; }
 uint64_t kiln_eager_op_count(void) { return op_count; }
+void kiln_eager_profile(kiln_op_profile *table) {
+    profile = table;
+    if (table) memset(table, 0, sizeof(kiln_op_profile) * KILN_OP_COUNT);
+}
 
 /* Post-order DFS from the root; `order` receives retained nodes. */
 static kiln_status collect(node *root, node ***order, int *count) {
