@@ -28,7 +28,7 @@ static kiln_alloc_stats stats;
 
 /* class c covers sizes (base, base*1.25 ...) with 4 steps per power of two */
 static int size_class(size_t n, size_t *cls_size) {
-    if (n < 256) n = 256;
+    if (n < 257) n = 257; /* smallest class: (256, 320] */
     int lg = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* floor(log2(n-1)) */
     size_t base = (size_t)1 << lg;
     size_t step = base / 4;
