@@ -13,6 +13,10 @@ typedef struct {
 static const command commands[] = {
     {"tokenizer", kiln_cmd_tokenizer, "train, encode or decode with a byte-level BPE tokenizer"},
     {"tokenize", kiln_cmd_tokenize, "turn text files into token shards (train.bin, val.bin)"},
+    {"train", kiln_cmd_train, "train a model (or resume a run) on token shards"},
+    {"eval", kiln_cmd_eval, "loss and perplexity of a run's model on val.bin"},
+    {"generate", kiln_cmd_generate, "sample text from a run's model"},
+    {"plot", kiln_cmd_plot, "SVG of training/validation loss and lr of one or two runs"},
     {"bench", kiln_cmd_bench, "time training steps of a model configuration"},
 };
 

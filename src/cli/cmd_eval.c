@@ -1,0 +1,170 @@
+/* `kiln eval RUN_DIR`: loss and perplexity of a run's newest checkpoint on
+ * DIR/val.bin. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "cli.h"
+#include "kiln/train.h"
+
+static const char *eval_usage =
+    "usage: kiln eval RUN_DIR [--data DIR] [--batches N] [--batch B] [--seq-len T]\n"
+    "\n"
+    "Loads the newest checkpoint of RUN_DIR and prints its mean token loss and\n"
+    "perplexity on DIR/val.bin (packed rows, in order).\n"
+    "\n"
+    "options:\n"
+    "  --data DIR      directory with val.bin (default: the run's data directory,\n"
+    "                  from RUN_DIR/train_config.json)\n"
+    "  --batches N     evaluate the first N micro-batches (default: 0 = all)\n"
+    "  --batch B       rows per micro-batch (default: the run's batch)\n"
+    "  --seq-len T     tokens per row (default: the run's seq_len)\n"
+    "  --threads N     compute threads (default: all cores)\n"
+    "  -h, --help      this text\n";
+
+static bool int_arg(const char *flag, const char *v, long long lo, long long *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > 1LL << 40) {
+        fprintf(stderr, "kiln eval: %s: bad value '%s' (expected an integer >= %lld)\n", flag, v, lo);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+typedef struct {
+    const char *run_dir, *data;
+    long long batches, batch, seq_len;
+} eval_args;
+
+static int parse_args(int argc, char **argv, eval_args *a) {
+    static const char *const names[] = {"--data", "--batches", "--batch", "--seq-len", "--threads"};
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(eval_usage, stdout);
+            return -1;
+        }
+        if (strncmp(s, "--", 2)) {
+            if (a->run_dir) {
+                fprintf(stderr, "kiln eval: unexpected argument '%s'\n", s);
+                return 2;
+            }
+            a->run_dir = s;
+            continue;
+        }
+        const char *eq = strchr(s, '=');
+        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
+        int k = -1;
+        for (int j = 0; j < 5; j++)
+            if (strlen(names[j]) == nl && !strncmp(s, names[j], nl)) k = j;
+        if (k < 0) {
+            fprintf(stderr, "kiln eval: unknown flag %.*s (see --help)\n", (int)nl, s);
+            return 2;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "kiln eval: %s needs a value\n", names[k]);
+            return 2;
+        }
+        long long t = 0;
+        bool ok = true;
+        if (k == 0) a->data = v;
+        else if (k == 1) ok = int_arg(names[k], v, 0, &a->batches);
+        else if (k == 2) ok = int_arg(names[k], v, 1, &a->batch);
+        else if (k == 3) ok = int_arg(names[k], v, 2, &a->seq_len);
+        else if ((ok = int_arg(names[k], v, 1, &t))) kiln_set_num_threads((int)t);
+        if (!ok) return 2;
+    }
+    if (!a->run_dir) {
+        fputs(eval_usage, stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* The run's settings (data dir, batch, seq_len): RUN_DIR/train_config.json or
+ * its newest checkpoint's copy. */
+static kiln_status run_config(const char *run_dir, kiln_train_config *c) {
+    char path[1200], ck[1024];
+    kiln_train_config_default(c);
+    snprintf(path, sizeof path, "%s/train_config.json", run_dir);
+    if (access(path, R_OK) != 0) {
+        kiln_status st = kiln_checkpoint_latest(run_dir, ck, sizeof ck);
+        if (st) return st;
+        snprintf(path, sizeof path, "%s/train_config.json", ck);
+    }
+    char *text = NULL;
+    size_t n = 0;
+    kiln_status st = kiln_read_file(path, &text, &n);
+    if (!st) st = kiln_train_config_parse(text, path, c);
+    free(text);
+    return st;
+}
+
+int kiln_cmd_eval(int argc, char **argv) {
+    eval_args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    kiln_train_config c;
+    kiln_status cst = run_config(a.run_dir, &c);
+    if (cst && !a.data) {
+        fprintf(stderr, "kiln eval: no --data given and the run's settings are unreadable: %s\n", kiln_last_error());
+        return 1;
+    }
+    if (cst) kiln_train_config_default(&c);
+    kiln_llama *m = NULL;
+    if (kiln_load_model_dir(a.run_dir, &m)) {
+        fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
+        return 1;
+    }
+    char val[1100];
+    snprintf(val, sizeof val, "%s/val.bin", a.data ? a.data : c.data);
+    int T = a.seq_len ? (int)a.seq_len : c.seq_len;
+    if (T > m->cfg.max_position_embeddings) T = (int)m->cfg.max_position_embeddings;
+    kiln_loader_config lc = {val, a.batch ? (int)a.batch : c.batch, T, KILN_PACK_PACKED, false, c.seed};
+    kiln_loader *l = NULL;
+    kiln_batch *b = NULL;
+    if (kiln_loader_open(&lc, &l) || !(b = kiln_batch_alloc(lc.batch_size, lc.seq_len))) {
+        fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
+        rc = 1;
+        goto done;
+    }
+    if ((int64_t)kiln_loader_info(l)->vocab_size > m->cfg.vocab_size) {
+        fprintf(stderr, "kiln eval: %s has vocabulary %u but the model %lld\n", val, kiln_loader_info(l)->vocab_size,
+                (long long)m->cfg.vocab_size);
+        rc = 1;
+        goto done;
+    }
+    int64_t n = a.batches > 0 && a.batches < kiln_loader_len(l) ? a.batches : kiln_loader_len(l);
+    double sum = 0, t0 = kiln_time_now();
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double li = 0;
+        int64_t ti = 0;
+        if (kiln_loader_get(l, 0, i, b) || kiln_evaluate(m, &b, 1, &li, &ti)) {
+            fprintf(stderr, "kiln eval: batch %lld: %s\n", (long long)i, kiln_last_error());
+            rc = 1;
+            goto done;
+        }
+        sum += li * (double)ti;
+        tokens += ti;
+    }
+    if (tokens == 0) {
+        fprintf(stderr, "kiln eval: %s holds no complete row of %d tokens\n", val, T);
+        rc = 1;
+        goto done;
+    }
+    double loss = sum / (double)tokens, dt = kiln_time_now() - t0;
+    printf("val loss %.4f  perplexity %.3f  (%lld tokens, %lld batches of %dx%d, %s, %.1fs)\n", loss, exp(loss),
+           (long long)tokens, (long long)n, lc.batch_size, T, val, dt);
+done:
+    kiln_batch_free(b);
+    kiln_loader_close(l);
+    kiln_llama_free(m);
+    return rc;
+}

@@ -1,0 +1,225 @@
+/* `kiln generate RUN_DIR --prompt TEXT ...`: samples from a run's newest
+ * checkpoint and streams the text as it comes. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+#include "kiln/train.h"
+
+static const char *generate_usage =
+    "usage: kiln generate RUN_DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
+    "                     [--top-k K] [--top-p P] [--seed S] [--tokenizer FILE]\n"
+    "\n"
+    "Loads the newest checkpoint of RUN_DIR (its config.json and\n"
+    "model.safetensors) and RUN_DIR/tokenizer.json, encodes the prompt (after\n"
+    "<|bos|> when the tokenizer has one) and writes the prompt and its\n"
+    "continuation to stdout as tokens arrive, until <|eos|> or --max-tokens.\n"
+    "\n"
+    "options:\n"
+    "  --prompt TEXT       text to continue (default: empty, i.e. start from bos)\n"
+    "  --max-tokens N      new tokens at most (default: 200); prompt + N must fit\n"
+    "                      the model's max_position_embeddings\n"
+    "  --temperature T     softmax temperature; 0 = greedy (default: 0.8)\n"
+    "  --top-k K           sample among the K most likely tokens; 0 = off (default: 50)\n"
+    "  --top-p P           nucleus: the smallest set holding mass P; 1 = off (default: 0.95)\n"
+    "  --seed S            sampling seed; the same seed repeats a sample (default: 1)\n"
+    "  --tokenizer FILE    tokenizer.json (default: RUN_DIR/tokenizer.json)\n"
+    "  --threads N         compute threads (default: all cores)\n"
+    "  -h, --help          this text\n";
+
+typedef struct {
+    const kiln_tokenizer *tok;
+    int32_t *ids;
+    int n;
+    size_t printed; /* bytes of the decoded continuation already written */
+    kiln_status err;
+} stream;
+
+/* Length of s[0..n) without a trailing UTF-8 sequence that is still
+ * incomplete (its remaining bytes belong to tokens not yet sampled). */
+static size_t complete_utf8(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned char c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue; /* continuation byte: look further back */
+        size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return need > back && c >= 0xC0 ? n - back : n;
+    }
+    return n;
+}
+
+/* Decodes every new id so far and writes the bytes not yet printed. */
+static void flush_text(stream *s, bool final) {
+    char *text = NULL;
+    size_t len = 0;
+    if (s->err || kiln_tokenizer_decode(s->tok, s->ids, (size_t)s->n, &text, &len)) {
+        if (!s->err) s->err = kiln_last_status();
+        return;
+    }
+    size_t upto = final ? len : complete_utf8(text, len);
+    if (upto > s->printed) {
+        fwrite(text + s->printed, 1, upto - s->printed, stdout);
+        fflush(stdout);
+        s->printed = upto;
+    }
+    free(text);
+}
+
+static void on_token(int32_t id, void *user) {
+    stream *s = user;
+    if (id == kiln_tokenizer_eos(s->tok)) return; /* the stop token is not text */
+    s->ids[s->n++] = id;
+    flush_text(s, false);
+}
+
+static bool num_arg(const char *flag, const char *v, double lo, double hi, bool integer, double *out) {
+    char *end;
+    errno = 0;
+    double x = integer ? (double)strtoll(v, &end, 10) : strtod(v, &end);
+    if (errno || end == v || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "kiln generate: %s: bad value '%s' (expected %s in [%g, %g])\n", flag, v,
+                integer ? "an integer" : "a number", lo, hi);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+typedef struct {
+    const char *run_dir, *prompt, *tokenizer;
+    kiln_sample_config sc;
+} gen_args;
+
+static int parse_args(int argc, char **argv, gen_args *a) {
+    static const char *const names[] = {"--prompt", "--max-tokens", "--temperature", "--top-k",
+                                        "--top-p",  "--seed",       "--tokenizer",   "--threads"};
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            fputs(generate_usage, stdout);
+            return -1;
+        }
+        if (strncmp(s, "--", 2)) {
+            if (a->run_dir) {
+                fprintf(stderr, "kiln generate: unexpected argument '%s' (one RUN_DIR; quote the prompt)\n", s);
+                return 2;
+            }
+            a->run_dir = s;
+            continue;
+        }
+        const char *eq = strchr(s, '=');
+        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
+        int k = -1;
+        for (int j = 0; j < 8; j++)
+            if (strlen(names[j]) == nl && !strncmp(s, names[j], nl)) k = j;
+        if (k < 0) {
+            fprintf(stderr, "kiln generate: unknown flag %.*s (see --help)\n", (int)nl, s);
+            return 2;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "kiln generate: %s needs a value\n", names[k]);
+            return 2;
+        }
+        double x = 0;
+        bool ok = true;
+        switch (k) {
+        case 0: a->prompt = v; break;
+        case 1: ok = num_arg(names[k], v, 0, 1 << 24, true, &x), a->sc.max_tokens = (int)x; break;
+        case 2: ok = num_arg(names[k], v, 0, 1e6, false, &a->sc.temperature); break;
+        case 3: ok = num_arg(names[k], v, 0, 1 << 30, true, &x), a->sc.top_k = (int)x; break;
+        case 4: ok = num_arg(names[k], v, 1e-12, 1, false, &a->sc.top_p); break;
+        case 5: ok = num_arg(names[k], v, 0, 9007199254740992.0, true, &x), a->sc.seed = (uint64_t)x; break;
+        case 6: a->tokenizer = v; break;
+        case 7: ok = num_arg(names[k], v, 1, 4096, true, &x), kiln_set_num_threads((int)x); break;
+        }
+        if (!ok) return 2;
+    }
+    if (!a->run_dir) {
+        fputs(generate_usage, stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* prompt ids: bos (if any) + the encoded text */
+static kiln_status encode_prompt(const kiln_tokenizer *tok, const char *text, int32_t **ids, int *n) {
+    int32_t *body = NULL;
+    size_t nb = 0;
+    kiln_status st = kiln_tokenizer_encode(tok, text, strlen(text), &body, &nb);
+    if (st) return st;
+    int bos = kiln_tokenizer_bos(tok);
+    *ids = malloc((nb + 1) * sizeof **ids);
+    if (!*ids) {
+        free(body);
+        return kiln_error(KILN_ERR_OOM, "out of memory");
+    }
+    *n = 0;
+    if (bos >= 0) (*ids)[(*n)++] = bos;
+    if (nb) memcpy(*ids + *n, body, nb * sizeof *body);
+    *n += (int)nb;
+    free(body);
+    if (*n == 0) return kiln_error(KILN_ERR_INVALID, "the prompt is empty and the tokenizer has no <|bos|> to start from");
+    return KILN_OK;
+}
+
+int kiln_cmd_generate(int argc, char **argv) {
+    gen_args a = {NULL, "", NULL, {.max_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1}};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    char tok_path[4096];
+    if (a.tokenizer) snprintf(tok_path, sizeof tok_path, "%s", a.tokenizer);
+    else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", a.run_dir);
+
+    kiln_llama *m = NULL;
+    kiln_tokenizer *tok = NULL;
+    int32_t *prompt = NULL;
+    int n_prompt = 0;
+    stream s = {0};
+    if (kiln_load_model_dir(a.run_dir, &m) || kiln_tokenizer_load(tok_path, &tok) ||
+        encode_prompt(tok, a.prompt, &prompt, &n_prompt)) {
+        fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
+        rc = 1;
+        goto done;
+    }
+    if (kiln_tokenizer_vocab_size(tok) > m->cfg.vocab_size) {
+        fprintf(stderr, "kiln generate: %s has %d tokens but the model only %lld\n", tok_path,
+                kiln_tokenizer_vocab_size(tok), (long long)m->cfg.vocab_size);
+        rc = 1;
+        goto done;
+    }
+    a.sc.stop_id = kiln_tokenizer_eos(tok);
+    int32_t *out = malloc(((size_t)a.sc.max_tokens + 1) * sizeof *out);
+    s = (stream){tok, malloc(((size_t)a.sc.max_tokens + 1) * sizeof *s.ids), 0, 0, KILN_OK};
+    if (!out || !s.ids) {
+        free(out);
+        fprintf(stderr, "kiln generate: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    fputs(a.prompt, stdout);
+    fflush(stdout);
+    int n_out = 0;
+    double t0 = kiln_time_now();
+    kiln_status st = kiln_generate(m, prompt, n_prompt, &a.sc, out, &n_out, on_token, &s);
+    double dt = kiln_time_now() - t0;
+    flush_text(&s, true);
+    fputc('\n', stdout);
+    fflush(stdout);
+    bool at_eos = n_out > 0 && out[n_out - 1] == a.sc.stop_id;
+    free(out);
+    if (st || s.err) {
+        fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
+        rc = 1;
+    } else {
+        fprintf(stderr, "[%d tokens in %.2fs, %.1f tok/s%s]\n", n_out, dt, dt > 0 ? n_out / dt : 0.0,
+                at_eos ? ", stopped at eos" : "");
+    }
+done:
+    free(s.ids);
+    free(prompt);
+    kiln_tokenizer_free(tok);
+    kiln_llama_free(m);
+    return rc;
+}

@@ -1,0 +1,465 @@
+/* `kiln train`: flags (over an optional --config file) into a
+ * kiln_train_config, the trainer, a progress bar, Ctrl-C handling, the
+ * closing summary and plot. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "cli.h"
+#include "kiln/train.h"
+
+typedef enum { T_STR, T_INT, T_I64, T_U64, T_DBL, T_SET, T_CLEAR, T_BETAS, T_PACK, T_NORM, T_NAN } flag_type;
+
+typedef struct {
+    const char *name; /* without the leading -- */
+    flag_type type;
+    size_t off, size;
+    const char *arg, *help;
+} flag_def;
+
+#define F(name, type, field, arg, help) {name, type, offsetof(kiln_train_config, field), sizeof(((kiln_train_config *)0)->field), arg, help}
+
+static const flag_def flags[] = {
+    F("data", T_STR, data, "DIR", "directory with train.bin (and val.bin)"),
+    F("run-dir", T_STR, run_dir, "DIR", "where checkpoints, metrics.jsonl and loss.svg go"),
+    F("model", T_STR, model, "NAME|FILE", "preset (tiny, small, demo) or a config.json"),
+    F("tokenizer", T_STR, tokenizer, "FILE", "tokenizer.json to copy into the run"),
+    F("init", T_STR, init, "RUN_DIR", "start from the weights of another run (fine-tuning)"),
+    F("freeze", T_STR, freeze, "GLOB", "freeze parameters whose names match (fnmatch)"),
+    F("batch", T_INT, batch, "N", "rows per micro-batch"),
+    F("accum", T_INT, accum, "N", "micro-batches per optimiser step"),
+    F("seq-len", T_INT, seq_len, "N", "tokens per row"),
+    F("pack", T_PACK, pack, "packed|padded", "contiguous windows, or document-aligned padded rows"),
+    F("no-shuffle", T_CLEAR, shuffle, NULL, "keep the data in order (default: shuffled each epoch)"),
+    F("loss-norm", T_NORM, loss_norm, "tokens|steps", "normalise by target tokens in the window, or by k"),
+    F("lr", T_DBL, lr, "X", "peak learning rate"),
+    F("min-lr", T_DBL, min_lr, "X", "learning rate at the end of the cosine"),
+    F("betas", T_BETAS, beta1, "B1,B2", "AdamW betas"),
+    F("eps", T_DBL, eps, "X", "AdamW epsilon"),
+    F("weight-decay", T_DBL, weight_decay, "X", "decoupled weight decay"),
+    F("decay-embeddings", T_SET, decay_embeddings, NULL, "apply weight decay to embeddings too"),
+    F("clip", T_DBL, clip, "X", "clip the global gradient norm (0: off)"),
+    F("warmup", T_I64, warmup, "N", "linear warm-up steps"),
+    F("steps", T_I64, steps, "N", "optimiser steps (0: from --epochs)"),
+    F("epochs", T_I64, epochs, "N", "passes over train.bin when --steps is 0"),
+    F("eval-every", T_I64, eval_every, "N", "evaluate on val.bin every N steps (0: never)"),
+    F("eval-batches", T_I64, eval_batches, "N", "micro-batches per evaluation"),
+    F("save-every", T_I64, save_every, "N", "checkpoint every N steps (0: only at the end)"),
+    F("keep", T_INT, keep, "N", "checkpoints to keep (0: all)"),
+    F("log-every", T_I64, log_every, "N", "log line every N steps when not on a terminal"),
+    F("on-nan", T_NAN, on_nan, "skip|stop", "on a non-finite loss: skip the step or stop"),
+    F("seed", T_U64, seed, "N", "seed for initialisation and shuffling"),
+};
+#define N_FLAGS (sizeof flags / sizeof flags[0])
+
+static void print_default(FILE *f, const flag_def *d, const kiln_train_config *c) {
+    const char *p = (const char *)c + d->off;
+    switch (d->type) {
+    case T_STR: if (*p) fprintf(f, " (default: %s)", p); break;
+    case T_INT: fprintf(f, " (default: %d)", *(const int *)p); break;
+    case T_I64: fprintf(f, " (default: %lld)", (long long)*(const int64_t *)p); break;
+    case T_U64: fprintf(f, " (default: %llu)", (unsigned long long)*(const uint64_t *)p); break;
+    case T_DBL: fprintf(f, " (default: %g)", *(const double *)p); break;
+    case T_BETAS: fprintf(f, " (default: %g,%g)", c->beta1, c->beta2); break;
+    case T_PACK: fprintf(f, " (default: %s)", c->pack == KILN_PACK_PADDED ? "padded" : "packed"); break;
+    case T_NORM: fprintf(f, " (default: %s)", c->loss_norm == KILN_LOSS_NORM_STEPS ? "steps" : "tokens"); break;
+    case T_NAN: fprintf(f, " (default: %s)", c->on_nan == KILN_ON_NAN_STOP ? "stop" : "skip"); break;
+    case T_SET: case T_CLEAR: break;
+    }
+}
+
+static void usage(FILE *f) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    fprintf(f, "usage: kiln train [--config FILE] [flags]\n"
+               "       kiln train --resume RUN_DIR [--steps N]\n\n"
+               "Trains a Llama-style model on token shards (see `kiln tokenize`). The\n"
+               "--config file (JSON, keys as the flags with '_' for '-') is applied\n"
+               "first, then the flags. Ctrl-C finishes the current step, saves and\n"
+               "exits; a second Ctrl-C quits at once.\n\noptions:\n");
+    fprintf(f, "  --config FILE              settings as JSON (e.g. a run's train_config.json)\n");
+    fprintf(f, "  --resume RUN_DIR           continue a run from its newest checkpoint with its\n"
+               "                             saved settings; only --steps may be raised\n");
+    for (size_t i = 0; i < N_FLAGS; i++) {
+        char lhs[64];
+        snprintf(lhs, sizeof lhs, "--%s%s%s", flags[i].name, flags[i].arg ? " " : "", flags[i].arg ? flags[i].arg : "");
+        fprintf(f, "  %-26s %s", lhs, flags[i].help);
+        print_default(f, &flags[i], &c);
+        fputc('\n', f);
+    }
+    fprintf(f, "  --threads N                compute threads (default: all cores)\n"
+               "  --no-plot                  do not write RUN_DIR/loss.svg at the end\n"
+               "  -h, --help                 this text\n\n"
+               "exit status: 0 done (or stopped by Ctrl-C and saved), 1 runtime error, 2 usage error\n");
+}
+
+static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return false;
+    *out = x;
+    return true;
+}
+
+static bool parse_dbl(const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x)) return false;
+    *out = x;
+    return true;
+}
+
+static bool parse_enum(const char *v, const char *a, const char *b, int *out) {
+    if (!strcmp(v, a)) *out = 0;
+    else if (!strcmp(v, b)) *out = 1;
+    else return false;
+    return true;
+}
+
+/* Stores one flag's value; false (after printing why) on a bad value. */
+static bool apply_flag(const flag_def *d, const char *v, kiln_train_config *c) {
+    char *p = (char *)c + d->off;
+    int64_t i;
+    const char *want = NULL;
+    switch (d->type) {
+    case T_STR:
+        if (strlen(v) >= d->size) want = "a shorter value";
+        else memcpy(p, v, strlen(v) + 1);
+        break;
+    case T_INT:
+        if (parse_i64(v, 0, 2147483647, &i)) *(int *)p = (int)i;
+        else want = "a non-negative integer";
+        break;
+    case T_I64:
+        if (!parse_i64(v, 0, INT64_MAX, (int64_t *)p)) want = "a non-negative integer";
+        break;
+    case T_U64:
+        if (v[0] == '-' || !parse_i64(v, 0, INT64_MAX, &i)) want = "a non-negative integer";
+        else *(uint64_t *)p = (uint64_t)i;
+        break;
+    case T_DBL:
+        if (!parse_dbl(v, (double *)p)) want = "a number";
+        break;
+    case T_BETAS: {
+        const char *comma = strchr(v, ',');
+        char b1[64];
+        if (!comma || (size_t)(comma - v) >= sizeof b1) {
+            want = "two numbers B1,B2";
+            break;
+        }
+        memcpy(b1, v, (size_t)(comma - v));
+        b1[comma - v] = 0;
+        if (!parse_dbl(b1, &c->beta1) || !parse_dbl(comma + 1, &c->beta2)) want = "two numbers B1,B2";
+        break;
+    }
+    case T_PACK:
+        if (!parse_enum(v, "packed", "padded", (int *)p)) want = "packed or padded";
+        break;
+    case T_NORM:
+        if (!parse_enum(v, "tokens", "steps", (int *)p)) want = "tokens or steps";
+        break;
+    case T_NAN:
+        if (!parse_enum(v, "skip", "stop", (int *)p)) want = "skip or stop";
+        break;
+    case T_SET: *(bool *)p = true; break;
+    case T_CLEAR: *(bool *)p = false; break;
+    }
+    if (want) fprintf(stderr, "kiln train: --%s: bad value '%s' (expected %s)\n", d->name, v, want);
+    return !want;
+}
+
+typedef struct {
+    const char *config, *resume, *threads;
+    bool help, no_plot, steps_given, others_given;
+} train_args;
+
+/* Splits "--name=value"; returns the flag's table index, -1 for the extra
+ * flags handled by the caller, -2 for unknown. */
+static int lookup(const char *s, size_t nl) {
+    for (size_t i = 0; i < N_FLAGS; i++)
+        if (strlen(flags[i].name) == nl - 2 && !strncmp(s + 2, flags[i].name, nl - 2)) return (int)i;
+    return -2;
+}
+
+/* Two passes: pass 0 only finds --config/--resume/--help/--threads (so the
+ * file applies first); pass 1 applies the config flags in order. */
+static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_config *c) {
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+            a->help = true;
+            continue;
+        }
+        if (strncmp(s, "--", 2)) {
+            fprintf(stderr, "kiln train: unexpected argument '%s' (see --help)\n", s);
+            return 2;
+        }
+        const char *eq = strchr(s, '=');
+        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
+        const char *extra[] = {"--config", "--resume", "--threads", "--no-plot"};
+        int e = -1;
+        for (int j = 0; j < 4; j++)
+            if (strlen(extra[j]) == nl && !strncmp(s, extra[j], nl)) e = j;
+        int k = e >= 0 ? -1 : lookup(s, nl);
+        if (k == -2) {
+            fprintf(stderr, "kiln train: unknown flag %.*s (see --help)\n", (int)nl, s);
+            return 2;
+        }
+        bool takes = e >= 0 ? e < 3 : (flags[k].type != T_SET && flags[k].type != T_CLEAR);
+        const char *v = NULL;
+        if (takes) {
+            v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(stderr, "kiln train: %.*s needs a value\n", (int)nl, s);
+                return 2;
+            }
+        } else if (eq) {
+            fprintf(stderr, "kiln train: %.*s takes no value\n", (int)nl, s);
+            return 2;
+        }
+        if (pass == 0) {
+            if (e == 0) a->config = v;
+            if (e == 1) a->resume = v;
+            if (e == 2) a->threads = v;
+            if (e == 3) a->no_plot = true;
+            if (k >= 0 && !strcmp(flags[k].name, "steps")) a->steps_given = true;
+            else if (k >= 0) a->others_given = true;
+        } else if (k >= 0 && !apply_flag(&flags[k], v, c)) {
+            return 2;
+        }
+    }
+    return 0;
+}
+
+static int load_config_file(const char *path, kiln_train_config *c) {
+    char *text = NULL;
+    size_t n = 0;
+    if (kiln_read_file(path, &text, &n) || kiln_train_config_parse(text, path, c)) {
+        fprintf(stderr, "kiln train: %s\n", kiln_last_error());
+        free(text);
+        return 2;
+    }
+    free(text);
+    return 0;
+}
+
+/* A run's saved settings: RUN_DIR/train_config.json, else its newest
+ * checkpoint's copy. */
+static int load_run_config(const char *run_dir, kiln_train_config *c) {
+    char path[1200], ck[1024];
+    snprintf(path, sizeof path, "%s/train_config.json", run_dir);
+    if (access(path, R_OK) != 0) {
+        if (kiln_checkpoint_latest(run_dir, ck, sizeof ck)) {
+            fprintf(stderr, "kiln train: --resume %s: %s\n", run_dir, kiln_last_error());
+            return 1;
+        }
+        snprintf(path, sizeof path, "%s/train_config.json", ck);
+    }
+    return load_config_file(path, c);
+}
+
+/* Builds the configuration from defaults, --config or the resumed run, and
+ * the flags. Returns an exit code (0: go on). */
+static int build_config(int argc, char **argv, train_args *a, kiln_train_config *c) {
+    kiln_train_config_default(c);
+    int rc = scan(argc, argv, 0, a, c);
+    if (rc || a->help) return rc;
+    if (a->resume && (a->config || a->others_given)) {
+        fprintf(stderr, "kiln train: --resume continues with the run's saved settings; only --steps (and --threads)"
+                        " may be given with it\n");
+        return 2;
+    }
+    if (a->resume) {
+        if ((rc = load_run_config(a->resume, c))) return rc;
+        int64_t saved = c->steps;
+        if ((rc = scan(argc, argv, 1, a, c))) return rc;
+        if (a->steps_given && saved > 0 && c->steps < saved) {
+            fprintf(stderr, "kiln train: --steps %lld is below the run's %lld (it may only be raised)\n",
+                    (long long)c->steps, (long long)saved);
+            return 2;
+        }
+        if (strlen(a->resume) >= sizeof c->run_dir) {
+            fprintf(stderr, "kiln train: --resume: path too long\n");
+            return 2;
+        }
+        snprintf(c->run_dir, sizeof c->run_dir, "%s", a->resume);
+    } else {
+        if (a->config && (rc = load_config_file(a->config, c))) return rc;
+        if ((rc = scan(argc, argv, 1, a, c))) return rc;
+    }
+    if (a->threads) {
+        int64_t t;
+        if (!parse_i64(a->threads, 1, 4096, &t)) {
+            fprintf(stderr, "kiln train: --threads: bad value '%s' (expected an integer >= 1)\n", a->threads);
+            return 2;
+        }
+        kiln_set_num_threads((int)t);
+    }
+    if (kiln_train_config_validate(c)) {
+        fprintf(stderr, "kiln train: %s\n", kiln_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- progress --------------------------------------------------------------- */
+
+typedef struct {
+    bool tty, bar_shown;
+    int64_t log_every, first_step;
+    double t0, last_draw;
+} progress;
+
+static void fmt_duration(double s, char *out, size_t n) {
+    if (!(s >= 0) || s > 1e8) {
+        snprintf(out, n, "?");
+        return;
+    }
+    long t = lround(s);
+    if (s < 10) snprintf(out, n, "%.1fs", s);
+    else if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, n, "%lds", t);
+}
+
+static double eta_s(const progress *p, const kiln_trainer_state *st) {
+    int64_t done = st->step - p->first_step;
+    if (done <= 0) return -1;
+    return (kiln_time_now() - p->t0) / (double)done * (double)(st->total_steps - st->step);
+}
+
+static void clear_bar(progress *p) {
+    if (p->tty && p->bar_shown) fputs("\r\033[K", stderr);
+    p->bar_shown = false;
+}
+
+static void on_step(progress *p, const kiln_event *e) {
+    const kiln_trainer_state *st = e->state;
+    const kiln_step_result *r = e->step;
+    char eta[32];
+    fmt_duration(eta_s(p, st), eta, sizeof eta);
+    if (p->tty) {
+        /* at most ~10 redraws a second: fast tiny models would flood the terminal */
+        double now = kiln_time_now();
+        if (now - p->last_draw < 0.1 && st->step != st->total_steps && p->bar_shown) return;
+        p->last_draw = now;
+        enum { W = 20 };
+        char bar[W + 1];
+        int fill = st->total_steps > 0 ? (int)(W * st->step / st->total_steps) : 0;
+        for (int i = 0; i < W; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
+        bar[W] = 0;
+        fprintf(stderr, "\r\033[Kstep %lld/%lld [%s] loss %.3f lr %.1e |g| %.2f %.0f tok/s ETA %s", (long long)st->step,
+                (long long)st->total_steps, bar, r ? r->loss : st->last_loss, r ? r->lr : 0.0, r ? r->grad_norm : 0.0,
+                e->tokens_per_s, eta);
+        fflush(stderr);
+        p->bar_shown = true;
+    } else if (st->step % p->log_every == 0 || st->step == st->total_steps) {
+        fprintf(stderr, "step %lld/%lld loss %.4f lr %.3e |g| %.3f %.0f tok/s ETA %s\n", (long long)st->step,
+                (long long)st->total_steps, r ? r->loss : st->last_loss, r ? r->lr : 0.0, r ? r->grad_norm : 0.0,
+                e->tokens_per_s, eta);
+    }
+}
+
+static void on_event(const kiln_event *e, void *user) {
+    progress *p = user;
+    const kiln_trainer_state *st = e->state;
+    long long step = st ? (long long)st->step : 0;
+    switch (e->kind) {
+    case KILN_EVENT_STEP: on_step(p, e); return;
+    case KILN_EVENT_EVAL:
+        clear_bar(p);
+        fprintf(stderr, "step %lld: val loss %.4f (perplexity %.2f)\n", step, e->val_loss, exp(e->val_loss));
+        break;
+    case KILN_EVENT_SAVE:
+        clear_bar(p);
+        fprintf(stderr, "step %lld: saved %s\n", step, e->message ? e->message : "checkpoint");
+        break;
+    case KILN_EVENT_NAN:
+        clear_bar(p);
+        fprintf(stderr, "step %lld: non-finite %s", step, e->step && e->step->bad_micro >= 0 ? "loss" : "gradient norm");
+        if (e->step && e->step->bad_micro >= 0) fprintf(stderr, " in micro-batch %d", e->step->bad_micro);
+        fprintf(stderr, "%s%s\n", e->message ? ": " : "", e->message ? e->message : "");
+        break;
+    case KILN_EVENT_INFO:
+        clear_bar(p);
+        fprintf(stderr, "%s\n", e->message ? e->message : "");
+        break;
+    }
+    fflush(stderr);
+}
+
+/* ---- Ctrl-C ------------------------------------------------------------------- */
+
+static kiln_trainer *volatile g_trainer;
+static volatile sig_atomic_t g_interrupts;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (++g_interrupts >= 2) _exit(130);
+    static const char msg[] = "\nkiln train: stopping after this step and saving (Ctrl-C again to quit now)\n";
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    if (g_trainer) kiln_trainer_request_stop(g_trainer);
+}
+
+static void summary(const kiln_trainer_state *st, const kiln_train_config *c, double wall) {
+    char t[32];
+    fmt_duration(st->elapsed_s > 0 ? st->elapsed_s : wall, t, sizeof t);
+    bool stopped = st->step < st->total_steps;
+    fprintf(stderr, "%s at step %lld/%lld: %lld tokens in %s", stopped ? "stopped" : "done", (long long)st->step,
+            (long long)st->total_steps, (long long)st->tokens_seen, t);
+    if (st->elapsed_s > 0) fprintf(stderr, " (%.0f tok/s)", (double)st->tokens_seen / st->elapsed_s);
+    fprintf(stderr, ", loss %.4f", st->last_loss);
+    if (isfinite(st->last_val_loss) && st->last_val_loss > 0)
+        fprintf(stderr, ", val loss %.4f (perplexity %.2f)", st->last_val_loss, exp(st->last_val_loss));
+    fprintf(stderr, "\nrun: %s\n", c->run_dir);
+}
+
+int kiln_cmd_train(int argc, char **argv) {
+    train_args a = {0};
+    kiln_train_config c;
+    int rc = build_config(argc, argv, &a, &c);
+    if (a.help) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc) return rc;
+    kiln_trainer *t = NULL;
+    if (kiln_trainer_open(&c, a.resume != NULL, &t)) {
+        fprintf(stderr, "kiln train: %s\n", kiln_last_error());
+        return 1;
+    }
+    const kiln_trainer_state *st0 = kiln_trainer_get_state(t);
+    progress p = {isatty(STDERR_FILENO) != 0, false, c.log_every > 0 ? c.log_every : 1, st0->step, kiln_time_now(), 0};
+    fprintf(stderr, "kiln train: %s, %lld parameters, %lld steps from step %lld, run dir %s\n", c.model,
+            (long long)kiln_llama_num_params(kiln_trainer_model(t)), (long long)st0->total_steps, (long long)st0->step,
+            c.run_dir);
+
+    g_trainer = t;
+    g_interrupts = 0;
+    struct sigaction sa = {0}, old;
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
+    kiln_status s = kiln_trainer_run(t, on_event, &p);
+    sigaction(SIGINT, &old, NULL);
+    g_trainer = NULL;
+    clear_bar(&p);
+    if (s) {
+        fprintf(stderr, "kiln train: %s\n", kiln_last_error());
+        rc = 1;
+    }
+    summary(kiln_trainer_get_state(t), &c, kiln_time_now() - p.t0);
+    kiln_trainer_free(t);
+    if (!a.no_plot) {
+        if (kiln_cli_write_plot(c.run_dir, NULL)) fprintf(stderr, "kiln train: no plot: %s\n", kiln_last_error());
+        else fprintf(stderr, "plot: %s/loss.svg\n", c.run_dir);
+    }
+    return rc;
+}
