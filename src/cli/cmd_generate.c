@@ -189,6 +189,17 @@ int kiln_cmd_generate(int argc, char **argv) {
         rc = 1;
         goto done;
     }
+    if (n_prompt >= m->cfg.max_position_embeddings) {
+        fprintf(stderr, "kiln generate: the prompt (%d tokens) leaves no room in max_position_embeddings %lld\n", n_prompt,
+                (long long)m->cfg.max_position_embeddings);
+        rc = 1;
+        goto done;
+    }
+    if ((int64_t)n_prompt + a.sc.max_tokens > m->cfg.max_position_embeddings) {
+        a.sc.max_tokens = (int)(m->cfg.max_position_embeddings - n_prompt);
+        fprintf(stderr, "kiln generate: --max-tokens lowered to %d (the model's max_position_embeddings is %lld)\n",
+                a.sc.max_tokens, (long long)m->cfg.max_position_embeddings);
+    }
     a.sc.stop_id = kiln_tokenizer_eos(tok);
     int32_t *out = malloc(((size_t)a.sc.max_tokens + 1) * sizeof *out);
     s = (stream){tok, malloc(((size_t)a.sc.max_tokens + 1) * sizeof *s.ids), 0, 0, KILN_OK};
