@@ -23,7 +23,8 @@
 extern "C" {
 #endif
 
-#define KILN_OP_MAX_IN 4
+#define KILN_OP_MAX_IN 8
+#define KILN_OP_MAX_AUX 2 /* extra outputs of a multi-output op */
 
 typedef enum {
     KILN_OP_EMBEDDING,      /* (W[V,C], ids[...] i32) -> [..., C] */
@@ -77,6 +78,7 @@ typedef struct {
     kiln_tensor *in[KILN_OP_MAX_IN];
     kiln_meta in_meta[KILN_OP_MAX_IN];
     kiln_tensor *out;
+    kiln_tensor *aux[KILN_OP_MAX_AUX]; /* saved extra outputs (save_aux) */
     bool needs[KILN_OP_MAX_IN];
 } kiln_bw_ctx;
 
@@ -94,6 +96,12 @@ typedef struct {
     kiln_status (*forward)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out);
     kiln_backward_fn backward; /* NULL: not differentiable */
     double (*flops)(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
+    /* Multi-output ops: n_aux extra outputs, never differentiated, whose
+     * shapes come from aux_shape; forward_aux replaces forward. */
+    int n_aux;
+    bool save_aux; /* the backward rule reads the extra outputs */
+    kiln_status (*aux_shape)(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux);
+    kiln_status (*forward_aux)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux);
 } kiln_op_def;
 
 const kiln_op_def *kiln_op_get(int op);
@@ -105,11 +113,15 @@ int64_t kiln_meta_numel(const kiln_meta *m);
 
 /* The generic entry: checks, then dispatches. */
 kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs);
-/* Runs the forward kernel now (allocates the output). For dispatchers. */
-kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out);
+/* Same for multi-output ops: aux[i] receives new references to the extra
+ * outputs (aux may be NULL to drop them). */
+kiln_tensor *kiln_op_call_aux(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs, kiln_tensor **aux);
+/* Runs the forward kernel now (allocates the outputs). For dispatchers. */
+kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out,
+                             kiln_tensor **aux);
 
 typedef kiln_tensor *(*kiln_dispatch_fn)(void *ctx, int op, kiln_tensor *const *in, int n_in,
-                                         const kiln_attrs *attrs, const kiln_meta *out);
+                                         const kiln_attrs *attrs, const kiln_meta *out, kiln_tensor **aux);
 typedef struct {
     kiln_dispatch_fn fn;
     void *ctx;

@@ -24,6 +24,10 @@ static void free_saved(node *n) {
     }
     kiln_tensor_release(n->ctx.out);
     n->ctx.out = NULL;
+    for (int i = 0; i < KILN_OP_MAX_AUX; i++) {
+        kiln_tensor_release(n->ctx.aux[i]);
+        n->ctx.aux[i] = NULL;
+    }
     n->freed = true;
 }
 
@@ -46,11 +50,11 @@ static kiln_tensor *saved_alias(kiln_tensor *t) {
 }
 
 static kiln_tensor *eager_dispatch(void *ctx, int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs,
-                                   const kiln_meta *out_meta) {
+                                   const kiln_meta *out_meta, kiln_tensor **aux) {
     (void)ctx;
     op_count++;
     double t0 = profile ? kiln_time_now() : 0;
-    kiln_tensor *t = kiln_op_execute(op, in, attrs, out_meta);
+    kiln_tensor *t = kiln_op_execute(op, in, attrs, out_meta, aux);
     if (profile) {
         kiln_meta im[KILN_OP_MAX_IN];
         for (int i = 0; i < n_in; i++) im[i] = kiln_meta_of(in[i]);
@@ -90,6 +94,8 @@ static kiln_tensor *eager_dispatch(void *ctx, int op, kiln_tensor *const *in, in
         }
     }
     if (d->save_out) n->ctx.out = saved_alias(t);
+    if (d->save_aux)
+        for (int i = 0; i < d->n_aux; i++) n->ctx.aux[i] = saved_alias(aux[i]);
     t->node = &n->base;
     return t;
 }

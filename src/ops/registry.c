@@ -105,13 +105,30 @@ kiln_dispatcher kiln_op_set_dispatcher(kiln_dispatcher d) {
 }
 kiln_dispatcher kiln_op_get_dispatcher(void) { return current; }
 
-kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out) {
+kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out,
+                             kiln_tensor **aux) {
     const kiln_op_def *d = registry[op];
     kiln_tensor *t = d->is_view ? kiln_tensor_view(in[0], out->ndim, out->shape)
                                 : kiln_tensor_new(out->dtype, out->ndim, out->shape);
     if (!t) return NULL;
     if (d->is_view) return t;
-    kiln_status st = d->forward(in, attrs, t);
+    kiln_status st;
+    if (d->n_aux) {
+        kiln_meta am[KILN_OP_MAX_AUX];
+        kiln_meta im[KILN_OP_MAX_IN];
+        for (int i = 0; i < d->n_in; i++) im[i] = kiln_meta_of(in[i]);
+        st = d->aux_shape(im, attrs, am);
+        for (int i = 0; i < d->n_aux && !st; i++)
+            if (!(aux[i] = kiln_tensor_new(am[i].dtype, am[i].ndim, am[i].shape))) st = kiln_last_status();
+        if (!st) st = d->forward_aux(in, attrs, t, aux);
+        if (st)
+            for (int i = 0; i < d->n_aux; i++) {
+                kiln_tensor_release(aux[i]);
+                aux[i] = NULL;
+            }
+    } else {
+        st = d->forward(in, attrs, t);
+    }
     if (st != KILN_OK) {
         kiln_tensor_release(t);
         return NULL;
@@ -119,7 +136,7 @@ kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *a
     return t;
 }
 
-kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs) {
+kiln_tensor *kiln_op_call_aux(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs, kiln_tensor **aux_out) {
     const kiln_op_def *d = kiln_op_get(op);
     if (!d) {
         kiln_error(KILN_ERR_INVALID, "unknown op %d", op);
@@ -137,8 +154,17 @@ kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_a
     kiln_attrs a = attrs ? *attrs : (kiln_attrs){0};
     kiln_meta out;
     if (d->shape(m, &a, &out) != KILN_OK) return NULL;
-    if (current.fn) return current.fn(current.ctx, op, in, n_in, &a, &out);
-    return kiln_op_execute(op, in, &a, &out);
+    kiln_tensor *aux[KILN_OP_MAX_AUX] = {0};
+    kiln_tensor *t = current.fn ? current.fn(current.ctx, op, in, n_in, &a, &out, aux) : kiln_op_execute(op, in, &a, &out, aux);
+    for (int i = 0; i < d->n_aux; i++) {
+        if (aux_out && t) aux_out[i] = aux[i];
+        else kiln_tensor_release(aux[i]);
+    }
+    return t;
+}
+
+kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs) {
+    return kiln_op_call_aux(op, in, n_in, attrs, NULL);
 }
 
 kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src) {
