@@ -8,7 +8,7 @@ CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -Werror -Iinclu
 LDLIBS   := -ldnnl -ljansson -lm -ldl -lpthread
 LDFLAGS  := -fopenmp $(SAN)
 
-LIB_SRC   := $(sort $(wildcard src/core/*.c src/kernels/*.c src/ops/*.c src/eager/*.c src/model/*.c src/data/*.c src/train/*.c))
+LIB_SRC   := $(sort $(wildcard src/core/*.c src/kernels/*.c src/ops/*.c src/eager/*.c src/graph/*.c src/compile/*.c src/model/*.c src/data/*.c src/train/*.c))
 CLI_SRC   := $(sort $(wildcard src/cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))

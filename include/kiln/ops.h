@@ -53,6 +53,12 @@ typedef enum {
     KILN_OP_MEAN,           /* -> [1] */
     KILN_OP_EXPAND,         /* (g[1]) i0=ndim, i1..i4=shape -> filled */
     KILN_OP_SUM_TO,         /* (g) i0=ndim, i1..i4=shape: sum over broadcast dims */
+    KILN_OP_FILL,           /* () i0=ndim, i1..i4=shape, f0=value (seeds a graph's backward) */
+    /* fused ops the compiler rewrites to (eager runs the model's decomposition) */
+    KILN_OP_FLASH_ATTN,     /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk]) f0=scale -> out; aux lse[B,H,T] */
+    KILN_OP_FLASH_ATTN_BWD, /* (q,k,v,pad,out,lse,dout) -> dq; aux dk, dv */
+    KILN_OP_LINEAR_CE,      /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh i2=need_dW -> loss sum [1];
+                               aux dh, dW (gradients of the sum, seed 1) */
     KILN_OP_COUNT
 } kiln_op_id;
 
@@ -110,6 +116,7 @@ double kiln_op_flops(int op, const kiln_meta *in, const kiln_attrs *a, const kil
 double kiln_op_bytes(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
 kiln_meta kiln_meta_of(const kiln_tensor *t);
 int64_t kiln_meta_numel(const kiln_meta *m);
+const char *kiln_meta_str(const kiln_meta *m, char *buf, size_t n); /* "[2, 3] f32" */
 
 /* The generic entry: checks, then dispatches. */
 kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs);
@@ -138,6 +145,9 @@ kiln_tensor *kiln_embedding(kiln_tensor *W, kiln_tensor *ids);
 kiln_tensor *kiln_embedding_backward(kiln_tensor *g, kiln_tensor *ids, int64_t vocab);
 /* y = x·Wᵀ, x [..., K], W [N, K] -> [..., N] (a MATMUL, mode rows) */
 kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W);
+/* Runs a MATMUL (attrs as kiln_matmul's: i0 mode, i1 ta, i2 tb) into an
+ * existing c with beta 0 or 1 (1 accumulates: gradients straight into .grad). */
+kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta);
 /* MATMUL modes:
  *  KILN_MM_BATCHED: a [P..., M, K], b [P..., K, N] (last two dims transposed
  *                   by ta/tb), same leading dims -> [P..., M, N]
@@ -171,6 +181,9 @@ kiln_tensor *kiln_sum(kiln_tensor *x);
 kiln_tensor *kiln_mean(kiln_tensor *x);
 kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
+kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
+kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, double scale);
+kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index);
 
 #ifdef __cplusplus
 }

@@ -12,10 +12,9 @@ extern const kiln_op_def kiln_opdef_embedding, kiln_opdef_embedding_bwd, kiln_op
     kiln_opdef_rope, kiln_opdef_repeat_kv, kiln_opdef_repeat_kv_bwd, kiln_opdef_transpose12,
     kiln_opdef_reshape, kiln_opdef_attn_mask, kiln_opdef_softmax, kiln_opdef_softmax_bwd,
     kiln_opdef_cross_entropy, kiln_opdef_cross_entropy_bwd, kiln_opdef_sum, kiln_opdef_mean,
-    kiln_opdef_expand, kiln_opdef_sum_to;
+    kiln_opdef_expand, kiln_opdef_sum_to, kiln_opdef_fill,
+    kiln_opdef_flash_attn, kiln_opdef_flash_attn_bwd, kiln_opdef_linear_ce;
 
-/* "[2, 3] f32" */
-const char *kiln_meta_str(const kiln_meta *m, char *buf, size_t n);
 /* error naming the op and all input shapes */
 kiln_status kiln_op_shape_error(const char *op, const kiln_meta *in, int n_in, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -123,6 +123,16 @@ static kiln_status mm_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tens
     if (st) return st;
     return kiln_gemm_f32(&d, kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out));
 }
+kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta) {
+    kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
+    kiln_gemm_desc d;
+    kiln_status st = mm_desc(m, attrs, &d, &o);
+    if (st) return st;
+    if (kiln_meta_numel(&o) != kiln_tensor_numel(c)) return kiln_error(KILN_ERR_SHAPE, "matmul_into: output size differs");
+    d.beta = beta;
+    return kiln_gemm_f32(&d, kiln_f32(a), kiln_f32(b), kiln_f32(c));
+}
+
 static kiln_status mm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     int mode = (int)c->attrs.i[0];
     bool ta = c->attrs.i[1], tb = c->attrs.i[2];

@@ -245,6 +245,19 @@ static kiln_status sumto_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_t
 }
 const kiln_op_def kiln_opdef_sum_to = {.name = "sum_to", .n_in = 1, .shape = sumto_shape, .forward = sumto_fwd};
 
+static kiln_status fill_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    if (a->i[0] < 0 || a->i[0] > KILN_MAX_DIMS) return kiln_op_shape_error("fill", in, 0, "bad rank %lld", (long long)a->i[0]);
+    *out = kiln_attrs_shape(a, KILN_F32);
+    return KILN_OK;
+}
+static kiln_status fill_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    (void)in;
+    float v = (float)a->f[0], *o = kiln_f32(out);
+    for (int64_t i = 0; i < kiln_tensor_numel(out); i++) o[i] = v;
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_fill = {.name = "fill", .n_in = 0, .shape = fill_shape, .forward = fill_fwd};
+
 /* ---- reshape (a view) and transpose12 ------------------------------------ */
 static kiln_status reshape_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (a->i[0] < 0 || a->i[0] > KILN_MAX_DIMS) return kiln_op_shape_error("reshape", in, 1, "bad rank %lld", (long long)a->i[0]);
@@ -314,6 +327,15 @@ kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape) {
     kiln_attrs a = {0};
     kiln_attrs_set_shape(&a, ndim, shape);
     return call1(KILN_OP_SUM_TO, g, &a);
+}
+kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value) {
+    kiln_attrs a = {.f = {value}};
+    if (ndim < 0 || ndim > KILN_MAX_DIMS) {
+        kiln_error(KILN_ERR_SHAPE, "op fill: rank %d (at most %d)", ndim, KILN_MAX_DIMS);
+        return NULL;
+    }
+    kiln_attrs_set_shape(&a, ndim, shape);
+    return kiln_op_call(KILN_OP_FILL, NULL, 0, &a);
 }
 kiln_tensor *kiln_reshape(kiln_tensor *x, int ndim, const int64_t *shape) {
     kiln_attrs a = {0};

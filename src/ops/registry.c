@@ -30,6 +30,10 @@ static const kiln_op_def *const registry[KILN_OP_COUNT] = {
     [KILN_OP_MEAN] = &kiln_opdef_mean,
     [KILN_OP_EXPAND] = &kiln_opdef_expand,
     [KILN_OP_SUM_TO] = &kiln_opdef_sum_to,
+    [KILN_OP_FILL] = &kiln_opdef_fill,
+    [KILN_OP_FLASH_ATTN] = &kiln_opdef_flash_attn,
+    [KILN_OP_FLASH_ATTN_BWD] = &kiln_opdef_flash_attn_bwd,
+    [KILN_OP_LINEAR_CE] = &kiln_opdef_linear_ce,
 };
 
 const kiln_op_def *kiln_op_get(int op) { return op >= 0 && op < KILN_OP_COUNT ? registry[op] : NULL; }

@@ -1,0 +1,114 @@
+/* kiln graph: the IR of the compiler. Tracing runs unchanged model code with
+ * a dispatcher that records one node per op call; autograd on the graph
+ * reuses every op's backward rule (the same rules eager runs); passes rewrite
+ * (attention -> flash attention, linear + cross-entropy -> fused chunked
+ * kernel), eliminate dead and duplicate nodes, fuse element-wise chains, and
+ * plan memory (a schedule, lifetimes, offsets in one arena, in-place reuse).
+ * A graph interpreter runs a planned graph with the registry's kernels.
+ *
+ * Values are numbered in a valid execution order: a node's inputs always
+ * have smaller ids. Parameters and their gradient buffers are the model's
+ * own tensors, bound at run time, so weights loaded after compiling are
+ * used and gradients land in param->grad.
+ *
+ * Ownership: kiln_graph_* constructors return graphs freed with
+ * kiln_graph_free. Errors: kiln_status + kiln_last_error().
+ */
+#ifndef KILN_GRAPH_H
+#define KILN_GRAPH_H
+
+#include "kiln/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KILN_V_INPUT,    /* bound per call (ids, targets, masks, runtime scalars) */
+    KILN_V_PARAM,    /* a model parameter, read in place */
+    KILN_V_OP,       /* computed by `op` */
+    KILN_V_AUX,      /* extra output `aux` of the multi-output op at in[0] */
+    KILN_V_GRAD_ACC, /* sink: param `index`'s .grad += in[0] */
+} kiln_value_kind;
+
+#define KILN_GROUP_NONE (-1)
+
+typedef struct {
+    kiln_value_kind kind;
+    int op;                     /* KILN_V_OP */
+    int n_in;
+    int in[KILN_OP_MAX_IN];
+    int aux;                    /* KILN_V_AUX: which extra output */
+    int aux_of[KILN_OP_MAX_AUX];  /* OP with extra outputs: their value ids */
+    int index;                  /* INPUT: input slot; PARAM / GRAD_ACC: parameter */
+    kiln_attrs attrs;
+    kiln_meta meta;
+    bool requires_grad;         /* depends on a trainable parameter */
+    bool dead;                  /* removed by a pass */
+    /* memory plan */
+    int n_uses;
+    int last_use;               /* schedule position of the last reader */
+    int64_t offset;             /* arena offset in bytes, -1 = not in the arena */
+    int alias;                  /* value whose buffer this one shares (views, in place), or -1 */
+    int group;                  /* fused group id, or KILN_GROUP_NONE */
+    bool acc_into_grad;         /* GEMM writes straight into the grad buffer (beta = 1) */
+} kiln_value;
+
+typedef struct kiln_graph {
+    int n, cap;
+    kiln_value *v;
+    int n_inputs, n_params;
+    kiln_tensor **params;       /* borrowed: the model's parameters */
+    int n_outputs;
+    int outputs[4];             /* values returned to the caller */
+    int diff;                   /* the value differentiated, or -1 */
+    int64_t arena_bytes;        /* after planning */
+    int64_t unplanned_bytes;    /* sum of all buffers without reuse */
+    int n_groups;
+} kiln_graph;
+
+/* The function a graph is traced from: computes outputs from inputs with
+ * ops. out_report receives values to return (e.g. the loss sum), out_diff
+ * the scalar to differentiate (NULL: forward only). */
+typedef kiln_status (*kiln_trace_fn)(void *user, kiln_tensor *const *inputs, kiln_tensor **out_report, int *n_report,
+                                     kiln_tensor **out_diff);
+
+typedef struct {
+    bool backward;        /* build the joint forward+backward graph */
+    bool rewrite_attention;
+    bool rewrite_linear_ce;
+    bool reuse_memory;    /* false: every buffer its own (to check the plan) */
+} kiln_graph_options;
+void kiln_graph_options_default(kiln_graph_options *o);
+
+/* Traces fn on inputs shaped like `example` (their data is never read),
+ * then (options) differentiates, rewrites, cleans up and plans. */
+kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params,
+                             kiln_tensor *const *example, int n_inputs, const kiln_graph_options *o, kiln_graph **out);
+void kiln_graph_free(kiln_graph *g);
+
+/* Passes (each small and separately callable; build runs them in order). */
+int kiln_pass_rewrite_attention(kiln_graph *g);  /* returns rewrites made */
+int kiln_pass_rewrite_linear_ce(kiln_graph *g);
+int kiln_pass_dce(kiln_graph *g);                 /* returns nodes removed */
+int kiln_pass_cse(kiln_graph *g);                 /* returns nodes merged */
+int kiln_pass_acc_into_grad(kiln_graph *g);       /* GEMMs that accumulate in place */
+kiln_status kiln_pass_plan(kiln_graph *g, bool reuse);
+
+/* Runs a planned graph: inputs bound by slot, outputs copied to `report`
+ * (one float per output value, which must hold one element). */
+typedef struct kiln_interp kiln_interp;
+kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out);
+void kiln_interp_free(kiln_interp *r);
+kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *report);
+
+/* Human-readable dump (for --explain). */
+void kiln_graph_print(const kiln_graph *g, void (*line)(const char *text, void *user), void *user);
+/* Totals over live nodes. */
+double kiln_graph_flops(const kiln_graph *g);
+int kiln_graph_live_nodes(const kiln_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

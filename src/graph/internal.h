@@ -1,0 +1,16 @@
+/* Shared by the graph files. */
+#ifndef KILN_GRAPH_INTERNAL_H
+#define KILN_GRAPH_INTERNAL_H
+#include "kiln/graph.h"
+
+/* Appends a value; returns its id or -1 (error set). */
+int kiln_graph_add(kiln_graph *g, kiln_value v);
+/* Replaces every use of `from` by `to` in values after `from` and in outputs. */
+void kiln_graph_replace_uses(kiln_graph *g, int from, int to);
+/* Follows aliases to the value owning the buffer. */
+int kiln_graph_root(const kiln_graph *g, int v);
+/* Counts live readers of every value into n_uses. */
+void kiln_graph_count_uses(kiln_graph *g);
+/* The single live reader of v, or -1. */
+int kiln_graph_only_user(const kiln_graph *g, int v);
+#endif

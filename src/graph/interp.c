@@ -1,0 +1,103 @@
+/* The graph interpreter: runs a planned graph with the registry's kernels,
+ * every buffer in one arena. Compiled modules fall back to it when no C
+ * compiler is at hand. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+struct kiln_interp {
+    const kiln_graph *g;
+    void *arena;
+    kiln_tensor *t; /* one header per value, by value: not reference counted */
+};
+
+kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
+    kiln_interp *r = calloc(1, sizeof *r);
+    if (!r) return kiln_error(KILN_ERR_OOM, "out of memory");
+    r->g = g;
+    r->t = calloc((size_t)g->n, sizeof *r->t);
+    r->arena = kiln_alloc((size_t)(g->arena_bytes ? g->arena_bytes : 64));
+    if (!r->t || !r->arena) {
+        kiln_interp_free(r);
+        return kiln_error(KILN_ERR_OOM, "out of memory for a %lld-byte arena", (long long)g->arena_bytes);
+    }
+    for (int i = 0; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        kiln_tensor *t = &r->t[i];
+        t->ndim = x->meta.ndim;
+        memcpy(t->shape, x->meta.shape, sizeof t->shape);
+        t->dtype = x->meta.dtype;
+        t->refcount = 1;
+        if (x->offset >= 0) t->data = (char *)r->arena + x->offset;
+    }
+    *out = r;
+    return KILN_OK;
+}
+
+void kiln_interp_free(kiln_interp *r) {
+    if (!r) return;
+    kiln_dealloc(r->arena);
+    free(r->t);
+    free(r);
+}
+
+static kiln_status grad_buffer(kiln_tensor *p) {
+    if (p->grad) return KILN_OK;
+    p->grad = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
+    return p->grad ? KILN_OK : kiln_last_status();
+}
+
+static kiln_status run_op(kiln_interp *r, int i) {
+    const kiln_value *x = &r->g->v[i];
+    const kiln_op_def *d = kiln_op_get(x->op);
+    if (d->is_view) {
+        r->t[i].data = r->t[x->in[0]].data;
+        return KILN_OK;
+    }
+    kiln_tensor *in[KILN_OP_MAX_IN];
+    for (int j = 0; j < x->n_in; j++) in[j] = &r->t[x->in[j]];
+    if (x->acc_into_grad) {
+        kiln_tensor *p = r->g->params[x->index];
+        kiln_status st = grad_buffer(p);
+        return st ? st : kiln_matmul_into(in[0], in[1], &x->attrs, p->grad, 1.0f);
+    }
+    if (d->n_aux) {
+        kiln_tensor *aux[KILN_OP_MAX_AUX];
+        for (int a = 0; a < d->n_aux; a++) aux[a] = &r->t[x->aux_of[a]];
+        return d->forward_aux(in, &x->attrs, &r->t[i], aux);
+    }
+    return d->forward(in, &x->attrs, &r->t[i]);
+}
+
+kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *report) {
+    const kiln_graph *g = r->g;
+    for (int i = 0; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead) continue;
+        kiln_status st = KILN_OK;
+        switch (x->kind) {
+        case KILN_V_INPUT: {
+            const kiln_tensor *in = inputs[x->index];
+            kiln_meta m = kiln_meta_of(in);
+            if (m.ndim != x->meta.ndim || m.dtype != x->meta.dtype || memcmp(m.shape, x->meta.shape, sizeof(int64_t) * (size_t)m.ndim)) {
+                char a[96], b[96];
+                return kiln_error(KILN_ERR_SHAPE, "compiled graph: input %d is %s, compiled for %s", x->index,
+                                  kiln_shape_str(in, a, sizeof a), kiln_shape_str(&r->t[i], b, sizeof b));
+            }
+            r->t[i].data = in->data;
+            break;
+        }
+        case KILN_V_PARAM: r->t[i].data = g->params[x->index]->data; break;
+        case KILN_V_OP: st = run_op(r, i); break;
+        case KILN_V_AUX: break; /* written by its producer */
+        case KILN_V_GRAD_ACC:
+            if (g->v[x->in[0]].acc_into_grad) break;
+            st = grad_buffer(g->params[x->index]);
+            if (!st) st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
+            break;
+        }
+        if (st) return kiln_error_context(st, "graph value %d (%s)", i, x->kind == KILN_V_OP ? kiln_op_name(x->op) : "sink");
+    }
+    for (int k = 0; k < g->n_outputs && report; k++) report[k] = kiln_f32(&r->t[g->outputs[k]])[0];
+    return KILN_OK;
+}

@@ -1,0 +1,201 @@
+/* Graph passes: dead-code and common-subexpression elimination, the
+ * attention and linear + cross-entropy rewrites, and GEMMs that accumulate
+ * straight into gradient buffers. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+void kiln_graph_replace_uses(kiln_graph *g, int from, int to) {
+    for (int i = from + 1; i < g->n; i++)
+        for (int j = 0; j < g->v[i].n_in; j++)
+            if (g->v[i].in[j] == from) g->v[i].in[j] = to;
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == from) g->outputs[i] = to;
+    if (g->diff == from) g->diff = to;
+}
+
+int kiln_graph_root(const kiln_graph *g, int v) {
+    while (g->v[v].alias >= 0) v = g->v[v].alias;
+    return v;
+}
+
+void kiln_graph_count_uses(kiln_graph *g) {
+    for (int i = 0; i < g->n; i++) g->v[i].n_uses = 0;
+    for (int i = 0; i < g->n; i++) {
+        if (g->v[i].dead || g->v[i].kind == KILN_V_AUX) continue;
+        for (int j = 0; j < g->v[i].n_in; j++) g->v[g->v[i].in[j]].n_uses++;
+    }
+    for (int i = 0; i < g->n_outputs; i++) g->v[g->outputs[i]].n_uses++;
+    if (g->diff >= 0) g->v[g->diff].n_uses++;
+}
+
+int kiln_graph_only_user(const kiln_graph *g, int v) {
+    int user = -1;
+    for (int i = v + 1; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind == KILN_V_AUX) continue;
+        for (int j = 0; j < x->n_in; j++)
+            if (x->in[j] == v) {
+                if (user >= 0 && user != i) return -1;
+                user = i;
+            }
+    }
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == v) return -1;
+    if (g->diff == v) return -1;
+    return user;
+}
+
+int kiln_pass_dce(kiln_graph *g) {
+    bool *live = calloc((size_t)g->n, sizeof *live);
+    if (!live) return 0;
+    for (int i = 0; i < g->n_outputs; i++) live[g->outputs[i]] = true;
+    if (g->diff >= 0) live[g->diff] = true;
+    for (int i = g->n - 1; i >= 0; i--) {
+        kiln_value *x = &g->v[i];
+        if (x->dead) continue;
+        if (x->kind == KILN_V_GRAD_ACC || x->kind == KILN_V_PARAM || x->kind == KILN_V_INPUT) live[i] = true;
+        if (!live[i]) continue;
+        for (int j = 0; j < x->n_in; j++) live[x->in[j]] = true;
+    }
+    /* a live multi-output op writes all its outputs */
+    for (int i = 0; i < g->n; i++)
+        if (live[i] && g->v[i].kind == KILN_V_OP)
+            for (int a = 0; a < kiln_op_get(g->v[i].op)->n_aux; a++) live[g->v[i].aux_of[a]] = true;
+    for (int i = 0; i < g->n; i++)
+        if (live[i] && g->v[i].kind == KILN_V_AUX) live[g->v[i].in[0]] = true;
+    int removed = 0;
+    for (int i = 0; i < g->n; i++)
+        if (!live[i] && !g->v[i].dead) {
+            g->v[i].dead = true;
+            removed++;
+        }
+    free(live);
+    return removed;
+}
+
+static bool same_node(const kiln_value *a, const kiln_value *b) {
+    return a->kind == KILN_V_OP && b->kind == KILN_V_OP && a->op == b->op && a->n_in == b->n_in &&
+           !memcmp(a->in, b->in, sizeof(int) * (size_t)a->n_in) && !memcmp(&a->attrs, &b->attrs, sizeof a->attrs) &&
+           a->meta.ndim == b->meta.ndim && !memcmp(a->meta.shape, b->meta.shape, sizeof a->meta.shape);
+}
+
+int kiln_pass_cse(kiln_graph *g) {
+    int merged = 0;
+    /* bucket by a hash of (op, inputs, attrs) */
+    int cap = 1;
+    while (cap < g->n * 2) cap *= 2;
+    int *table = malloc(sizeof(int) * (size_t)cap);
+    if (!table) return 0;
+    for (int i = 0; i < cap; i++) table[i] = -1;
+    for (int i = 0; i < g->n; i++) {
+        kiln_value *x = &g->v[i];
+        if (x->dead || x->kind != KILN_V_OP || kiln_op_get(x->op)->n_aux) continue;
+        uint64_t h = (uint64_t)x->op * 0x9e3779b97f4a7c15ull;
+        for (int j = 0; j < x->n_in; j++) h = (h ^ (uint64_t)x->in[j]) * 0x100000001b3ull;
+        for (int j = 0; j < 6; j++) h = (h ^ (uint64_t)x->attrs.i[j]) * 0x100000001b3ull;
+        size_t s = (size_t)(h & (uint64_t)(cap - 1));
+        int found = -1;
+        while (table[s] >= 0) {
+            if (same_node(&g->v[table[s]], x)) {
+                found = table[s];
+                break;
+            }
+            s = (s + 1) & (size_t)(cap - 1);
+        }
+        if (found >= 0) {
+            kiln_graph_replace_uses(g, i, found);
+            x->dead = true;
+            merged++;
+        } else {
+            table[s] = i;
+        }
+    }
+    free(table);
+    return merged;
+}
+
+/* Turns value `v` into a multi-output op, appending its extra outputs. */
+static bool become(kiln_graph *g, int v, int op, int n_in, const int *in, kiln_attrs attrs) {
+    const kiln_op_def *d = kiln_op_get(op);
+    kiln_meta im[KILN_OP_MAX_IN], am[KILN_OP_MAX_AUX];
+    for (int i = 0; i < n_in; i++) im[i] = g->v[in[i]].meta;
+    if (d->aux_shape && d->aux_shape(im, &attrs, am)) return false;
+    for (int a = 0; a < d->n_aux; a++) {
+        kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {v}, .aux = a, .meta = am[a]};
+        int id = kiln_graph_add(g, av);
+        if (id < 0) return false;
+        g->v[v].aux_of[a] = id;
+    }
+    kiln_value *x = &g->v[v];
+    x->op = op;
+    x->n_in = n_in;
+    memcpy(x->in, in, sizeof(int) * (size_t)n_in);
+    x->attrs = attrs;
+    return true;
+}
+
+static bool is_op(const kiln_graph *g, int v, int op) { return g->v[v].kind == KILN_V_OP && !g->v[v].dead && g->v[v].op == op; }
+
+/* softmax(scale(q·k_repᵀ) + mask(pad))·v_rep  ->  flash_attn(q, k, v, pad) */
+int kiln_pass_rewrite_attention(kiln_graph *g) {
+    int done = 0;
+    for (int o = 0; o < g->n; o++) {
+        if (!is_op(g, o, KILN_OP_MATMUL) || g->v[o].attrs.i[0] != KILN_MM_BATCHED || g->v[o].attrs.i[1] || g->v[o].attrs.i[2])
+            continue;
+        int p = g->v[o].in[0], vr = g->v[o].in[1];
+        if (!is_op(g, p, KILN_OP_SOFTMAX) || kiln_graph_only_user(g, p) != o) continue;
+        int s2 = g->v[p].in[0];
+        if (!is_op(g, s2, KILN_OP_ADD) || kiln_graph_only_user(g, s2) != p) continue;
+        int s1 = g->v[s2].in[0], mask = g->v[s2].in[1];
+        if (!is_op(g, mask, KILN_OP_ATTN_MASK) || !is_op(g, s1, KILN_OP_SCALE) || kiln_graph_only_user(g, s1) != s2) continue;
+        int sc = g->v[s1].in[0];
+        if (!is_op(g, sc, KILN_OP_MATMUL) || kiln_graph_only_user(g, sc) != s1 || g->v[sc].attrs.i[0] != KILN_MM_BATCHED ||
+            g->v[sc].attrs.i[1] || !g->v[sc].attrs.i[2])
+            continue;
+        int q = g->v[sc].in[0], kr = g->v[sc].in[1], k = kr, v = vr;
+        int64_t rk = 1, rv = 1;
+        if (is_op(g, kr, KILN_OP_REPEAT_KV)) k = g->v[kr].in[0], rk = g->v[kr].attrs.i[0];
+        if (is_op(g, vr, KILN_OP_REPEAT_KV)) v = g->v[vr].in[0], rv = g->v[vr].attrs.i[0];
+        const kiln_meta *qm = &g->v[q].meta, *km = &g->v[k].meta;
+        if (rk != rv || qm->ndim != 4 || km->ndim != 4 || g->v[mask].attrs.i[0] != qm->shape[2]) continue;
+        int in[4] = {q, k, v, g->v[mask].in[0]};
+        kiln_attrs a = {.f = {g->v[s1].attrs.f[0]}};
+        if (become(g, o, KILN_OP_FLASH_ATTN, 4, in, a)) done++;
+    }
+    if (done) kiln_pass_dce(g);
+    return done;
+}
+
+/* cross_entropy(h·Wᵀ, targets)  ->  linear_cross_entropy(h, W, targets) */
+int kiln_pass_rewrite_linear_ce(kiln_graph *g) {
+    int done = 0;
+    for (int c = 0; c < g->n; c++) {
+        if (!is_op(g, c, KILN_OP_CROSS_ENTROPY)) continue;
+        int logits = g->v[c].in[0];
+        if (!is_op(g, logits, KILN_OP_MATMUL) || kiln_graph_only_user(g, logits) != c ||
+            g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2])
+            continue;
+        int h = g->v[logits].in[0], W = g->v[logits].in[1];
+        int in[3] = {h, W, g->v[c].in[1]};
+        kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad}};
+        if (become(g, c, KILN_OP_LINEAR_CE, 3, in, a)) done++;
+    }
+    if (done) kiln_pass_dce(g);
+    return done;
+}
+
+/* dW = aᵀ·b feeding only a gradient sink: the GEMM adds into the parameter's
+ * .grad itself (beta = 1), so the product needs no buffer and no extra pass. */
+int kiln_pass_acc_into_grad(kiln_graph *g) {
+    int done = 0;
+    for (int s = 0; s < g->n; s++) {
+        if (g->v[s].dead || g->v[s].kind != KILN_V_GRAD_ACC) continue;
+        int x = g->v[s].in[0];
+        if (!is_op(g, x, KILN_OP_MATMUL) || g->v[x].attrs.i[0] != KILN_MM_GRAD || kiln_graph_only_user(g, x) != s) continue;
+        g->v[x].acc_into_grad = true;
+        g->v[x].index = g->v[s].index;
+        done++;
+    }
+    return done;
+}

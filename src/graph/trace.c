@@ -1,0 +1,290 @@
+/* Tracing (a dispatcher that records nodes instead of computing), autograd
+ * on the graph with the registry's backward rules, and kiln_graph_build. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+void kiln_graph_options_default(kiln_graph_options *o) {
+    *o = (kiln_graph_options){.backward = true, .rewrite_attention = true, .rewrite_linear_ce = true, .reuse_memory = true};
+}
+
+int kiln_graph_add(kiln_graph *g, kiln_value v) {
+    if (g->n == g->cap) {
+        int cap = g->cap ? g->cap * 2 : 256;
+        kiln_value *nv = realloc(g->v, sizeof *nv * (size_t)cap);
+        if (!nv) {
+            kiln_error(KILN_ERR_OOM, "out of memory growing the graph");
+            return -1;
+        }
+        g->v = nv;
+        g->cap = cap;
+    }
+    v.offset = -1;
+    v.alias = -1;
+    v.group = KILN_GROUP_NONE;
+    g->v[g->n] = v;
+    return g->n++;
+}
+
+void kiln_graph_free(kiln_graph *g) {
+    if (!g) return;
+    free(g->v);
+    free(g);
+}
+
+/* ---- the tracer ---------------------------------------------------------- */
+typedef struct {
+    kiln_graph *g;
+    kiln_tensor **sym; /* value id -> tensor standing for it (retained) */
+    int sym_cap;
+    /* pointer -> value id, open addressing */
+    const kiln_tensor **keys;
+    int *vals;
+    int hcap, hcount;
+} tracer;
+
+static size_t hash_ptr(const void *p, int cap) {
+    uintptr_t x = (uintptr_t)p;
+    x ^= x >> 17;
+    x *= 0xed5ad4bbu;
+    x ^= x >> 11;
+    return (size_t)x & (size_t)(cap - 1);
+}
+
+static kiln_status map_put(tracer *t, const kiln_tensor *k, int v) {
+    if ((t->hcount + 1) * 2 > t->hcap) {
+        int cap = t->hcap ? t->hcap * 2 : 1024;
+        const kiln_tensor **nk = calloc((size_t)cap, sizeof *nk);
+        int *nv = calloc((size_t)cap, sizeof *nv);
+        if (!nk || !nv) {
+            free(nk);
+            free(nv);
+            return kiln_error(KILN_ERR_OOM, "out of memory tracing");
+        }
+        for (int i = 0; i < t->hcap; i++)
+            if (t->keys[i]) {
+                size_t h = hash_ptr(t->keys[i], cap);
+                while (nk[h]) h = (h + 1) & (size_t)(cap - 1);
+                nk[h] = t->keys[i];
+                nv[h] = t->vals[i];
+            }
+        free(t->keys);
+        free(t->vals);
+        t->keys = nk;
+        t->vals = nv;
+        t->hcap = cap;
+    }
+    size_t h = hash_ptr(k, t->hcap);
+    while (t->keys[h] && t->keys[h] != k) h = (h + 1) & (size_t)(t->hcap - 1);
+    if (!t->keys[h]) t->hcount++;
+    t->keys[h] = k;
+    t->vals[h] = v;
+    return KILN_OK;
+}
+
+static int map_get(const tracer *t, const kiln_tensor *k) {
+    if (!t->hcap) return -1;
+    size_t h = hash_ptr(k, t->hcap);
+    while (t->keys[h]) {
+        if (t->keys[h] == k) return t->vals[h];
+        h = (h + 1) & (size_t)(t->hcap - 1);
+    }
+    return -1;
+}
+
+/* Records tensor `x` as standing for value `id` (the tracer keeps a ref). */
+static kiln_status bind(tracer *t, int id, kiln_tensor *x) {
+    if (id >= t->sym_cap) {
+        int cap = t->sym_cap ? t->sym_cap * 2 : 512;
+        while (cap <= id) cap *= 2;
+        kiln_tensor **ns = realloc(t->sym, sizeof *ns * (size_t)cap);
+        if (!ns) return kiln_error(KILN_ERR_OOM, "out of memory tracing");
+        memset(ns + t->sym_cap, 0, sizeof *ns * (size_t)(cap - t->sym_cap));
+        t->sym = ns;
+        t->sym_cap = cap;
+    }
+    t->sym[id] = kiln_tensor_retain(x);
+    return map_put(t, x, id);
+}
+
+static kiln_tensor *symbolic(const kiln_meta *m) { return kiln_tensor_wrap(NULL, m->dtype, m->ndim, m->shape); }
+
+static kiln_tensor *trace_dispatch(void *ctx, int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs,
+                                   const kiln_meta *out, kiln_tensor **aux) {
+    tracer *t = ctx;
+    const kiln_op_def *d = kiln_op_get(op);
+    kiln_value v = {.kind = KILN_V_OP, .op = op, .n_in = n_in, .attrs = *attrs, .meta = *out};
+    for (int i = 0; i < n_in; i++) {
+        int id = map_get(t, in[i]);
+        if (id < 0) {
+            kiln_error(KILN_ERR_INVALID,
+                       "tracing op %s: input %d is a tensor made outside the traced function; pass it as an input", d->name, i);
+            return NULL;
+        }
+        v.in[i] = id;
+        if (!(d->nondiff_in & (1u << i))) v.requires_grad |= t->g->v[id].requires_grad;
+    }
+    int id = kiln_graph_add(t->g, v);
+    kiln_tensor *s = id < 0 ? NULL : symbolic(out);
+    if (!s || bind(t, id, s)) {
+        kiln_tensor_release(s);
+        return NULL;
+    }
+    if (d->n_aux) {
+        kiln_meta im[KILN_OP_MAX_IN], am[KILN_OP_MAX_AUX];
+        for (int i = 0; i < n_in; i++) im[i] = kiln_meta_of(in[i]);
+        if (d->aux_shape(im, attrs, am)) {
+            kiln_tensor_release(s);
+            return NULL;
+        }
+        for (int a = 0; a < d->n_aux; a++) {
+            kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {id}, .aux = a, .meta = am[a]};
+            int aid = kiln_graph_add(t->g, av);
+            if (aid >= 0) t->g->v[id].aux_of[a] = aid;
+            aux[a] = aid < 0 ? NULL : symbolic(&am[a]);
+            if (!aux[a] || bind(t, aid, aux[a])) {
+                kiln_tensor_release(s);
+                return NULL;
+            }
+        }
+    }
+    return s;
+}
+
+static void tracer_free(tracer *t) {
+    for (int i = 0; i < t->sym_cap; i++) kiln_tensor_release(t->sym[i]);
+    free(t->sym);
+    free(t->keys);
+    free(t->vals);
+}
+
+/* ---- autograd on the graph ------------------------------------------------- */
+static kiln_status add_grad(tracer *t, int *gout, int target, kiln_tensor *gin) {
+    kiln_graph *g = t->g;
+    int gid = map_get(t, gin);
+    if (gid < 0) return kiln_error(KILN_ERR_INVALID, "autograd: a backward rule returned a tensor outside the graph");
+    if (g->v[target].kind == KILN_V_PARAM) {
+        kiln_value s = {.kind = KILN_V_GRAD_ACC, .n_in = 1, .in = {gid}, .index = g->v[target].index, .meta = g->v[gid].meta};
+        return kiln_graph_add(g, s) < 0 ? kiln_last_status() : KILN_OK;
+    }
+    if (gout[target] < 0) {
+        gout[target] = gid;
+        return KILN_OK;
+    }
+    kiln_tensor *sum = kiln_add(t->sym[gout[target]], gin);
+    if (!sum) return kiln_last_status();
+    gout[target] = map_get(t, sum);
+    kiln_tensor_release(sum);
+    return KILN_OK;
+}
+
+static kiln_status autograd(tracer *t, int diff) {
+    kiln_graph *g = t->g;
+    int n_fwd = g->n;
+    int *gout = malloc(sizeof(int) * (size_t)n_fwd);
+    if (!gout) return kiln_error(KILN_ERR_OOM, "out of memory");
+    for (int i = 0; i < n_fwd; i++) gout[i] = -1;
+    kiln_tensor *seed = kiln_fill(g->v[diff].meta.ndim, g->v[diff].meta.shape, 1.0);
+    kiln_status st = seed ? KILN_OK : kiln_last_status();
+    if (!st) gout[diff] = map_get(t, seed);
+    kiln_tensor_release(seed);
+    for (int v = n_fwd - 1; v >= 0 && !st; v--) {
+        /* a copy: backward rules append values, which may move g->v */
+        const kiln_value xv = g->v[v], *x = &xv;
+        if (gout[v] < 0 || x->kind != KILN_V_OP || x->dead) continue;
+        const kiln_op_def *d = kiln_op_get(x->op);
+        if (!d->backward) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED, "autograd: op %s has no backward rule", d->name);
+            break;
+        }
+        kiln_bw_ctx c = {.op = x->op, .attrs = x->attrs, .n_in = x->n_in, .out = t->sym[v]};
+        for (int i = 0; i < x->n_in; i++) {
+            const kiln_value *in = &g->v[x->in[i]];
+            c.in[i] = t->sym[x->in[i]];
+            c.in_meta[i] = in->meta;
+            c.needs[i] = !(d->nondiff_in & (1u << i)) && in->requires_grad;
+        }
+        for (int a = 0; a < d->n_aux; a++) {
+            int av = x->aux_of[a];
+            c.aux[a] = t->sym[av];
+        }
+        kiln_tensor *gin[KILN_OP_MAX_IN] = {0};
+        st = d->backward(&c, t->sym[gout[v]], gin);
+        if (st) kiln_error_context(st, "autograd of op %s", d->name);
+        for (int i = 0; i < x->n_in && !st; i++)
+            if (c.needs[i] && gin[i]) st = add_grad(t, gout, x->in[i], gin[i]);
+        for (int i = 0; i < KILN_OP_MAX_IN; i++) kiln_tensor_release(gin[i]);
+    }
+    free(gout);
+    return st;
+}
+
+/* ---- build ------------------------------------------------------------------- */
+kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params,
+                             kiln_tensor *const *example, int n_inputs, const kiln_graph_options *o, kiln_graph **out) {
+    *out = NULL;
+    kiln_graph *g = calloc(1, sizeof *g);
+    tracer t = {.g = g};
+    kiln_status st = g ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
+    kiln_tensor *in_sym[KILN_OP_MAX_IN * 2] = {0};
+    if (!st && n_inputs > (int)(sizeof in_sym / sizeof in_sym[0])) st = kiln_error(KILN_ERR_INVALID, "too many graph inputs");
+    if (st) goto done;
+    g->params = params;
+    g->diff = -1;
+    g->n_params = n_params;
+    g->n_inputs = n_inputs;
+    for (int i = 0; i < n_params && !st; i++) {
+        kiln_value v = {.kind = KILN_V_PARAM, .index = i, .meta = kiln_meta_of(params[i]), .requires_grad = params[i]->requires_grad};
+        int id = kiln_graph_add(g, v);
+        st = id < 0 ? kiln_last_status() : bind(&t, id, params[i]);
+    }
+    for (int i = 0; i < n_inputs && !st; i++) {
+        kiln_value v = {.kind = KILN_V_INPUT, .index = i, .meta = kiln_meta_of(example[i])};
+        int id = kiln_graph_add(g, v);
+        in_sym[i] = symbolic(&v.meta);
+        st = id < 0 || !in_sym[i] ? kiln_last_status() : bind(&t, id, in_sym[i]);
+    }
+    if (st) goto done;
+    kiln_dispatcher prev = kiln_op_set_dispatcher((kiln_dispatcher){trace_dispatch, &t});
+    kiln_tensor *report[4] = {0}, *diff = NULL;
+    int n_report = 0;
+    st = fn(user, in_sym, report, &n_report, o->backward ? &diff : NULL);
+    for (int i = 0; i < n_report && !st; i++) {
+        int id = report[i] ? map_get(&t, report[i]) : -1;
+        if (id < 0) st = kiln_error(KILN_ERR_INVALID, "traced function returned output %d that is not a graph value", i);
+        g->outputs[g->n_outputs++] = id;
+    }
+    int diff_id = diff ? map_get(&t, diff) : -1;
+    g->diff = diff_id;
+    if (!st && o->backward && diff_id < 0) st = kiln_error(KILN_ERR_INVALID, "traced function returned no value to differentiate");
+    if (!st && o->rewrite_attention) kiln_pass_rewrite_attention(g);
+    if (!st && o->rewrite_linear_ce) kiln_pass_rewrite_linear_ce(g);
+    for (int id = 0; id < g->n && !st; id++) /* values the rewrites added */
+        if (id >= t.sym_cap || !t.sym[id]) {
+            kiln_tensor *s = symbolic(&g->v[id].meta);
+            st = s ? bind(&t, id, s) : kiln_last_status();
+            kiln_tensor_release(s);
+        }
+    if (!st && o->backward) {
+        kiln_pass_dce(g); /* drop what the rewrites replaced before differentiating */
+        st = autograd(&t, diff_id);
+    }
+    kiln_op_set_dispatcher(prev);
+    for (int i = 0; i < n_report; i++) kiln_tensor_release(report[i]);
+    kiln_tensor_release(diff);
+    if (st) goto done;
+    kiln_pass_dce(g);
+    kiln_pass_cse(g);
+    kiln_pass_dce(g);
+    kiln_pass_acc_into_grad(g);
+    st = kiln_pass_plan(g, o->reuse_memory);
+done:
+    for (int i = 0; i < n_inputs && i < (int)(sizeof in_sym / sizeof in_sym[0]); i++) kiln_tensor_release(in_sym[i]);
+    tracer_free(&t);
+    if (st) {
+        kiln_graph_free(g);
+        return st;
+    }
+    *out = g;
+    return KILN_OK;
+}

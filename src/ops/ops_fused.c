@@ -1,0 +1,145 @@
+/* Fused ops the compiler's rewrites produce: flash attention (never builds
+ * the T×T score matrix) and linear + cross-entropy (never builds the N×V
+ * logits: the gradients of the loss sum are made chunk by chunk in the
+ * forward pass and scaled by the incoming gradient in backward). */
+#include "internal.h"
+
+/* ---- flash attention ------------------------------------------------------- */
+static kiln_status fa_check(const char *name, const kiln_meta *in) {
+    const kiln_meta *q = &in[0], *k = &in[1], *v = &in[2], *p = &in[3];
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || p->ndim != 2 || q->dtype != KILN_F32 || k->dtype != KILN_F32 ||
+        v->dtype != KILN_F32 || p->dtype != KILN_I32)
+        return kiln_op_shape_error(name, in, 4, "need q [B,H,T,D], k and v [B,Hkv,Tk,D] f32, pad [B,Tk] i32");
+    if (k->shape[0] != q->shape[0] || memcmp(k->shape, v->shape, sizeof k->shape) || k->shape[3] != q->shape[3] ||
+        q->shape[1] % k->shape[1] || p->shape[0] != q->shape[0] || p->shape[1] != k->shape[2] || q->shape[2] > k->shape[2])
+        return kiln_op_shape_error(name, in, 4, "shapes do not fit (H a multiple of Hkv, T <= Tk)");
+    return KILN_OK;
+}
+static kiln_status fa_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    *out = in[0];
+    return fa_check("flash_attn", in);
+}
+static kiln_status fa_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux) {
+    (void)a;
+    aux[0] = kiln_meta_make(KILN_F32, 3, in[0].shape);
+    return KILN_OK;
+}
+static kiln_status fa_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
+    const int64_t *q = in[0]->shape, *k = in[1]->shape;
+    kiln_k_flash_attn(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), kiln_f32(out), kiln_f32(aux[0]),
+                      q[0], q[1], k[1], q[2], k[2], q[3], (float)a->f[0]);
+    return KILN_OK;
+}
+static kiln_status fa_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    kiln_tensor *in[7] = {c->in[0], c->in[1], c->in[2], c->in[3], c->out, c->aux[0], g};
+    kiln_tensor *aux[2] = {0};
+    kiln_tensor *dq = kiln_op_call_aux(KILN_OP_FLASH_ATTN_BWD, in, 7, &c->attrs, aux);
+    if (!dq) return kiln_last_status();
+    if (c->needs[0]) gin[0] = kiln_tensor_retain(dq);
+    if (c->needs[1]) gin[1] = kiln_tensor_retain(aux[0]);
+    if (c->needs[2]) gin[2] = kiln_tensor_retain(aux[1]);
+    kiln_tensor_release(dq);
+    kiln_tensor_release(aux[0]);
+    kiln_tensor_release(aux[1]);
+    return KILN_OK;
+}
+static double fa_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)a, (void)out;
+    /* two products of B·H·T·Tk·D, half of them masked by causality */
+    return 2.0 * (double)in[0].shape[0] * (double)in[0].shape[1] * (double)in[0].shape[2] * (double)in[1].shape[2] *
+           (double)in[0].shape[3];
+}
+const kiln_op_def kiln_opdef_flash_attn = {
+    .name = "flash_attn", .n_in = 4, .save_in = 15, .save_out = true, .nondiff_in = 8, .shape = fa_shape,
+    .backward = fa_bw, .flops = fa_flops, .n_aux = 1, .save_aux = true, .aux_shape = fa_aux_shape, .forward_aux = fa_fwd,
+};
+
+static kiln_status fab_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    *out = in[0];
+    return fa_check("flash_attn_backward", in);
+}
+static kiln_status fab_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux) {
+    (void)a;
+    aux[0] = in[1];
+    aux[1] = in[2];
+    return KILN_OK;
+}
+static kiln_status fab_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
+    const int64_t *q = in[0]->shape, *k = in[1]->shape;
+    kiln_k_flash_attn_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), kiln_f32(in[4]),
+                               kiln_f32(in[5]), kiln_f32(in[6]), kiln_f32(out), kiln_f32(aux[0]), kiln_f32(aux[1]), q[0], q[1],
+                               k[1], q[2], k[2], q[3], (float)a->f[0]);
+    return KILN_OK;
+}
+static double fab_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    return 2.5 * fa_flops(in, a, out); /* recompute scores + four products */
+}
+const kiln_op_def kiln_opdef_flash_attn_bwd = {
+    .name = "flash_attn_backward", .n_in = 7, .nondiff_in = 0x7f, .shape = fab_shape, .flops = fab_flops,
+    .n_aux = 2, .aux_shape = fab_aux_shape, .forward_aux = fab_fwd,
+};
+
+/* ---- linear + cross-entropy ------------------------------------------------- */
+static kiln_status lce_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    const kiln_meta *h = &in[0], *W = &in[1], *t = &in[2];
+    if (h->dtype != KILN_F32 || W->dtype != KILN_F32 || t->dtype != KILN_I32 || W->ndim != 2 || h->ndim < 1 ||
+        h->shape[h->ndim - 1] != W->shape[1] || kiln_meta_rows(h) != kiln_meta_numel(t))
+        return kiln_op_shape_error("linear_cross_entropy", in, 3, "need h [..., C], W [V, C] f32 and one i32 target per row");
+    int64_t one = 1;
+    *out = kiln_meta_make(KILN_F32, 1, &one);
+    return KILN_OK;
+}
+static kiln_status lce_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux) {
+    int64_t one = 1;
+    aux[0] = a->i[1] ? in[0] : kiln_meta_make(KILN_F32, 1, &one);
+    aux[1] = a->i[2] ? in[1] : kiln_meta_make(KILN_F32, 1, &one);
+    return KILN_OK;
+}
+static kiln_status lce_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
+    const kiln_tensor *h = in[0], *W = in[1], *t = in[2];
+    int64_t V = W->shape[0], C = W->shape[1], N = kiln_tensor_numel(t), count = 0;
+    const int32_t *tg = kiln_i32(t);
+    for (int64_t i = 0; i < N; i++)
+        if (tg[i] != (int32_t)a->i[0] && (tg[i] < 0 || tg[i] >= V))
+            return kiln_error(KILN_ERR_RANGE, "op linear_cross_entropy: target %d at position %lld is outside [0, %lld)", tg[i],
+                              (long long)i, (long long)V);
+    double s = kiln_k_linear_cross_entropy(kiln_f32(h), kiln_f32(W), tg, N, C, V, (int32_t)a->i[0], 0, &count,
+                                           a->i[1] ? kiln_f32(aux[0]) : NULL, a->i[2] ? kiln_f32(aux[1]) : NULL);
+    kiln_f32(out)[0] = (float)s;
+    return KILN_OK;
+}
+static kiln_status lce_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    if (c->needs[0]) {
+        if (!c->attrs.i[1]) return kiln_error(KILN_ERR_INVALID, "op linear_cross_entropy: dh was not computed");
+        if (!(gin[0] = kiln_scale_by(c->aux[0], g))) return kiln_last_status();
+    }
+    if (c->needs[1]) {
+        if (!c->attrs.i[2]) return kiln_error(KILN_ERR_INVALID, "op linear_cross_entropy: dW was not computed");
+        if (!(gin[1] = kiln_scale_by(c->aux[1], g))) return kiln_last_status();
+    }
+    return KILN_OK;
+}
+static double lce_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
+    (void)out;
+    double nvc = 2.0 * (double)kiln_meta_rows(&in[0]) * (double)in[1].shape[0] * (double)in[1].shape[1];
+    return nvc * (1 + (a->i[1] != 0) + (a->i[2] != 0));
+}
+const kiln_op_def kiln_opdef_linear_ce = {
+    .name = "linear_cross_entropy", .n_in = 3, .nondiff_in = 4, .shape = lce_shape, .backward = lce_bw,
+    .flops = lce_flops, .n_aux = 2, .save_aux = true, .aux_shape = lce_aux_shape, .forward_aux = lce_fwd,
+};
+
+kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, double scale) {
+    kiln_attrs a = {.f = {scale}};
+    kiln_tensor *in[4] = {q, k, v, pad_mask};
+    return kiln_op_call(KILN_OP_FLASH_ATTN, in, 4, &a);
+}
+kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index) {
+    kiln_attrs a = {.i = {ignore_index, h && h->requires_grad, W && (W->requires_grad || W->node)}};
+    if (h) a.i[1] = h->requires_grad || h->node;
+    kiln_tensor *in[3] = {h, W, targets};
+    return kiln_op_call(KILN_OP_LINEAR_CE, in, 3, &a);
+}

@@ -1,0 +1,156 @@
+/* The graph compiler's core against eager: a traced joint forward+backward
+ * graph, with and without the rewrites (flash attention, fused linear +
+ * cross-entropy), run by the interpreter with the memory plan on and off. */
+#include <stdlib.h>
+#include "kiln/eager.h"
+#include "kiln/graph.h"
+#include "kiln/model.h"
+#include "kiln/safetensors.h"
+#include "test.h"
+
+#define FIX "tests/fixtures/"
+
+/* inputs: ids, targets, pad mask, scale[1]; reports the loss sum and
+ * differentiates scale * sum */
+static kiln_status step_fn(void *user, kiln_tensor *const *in, kiln_tensor **report, int *n_report, kiln_tensor **diff) {
+    kiln_llama *m = user;
+    kiln_tensor *sum = kiln_llama_loss(m, in[0], in[1], in[2]);
+    if (!sum) return kiln_last_status();
+    report[0] = sum;
+    *n_report = 1;
+    if (diff && !(*diff = kiln_scale_by(sum, in[3]))) return kiln_last_status();
+    return KILN_OK;
+}
+
+typedef struct {
+    kiln_llama *m;
+    kiln_tensor *ids, *labels, *mask, *scale;
+    kiln_st_file *f;
+} setup;
+
+static bool load(setup *s, const char *name, bool freeze_embed) {
+    char path[256];
+    kiln_llama_config cfg;
+    snprintf(path, sizeof path, FIX "%s.config.json", name);
+    if (kiln_llama_config_load(path, &cfg)) return false;
+    snprintf(path, sizeof path, FIX "%s.safetensors", name);
+    if (kiln_st_open(path, &s->f)) return false;
+    s->m = kiln_llama_new(&cfg, 1);
+    for (int i = 0; i < s->m->n_params; i++) {
+        const kiln_st_tensor *t = kiln_st_find(s->f, s->m->params[i]->name);
+        memcpy(s->m->params[i]->data, t->data, t->nbytes);
+    }
+    if (freeze_embed) kiln_llama_set_trainable(s->m, "model.embed_tokens.*", false);
+    const kiln_st_tensor *ids = kiln_st_find(s->f, "input_ids"), *lab = kiln_st_find(s->f, "labels"),
+                         *mask = kiln_st_find(s->f, "attention_mask");
+    s->ids = kiln_tensor_wrap((void *)ids->data, KILN_I32, 2, ids->shape);
+    s->labels = kiln_tensor_wrap((void *)lab->data, KILN_I32, 2, lab->shape);
+    s->mask = kiln_tensor_wrap((void *)mask->data, KILN_I32, 2, mask->shape);
+    int64_t one = 1;
+    s->scale = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_f32(s->scale)[0] = 1.0f / 77.0f;
+    return true;
+}
+
+static void unload(setup *s) {
+    kiln_tensor_release(s->ids);
+    kiln_tensor_release(s->labels);
+    kiln_tensor_release(s->mask);
+    kiln_tensor_release(s->scale);
+    kiln_llama_free(s->m);
+    kiln_st_close(s->f);
+}
+
+/* grads of every parameter, concatenated (missing grads as zeros) */
+static float *grab_grads(kiln_llama *m, int64_t *n) {
+    int64_t total = kiln_llama_num_params(m), o = 0;
+    float *g = calloc((size_t)total, sizeof *g);
+    for (int i = 0; i < m->n_params; i++) {
+        int64_t k = kiln_tensor_numel(m->params[i]);
+        if (m->params[i]->grad) memcpy(g + o, m->params[i]->grad->data, (size_t)k * sizeof(float));
+        o += k;
+    }
+    *n = total;
+    return g;
+}
+
+static double max_rel(const float *a, const float *b, int64_t n) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)b[i]));
+    }
+    return s > 0 ? d / s : d;
+}
+
+static void compare(const char *name, bool rewrites, bool freeze) {
+    setup s = {0};
+    CHECK(load(&s, name, freeze), "load %s: %s", name, kiln_last_error());
+    if (!s.m) return;
+    kiln_tensor *in[4] = {s.ids, s.labels, s.mask, s.scale};
+    /* eager reference */
+    kiln_eager_enable();
+    kiln_llama_zero_grad(s.m);
+    kiln_tensor *sum = kiln_llama_loss(s.m, s.ids, s.labels, s.mask);
+    kiln_tensor *scaled = kiln_scale_by(sum, s.scale);
+    CHECK_OK(kiln_backward(scaled));
+    float eager_loss = kiln_f32(sum)[0];
+    kiln_tensor_release(sum);
+    kiln_tensor_release(scaled);
+    int64_t n;
+    float *ge = grab_grads(s.m, &n);
+    kiln_eager_disable();
+
+    float reports[2][2];
+    float *gg[2];
+    for (int reuse = 0; reuse < 2; reuse++) {
+        kiln_graph_options o;
+        kiln_graph_options_default(&o);
+        o.rewrite_attention = o.rewrite_linear_ce = rewrites;
+        o.reuse_memory = reuse;
+        kiln_graph *g = NULL;
+        CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, in, 4, &o, &g));
+        if (!g) return;
+        kiln_interp *r = NULL;
+        CHECK_OK(kiln_interp_new(g, &r));
+        kiln_llama_zero_grad(s.m);
+        CHECK_OK(kiln_interp_run(r, in, reports[reuse]));
+        gg[reuse] = grab_grads(s.m, &n);
+        if (reuse) {
+            printf("%s%s%s: %d nodes, arena %.2f MB vs %.2f MB unplanned\n", name, rewrites ? " +rewrites" : "",
+                   freeze ? " (frozen embedding)" : "", kiln_graph_live_nodes(g), g->arena_bytes / 1e6, g->unplanned_bytes / 1e6);
+            CHECK(g->arena_bytes < g->unplanned_bytes, "the plan reuses memory");
+        }
+        if (rewrites) {
+            int flash = 0, lce = 0;
+            for (int i = 0; i < g->n; i++)
+                if (!g->v[i].dead && g->v[i].kind == KILN_V_OP) {
+                    flash += g->v[i].op == KILN_OP_FLASH_ATTN;
+                    lce += g->v[i].op == KILN_OP_LINEAR_CE;
+                    CHECK(g->v[i].op != KILN_OP_SOFTMAX, "no softmax left after the attention rewrite");
+                }
+            CHECK(flash == (int)s.m->cfg.num_hidden_layers && lce == 1, "rewrites: %d flash, %d linear-CE", flash, lce);
+        }
+        kiln_interp_free(r);
+        kiln_graph_free(g);
+    }
+    double dl = t_rel(reports[1][0], eager_loss), dg = max_rel(gg[1], ge, n);
+    printf("  loss %.7f vs eager %.7f (rel %.2e), gradients max rel diff %.2e\n", reports[1][0], eager_loss, dl, dg);
+    CHECK(dl < 1e-5, "%s: compiled loss matches eager (%.3g)", name, dl);
+    CHECK(dg < (rewrites ? 1e-4 : 1e-6), "%s: compiled gradients match eager (%.3g)", name, dg);
+    CHECK(reports[0][0] == reports[1][0] && memcmp(gg[0], gg[1], (size_t)n * sizeof(float)) == 0,
+          "%s: memory reuse on and off give identical bits", name);
+    if (freeze) CHECK(s.m->embed_tokens->grad == NULL, "frozen parameter gets no gradient");
+    free(ge);
+    free(gg[0]);
+    free(gg[1]);
+    unload(&s);
+}
+
+int main(void) {
+    compare("tiny_gqa", false, false);
+    compare("tiny_gqa", true, false);
+    compare("tiny_tied", true, false);
+    compare("tiny_gqa", true, true);
+    TEST_END();
+}
