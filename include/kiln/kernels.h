@@ -96,6 +96,40 @@ void kiln_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float
                   float beta1, float beta2, float eps, float wd, float bc1, float bc2);
 
 
+/* ---- fused kernels for the compiler ------------------------------------ */
+/* Flash attention. q [B,H,T,D], k and v [B,Hkv,Tk,D] (grouped-query: head h
+ * reads kv head h/(H/Hkv)), pad_mask [B,Tk] i32 (1 = real key, 0 = padding;
+ * NULL = all real), causal with query i at absolute position Tk-T+i (key j
+ * visible iff j <= Tk-T+i and pad_mask[b,j]); scores scaled by `scale`.
+ * Writes out [B,H,T,D] and lse [B,H,T] (natural-log logsumexp of each scaled,
+ * masked score row; -INFINITY for a row with no visible key, whose output is
+ * 0). Never builds T×Tk. Bitwise deterministic for any thread count. */
+void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                       float *out, float *lse, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                       int64_t Tk, int64_t D, float scale);
+/* Gradients given dout [B,H,T,D]: dq [B,H,T,D] overwritten; dk, dv
+ * [B,Hkv,Tk,D] overwritten (summed over the heads that share a kv head).
+ * Recomputes probabilities from q, k and lse. Bitwise deterministic for any
+ * thread count. */
+void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
+                                const int32_t *pad_mask, const float *out, const float *lse,
+                                const float *dout, float *dq, float *dk, float *dv, int64_t B,
+                                int64_t H, int64_t Hkv, int64_t T, int64_t Tk, int64_t D,
+                                float scale);
+/* Fused final linear + cross-entropy. loss = sum over rows n with
+ * targets[n] != ignore of -log softmax(h[n]·Wᵀ)[targets[n]]; *count = number
+ * of such rows. h [N,C], W [V,C]. When dh (N×C, overwritten) and/or dW (V×C,
+ * overwritten) are non-NULL, also writes the gradients of that sum (seed 1):
+ * dlogits = softmax − onehot (0 for ignored rows), dh = dlogits·W,
+ * dW = dlogitsᵀ·h. Works in chunks of `chunk` counted rows (0 = choose) so
+ * only chunk×V logits exist at a time; ignored rows cost nothing (their dh
+ * rows are zero). Matrix products go through kiln_gemm_f32. Returns the loss
+ * sum; NaN if a GEMM or the scratch allocation failed (error set in core). */
+double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t *targets, int64_t N,
+                                   int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
+                                   int64_t *count, float *dh, float *dW);
+
+
 #ifdef __cplusplus
 }
 #endif

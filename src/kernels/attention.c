@@ -1,0 +1,482 @@
+/* Flash attention on CPU: causal, padding-masked, grouped-query attention
+ * that never forms the T×Tk score matrix.
+ *
+ * Tiles are BQ queries × BK keys. K (and, in the backward, V) is first
+ * transposed once into key blocks laid out [D][BK] (zero-padded past the last
+ * key), so that a score tile is a register-blocked product broadcasting one
+ * query element against 64 consecutive keys; that beats calling the GEMM
+ * library per 64×64 tile, whose per-call cost is of the order of the tile's
+ * own work. Products that end in D-wide rows (P·V, Pᵀ·dO, dS·K, dSᵀ·Q) use a
+ * second kernel vectorised over D.
+ *
+ * Determinism: every output element is written by one task whose loop order
+ * does not depend on the thread count, so results are bitwise identical for
+ * any number of threads. The backward has two schedules (one task per
+ * (batch, kv head), or separate dk/dv and dq passes when there are too few
+ * such tasks to fill the threads); both perform the same per-tile arithmetic
+ * and accumulate in the same order, so they agree bitwise too.
+ */
+#include <omp.h>
+#include <stdlib.h>
+
+#include "kiln/kernels.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define KILN_ATT_AVX512 1
+#endif
+
+#define BQ 64
+#define BK 64
+/* Row-block height of the micro-kernels: 6 rows × 4 vectors of accumulators
+ * plus 4 loaded vectors fit the 32 zmm registers. */
+#define MR 6
+
+/* ---- micro-kernels ------------------------------------------------------ */
+
+/* C[r*BK + c] = sum_d A[r*lda + d] * Bt[d*BK + c] for r < nr, c < BK. */
+#ifdef KILN_ATT_AVX512
+static inline __attribute__((always_inline)) void nt_rows(const float *A, int64_t lda,
+                                                          const float *Bt, int64_t D, float *C,
+                                                          const int R) {
+    __m512 acc[MR][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d++) {
+        const float *b = Bt + d * BK;
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        __m512 b2 = _mm512_load_ps(b + 32), b3 = _mm512_load_ps(b + 48);
+        /* stop gcc from re-loading b as a memory operand of every FMA: that
+         * makes the kernel load-bound */
+        __asm__("" : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 a = _mm512_set1_ps(A[r * lda + d]);
+            acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(a, b2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(a, b3, acc[r][3]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) _mm512_store_ps(C + r * BK + 16 * v, acc[r][v]);
+}
+
+static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
+    int64_t r = 0;
+    for (; r + MR <= nr; r += MR) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, MR);
+    if (r + 4 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 4), r += 4;
+    for (; r < nr; r++) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 1);
+}
+
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
+}
+
+/* C[r*ldc + c] += sum_k A[r*sar + k*sak] * B[k*ldb + c] for rows r < R,
+ * columns c in [0, 16*NV) of one 64-wide column chunk (masked by m). */
+static inline __attribute__((always_inline)) void acc_rows(const float *A, int64_t sar,
+                                                           int64_t sak, const float *B,
+                                                           int64_t ldb, float *C, int64_t ldc,
+                                                           int64_t nk, const __mmask16 *m,
+                                                           const int R, const int NV) {
+    __m512 acc[MR][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_maskz_loadu_ps(m[v], C + r * ldc + 16 * v);
+    for (int64_t k = 0; k < nk; k++) {
+        const float *b = B + k * ldb;
+        __m512 bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            bv[v] = _mm512_maskz_loadu_ps(m[v], b + 16 * v);
+            __asm__("" : "+v"(bv[v]));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 a = _mm512_set1_ps(A[r * sar + k * sak]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(a, bv[v], acc[r][v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_mask_storeu_ps(C + r * ldc + 16 * v, m[v], acc[r][v]);
+}
+
+#define ACC_CASE(NV)                                                                      \
+    case NV: {                                                                            \
+        int64_t r = 0;                                                                    \
+        for (; r + MR <= nr; r += MR)                                                     \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, m, MR, NV); \
+        if (r + 4 <= nr)                                                                  \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, m, 4, NV), r += 4; \
+        for (; r < nr; r++)                                                               \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, m, 1, NV); \
+        break;                                                                            \
+    }
+
+/* C[r*ldc + c] += sum_{k<nk} A[r*sar + k*sak] * B[k*ldb + c], r < nr, c < D. */
+static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int64_t nr, int64_t nk, int64_t D) {
+    for (int64_t c0 = 0; c0 < D; c0 += 64) {
+        int64_t left = D - c0;
+        __mmask16 m[4] = {tail_mask(left), tail_mask(left - 16), tail_mask(left - 32),
+                          tail_mask(left - 48)};
+        int nv = left >= 64 ? 4 : (int)((left + 15) / 16);
+        switch (nv) {
+            ACC_CASE(1)
+            ACC_CASE(2)
+            ACC_CASE(3)
+            ACC_CASE(4)
+        }
+    }
+}
+#else /* portable versions */
+static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
+    for (int64_t r = 0; r < nr; r++) {
+        float *c = C + r * BK;
+        for (int64_t j = 0; j < BK; j++) c[j] = 0.0f;
+        for (int64_t d = 0; d < D; d++) {
+            float a = A[r * lda + d];
+            const float *b = Bt + d * BK;
+#pragma omp simd
+            for (int64_t j = 0; j < BK; j++) c[j] += a * b[j];
+        }
+    }
+}
+
+static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int64_t nr, int64_t nk, int64_t D) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t k = 0; k < nk; k++) {
+            float a = A[r * sar + k * sak];
+            const float *b = B + k * ldb;
+            float *c = C + r * ldc;
+#pragma omp simd
+            for (int64_t j = 0; j < D; j++) c[j] += a * b[j];
+        }
+}
+#endif
+
+/* ---- shared helpers ------------------------------------------------------ */
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* src [B*Hkv][Tk][D] -> dst [B*Hkv][nkb][D][BK], zero past Tk. */
+static void transpose_blocks(const float *src, float *dst, int64_t BH, int64_t Tk, int64_t D) {
+    int64_t nkb = cdiv(Tk, BK);
+#pragma omp parallel for schedule(static) if (BH * Tk * D > (1 << 15))
+    for (int64_t t = 0; t < BH * nkb; t++) {
+        int64_t bh = t / nkb, kb = t % nkb, j0 = kb * BK;
+        int64_t nk = Tk - j0 < BK ? Tk - j0 : BK;
+        const float *s = src + (bh * Tk + j0) * D;
+        float *o = dst + t * D * BK;
+        for (int64_t d = 0; d < D; d++) {
+            float *od = o + d * BK;
+            for (int64_t c = 0; c < nk; c++) od[c] = s[c * D + d];
+            for (int64_t c = nk; c < BK; c++) od[c] = 0.0f;
+        }
+    }
+}
+
+/* True when key block [j0, j0+nk) of batch row `pad` holds no real key. */
+static bool block_all_pad(const int32_t *pad, int64_t j0, int64_t nk) {
+    if (!pad) return false;
+    for (int64_t c = 0; c < nk; c++)
+        if (pad[j0 + c]) return false;
+    return true;
+}
+
+static bool block_has_pad(const int32_t *pad, int64_t j0, int64_t nk) {
+    if (!pad) return false;
+    for (int64_t c = 0; c < nk; c++)
+        if (!pad[j0 + c]) return true;
+    return false;
+}
+
+/* Number of visible leading keys of the block for query at absolute position
+ * qpos (causal part only), clamped to [0, nk]. */
+static int64_t causal_limit(int64_t qpos, int64_t j0, int64_t nk) {
+    int64_t lim = qpos - j0 + 1;
+    return lim < 0 ? 0 : lim > nk ? nk : lim;
+}
+
+/* ---- forward ------------------------------------------------------------ */
+
+typedef struct {
+    const float *q, *kt, *v;
+    const int32_t *pad;
+    float *out, *lse;
+    int64_t H, Hkv, T, Tk, D, nkb;
+    float scale;
+} fwd_args;
+
+/* One (b, h, query block): online softmax over the visible key blocks,
+ * accumulating into the task's own rows of out. */
+static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *S, float *m,
+                     float *l, float *bias) {
+    const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
+    const int64_t g = h / (a->H / a->Hkv);
+    const int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
+    const float *q = a->q + ((b * a->H + h) * T + i0) * D;
+    float *o = a->out + ((b * a->H + h) * T + i0) * D;
+    const int32_t *pad = a->pad ? a->pad + b * Tk : NULL;
+    const float *ktb = a->kt + (b * a->Hkv + g) * a->nkb * D * BK;
+    const float *vb = a->v + (b * a->Hkv + g) * Tk * D;
+    memset(o, 0, (size_t)(nr * D) * sizeof(float));
+    for (int64_t r = 0; r < nr; r++) m[r] = -INFINITY, l[r] = 0.0f;
+    int64_t jend = off + i0 + nr; /* keys < jend may be visible to some row */
+    if (jend > Tk) jend = Tk;
+    for (int64_t kb = 0; kb * BK < jend; kb++) {
+        const int64_t j0 = kb * BK, nk = Tk - j0 < BK ? Tk - j0 : BK;
+        if (block_all_pad(pad, j0, nk)) continue;
+        const bool has_pad = block_has_pad(pad, j0, nk);
+        if (has_pad)
+            for (int64_t c = 0; c < nk; c++) bias[c] = pad[j0 + c] ? 0.0f : -INFINITY;
+        mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
+        for (int64_t r = 0; r < nr; r++) {
+            float *s = S + r * BK;
+            const int64_t lim = causal_limit(off + i0 + r, j0, nk);
+            const float sc = a->scale;
+            float mx = -INFINITY;
+            if (lim == nk && !has_pad) {
+#pragma omp simd reduction(max : mx)
+                for (int64_t c = 0; c < nk; c++) {
+                    float x = s[c] * sc;
+                    s[c] = x;
+                    mx = x > mx ? x : mx;
+                }
+            } else {
+#pragma omp simd reduction(max : mx)
+                for (int64_t c = 0; c < nk; c++) {
+                    float x = s[c] * sc + (has_pad ? bias[c] : 0.0f);
+                    x = c < lim ? x : -INFINITY;
+                    s[c] = x;
+                    mx = x > mx ? x : mx;
+                }
+            }
+            const float mnew = mx > m[r] ? mx : m[r];
+            const float mu = mnew == -INFINITY ? 0.0f : mnew;
+            const float alpha = kiln_expf_fast(m[r] - mu);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t c = 0; c < nk; c++) {
+                float p = kiln_expf_fast(s[c] - mu);
+                s[c] = p;
+                sum += p;
+            }
+            l[r] = l[r] * alpha + sum;
+            m[r] = mnew;
+            if (alpha != 1.0f) {
+                float *orow = o + r * D;
+#pragma omp simd
+                for (int64_t d = 0; d < D; d++) orow[d] *= alpha;
+            }
+        }
+        mk_acc(S, BK, 1, vb + j0 * D, D, o, D, nr, nk, D);
+    }
+    float *lse = a->lse + (b * a->H + h) * T + i0;
+    for (int64_t r = 0; r < nr; r++) {
+        float *orow = o + r * D;
+        if (l[r] > 0.0f) {
+            const float inv = 1.0f / l[r];
+#pragma omp simd
+            for (int64_t d = 0; d < D; d++) orow[d] *= inv;
+            lse[r] = m[r] + logf(l[r]);
+        } else {
+            memset(orow, 0, (size_t)D * sizeof(float));
+            lse[r] = -INFINITY;
+        }
+    }
+}
+
+void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                       float *out, float *lse, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                       int64_t Tk, int64_t D, float scale) {
+    if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
+    const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
+    float *kt = nkb ? kiln_alloc((size_t)(B * Hkv * nkb * D * BK) * sizeof(float)) : NULL;
+    if (nkb && !kt) { /* out of memory: nothing sensible to return but NaN */
+        for (int64_t i = 0; i < B * H * T * D; i++) out[i] = NAN;
+        for (int64_t i = 0; i < B * H * T; i++) lse[i] = NAN;
+        return;
+    }
+    if (nkb) transpose_blocks(k, kt, B * Hkv, Tk, D);
+    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale};
+    const int64_t ntask = B * H * nqb;
+#pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
+    {
+        float *S = kiln_alloc((BQ * BK + 2 * BQ + BK) * sizeof(float));
+        float *m = S + BQ * BK, *l = m + BQ, *bias = l + BQ;
+        /* the heaviest (last, causal) query blocks first */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntask; t++) {
+            int64_t bh = t % (B * H), qb = nqb - 1 - t / (B * H);
+            fwd_task(&a, bh / H, bh % H, qb, S, m, l, bias);
+        }
+        kiln_dealloc(S);
+    }
+    kiln_dealloc(kt);
+}
+
+/* ---- backward ----------------------------------------------------------- */
+
+typedef struct {
+    const float *q, *k, *v, *kt, *vt, *dout, *lse, *delta;
+    const int32_t *pad;
+    float *dq, *dk, *dv;
+    int64_t H, Hkv, T, Tk, D, nkb, nqb;
+    float scale;
+} bwd_args;
+
+/* Does query block qb see any key of key block kb (ignoring padding)? */
+static bool tile_visible(const bwd_args *a, int64_t qb, int64_t kb) {
+    int64_t i0 = qb * BQ, nr = a->T - i0 < BQ ? a->T - i0 : BQ;
+    return a->Tk - a->T + i0 + nr - 1 >= kb * BK;
+}
+
+/* One tile (b, h, qb) × kb: recompute P, form dS = P∘(dP − delta), and add
+ * the tile's contributions to whichever of dq (unscaled), dk (unscaled), dv
+ * are asked for. S and dP are BQ×BK scratch. */
+static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_t kb, bool want_q,
+                     bool want_kv, float *S, float *dP) {
+    const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
+    const int64_t g = h / (a->H / a->Hkv);
+    const int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
+    const int64_t j0 = kb * BK, nk = Tk - j0 < BK ? Tk - j0 : BK;
+    const int32_t *pad = a->pad ? a->pad + b * Tk : NULL;
+    const bool has_pad = block_has_pad(pad, j0, nk);
+    const int64_t qrow = (b * a->H + h) * T + i0, krow = (b * a->Hkv + g) * Tk + j0;
+    const int64_t tblk = ((b * a->Hkv + g) * a->nkb + kb) * D * BK;
+    const float *q = a->q + qrow * D, *dO = a->dout + qrow * D;
+    mk_nt(q, D, a->kt + tblk, D, S, nr);
+    mk_nt(dO, D, a->vt + tblk, D, dP, nr);
+    const float sc = a->scale;
+    float bias[BK];
+    if (has_pad)
+        for (int64_t c = 0; c < nk; c++) bias[c] = pad[j0 + c] ? 0.0f : -INFINITY;
+    for (int64_t r = 0; r < nr; r++) {
+        float *s = S + r * BK, *dp = dP + r * BK;
+        const float L = a->lse[qrow + r], dl = a->delta[qrow + r];
+        const int64_t lim = L == -INFINITY ? 0 : causal_limit(off + i0 + r, j0, nk);
+        if (lim == nk && !has_pad) {
+#pragma omp simd
+            for (int64_t c = 0; c < nk; c++) {
+                float p = kiln_expf_fast(s[c] * sc - L);
+                s[c] = p;
+                dp[c] = p * (dp[c] - dl);
+            }
+        } else { /* a padding key adds -inf, whose exp is 0 */
+#pragma omp simd
+            for (int64_t c = 0; c < nk; c++) {
+                float p = kiln_expf_fast(s[c] * sc - L + (has_pad ? bias[c] : 0.0f));
+                p = c < lim ? p : 0.0f;
+                s[c] = p;
+                dp[c] = p * (dp[c] - dl);
+            }
+        }
+    }
+    if (want_kv) {
+        mk_acc(S, 1, BK, dO, D, a->dv + krow * D, D, nk, nr, D);
+        mk_acc(dP, 1, BK, q, D, a->dk + krow * D, D, nk, nr, D);
+    }
+    if (want_q) mk_acc(dP, BK, 1, a->k + krow * D, D, a->dq + qrow * D, D, nr, nk, D);
+}
+
+static void scale_rows(float *x, int64_t n, float s) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* dk/dv of key block kb of (b, g), summed over the group's heads and the
+ * query blocks in order; also dq when want_q (single-task schedule). */
+static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, float *S,
+                       float *dP) {
+    const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
+    if (block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk)) return;
+    const int64_t grp = a->H / a->Hkv;
+    for (int64_t h = g * grp; h < (g + 1) * grp; h++)
+        for (int64_t qb = 0; qb < a->nqb; qb++)
+            if (tile_visible(a, qb, kb)) bwd_tile(a, b, h, qb, kb, want_q, true, S, dP);
+}
+
+void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
+                                const int32_t *pad_mask, const float *out, const float *lse,
+                                const float *dout, float *dq, float *dk, float *dv, int64_t B,
+                                int64_t H, int64_t Hkv, int64_t T, int64_t Tk, int64_t D,
+                                float scale) {
+    if (B <= 0 || H <= 0 || D <= 0) return;
+    memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
+    memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
+    memset(dq, 0, (size_t)(B * H * T * D) * sizeof(float));
+    if (T <= 0 || Tk <= 0) return;
+    const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ), nkv = B * Hkv * nkb * D * BK;
+    float *kt = kiln_alloc((size_t)(2 * nkv + B * H * T) * sizeof(float));
+    if (!kt) {
+        for (int64_t i = 0; i < B * H * T * D; i++) dq[i] = NAN;
+        return;
+    }
+    float *vt = kt + nkv, *delta = vt + nkv;
+    transpose_blocks(k, kt, B * Hkv, Tk, D);
+    transpose_blocks(v, vt, B * Hkv, Tk, D);
+#pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
+    for (int64_t i = 0; i < B * H * T; i++) {
+        const float *o = out + i * D, *g = dout + i * D;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < D; d++) s += o[d] * g[d];
+        delta[i] = s;
+    }
+    bwd_args a = {q, k, v, kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
+                  H, Hkv, T, Tk, D, nkb, nqb, scale};
+    const int64_t grp = H / Hkv, nth = omp_get_max_threads();
+    const bool small = T * Tk * D * B * H <= (1 << 16);
+    if (B * Hkv >= 4 * nth || small) {
+        /* one task per (b, kv head) owns its dk, dv and its heads' dq rows */
+#pragma omp parallel if (!small && B * Hkv > 1)
+        {
+            float *S = kiln_alloc(2 * BQ * BK * sizeof(float)), *dP = S + BQ * BK;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < B * Hkv; t++) {
+                for (int64_t kb = 0; kb < nkb; kb++) bwd_kblock(&a, t / Hkv, t % Hkv, kb, true, S, dP);
+                scale_rows(dk + t * Tk * D, Tk * D, scale);
+                scale_rows(dq + t * grp * T * D, grp * T * D, scale);
+            }
+            kiln_dealloc(S);
+        }
+    } else {
+        /* dk/dv per (b, kv head, key block), then dq per (b, h, query block);
+         * same tiles, same accumulation orders */
+#pragma omp parallel
+        {
+            float *S = kiln_alloc(2 * BQ * BK * sizeof(float)), *dP = S + BQ * BK;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < B * Hkv * nkb; t++) {
+                int64_t bg = t / nkb, kb = t % nkb, nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
+                bwd_kblock(&a, bg / Hkv, bg % Hkv, kb, false, S, dP);
+                scale_rows(dk + (bg * Tk + kb * BK) * D, nk * D, scale);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < B * H * nqb; t++) {
+                int64_t bh = t / nqb, qb = t % nqb, b = bh / H;
+                int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
+                const int32_t *pad = pad_mask ? pad_mask + b * Tk : NULL;
+                for (int64_t kb = 0; kb < nkb; kb++) {
+                    int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
+                    if (tile_visible(&a, qb, kb) && !block_all_pad(pad, kb * BK, nk))
+                        bwd_tile(&a, b, bh % H, qb, kb, true, false, S, dP);
+                }
+                scale_rows(dq + (bh * T + i0) * D, nr * D, scale);
+            }
+            kiln_dealloc(S);
+        }
+    }
+    kiln_dealloc(kt);
+}
