@@ -120,6 +120,11 @@ static void compare(const char *name, bool rewrites, bool freeze) {
             printf("%s%s%s: %d nodes, arena %.2f MB vs %.2f MB unplanned\n", name, rewrites ? " +rewrites" : "",
                    freeze ? " (frozen embedding)" : "", kiln_graph_live_nodes(g), g->arena_bytes / 1e6, g->unplanned_bytes / 1e6);
             CHECK(g->arena_bytes < g->unplanned_bytes, "the plan reuses memory");
+            int multi = 0, internal = 0;
+            for (int k = 0; k < g->n_groups; k++) multi += g->group_start[k + 1] - g->group_start[k] > 1;
+            for (int i = 0; i < g->n; i++) internal += !g->v[i].dead && g->v[i].internal;
+            printf("  %d element-wise groups, %d fused (2+ ops), %d values never stored\n", g->n_groups, multi, internal);
+            CHECK(multi > 0 && internal > 0, "fusion formed groups and kept values out of memory");
         }
         if (rewrites) {
             int flash = 0, lce = 0;

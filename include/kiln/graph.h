@@ -52,6 +52,7 @@ typedef struct {
     int alias;                  /* value whose buffer this one shares (views, in place), or -1 */
     int group;                  /* fused group id, or KILN_GROUP_NONE */
     bool acc_into_grad;         /* GEMM writes straight into the grad buffer (beta = 1) */
+    bool internal;              /* fused: only read inside its group, lives in registers */
 } kiln_value;
 
 typedef struct kiln_graph {
@@ -64,7 +65,9 @@ typedef struct kiln_graph {
     int diff;                   /* the value differentiated, or -1 */
     int64_t arena_bytes;        /* after planning */
     int64_t unplanned_bytes;    /* sum of all buffers without reuse */
-    int n_groups;
+    int n_groups;               /* fused element-wise groups */
+    int *group_start;           /* group k's members: group_members[group_start[k] .. group_start[k+1]) */
+    int *group_members;         /*   in value order; the group runs at its last member */
 } kiln_graph;
 
 /* The function a graph is traced from: computes outputs from inputs with
@@ -78,6 +81,7 @@ typedef struct {
     bool rewrite_attention;
     bool rewrite_linear_ce;
     bool reuse_memory;    /* false: every buffer its own (to check the plan) */
+    bool fuse;            /* group element-wise chains into single loops */
 } kiln_graph_options;
 void kiln_graph_options_default(kiln_graph_options *o);
 
@@ -93,6 +97,9 @@ int kiln_pass_rewrite_linear_ce(kiln_graph *g);
 int kiln_pass_dce(kiln_graph *g);                 /* returns nodes removed */
 int kiln_pass_cse(kiln_graph *g);                 /* returns nodes merged */
 int kiln_pass_acc_into_grad(kiln_graph *g);       /* GEMMs that accumulate in place */
+int kiln_pass_fuse(kiln_graph *g);                /* returns fused groups of 2+ ops */
+/* Schedule position of value v: a fused member runs with its group's last. */
+int kiln_graph_exec_pos(const kiln_graph *g, int v);
 kiln_status kiln_pass_plan(kiln_graph *g, bool reuse);
 
 /* Runs a planned graph: inputs bound by slot, outputs copied to `report`

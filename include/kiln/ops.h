@@ -102,6 +102,10 @@ typedef struct {
     kiln_status (*forward)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out);
     kiln_backward_fn backward; /* NULL: not differentiable */
     double (*flops)(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
+    /* Element-wise ops: the C expression of one output element, with $0, $1
+     * the input elements and $f0 the attribute f[0] (code generation and
+     * fusion use it; NULL: not fusable). */
+    const char *cexpr;
     /* Multi-output ops: n_aux extra outputs, never differentiated, whose
      * shapes come from aux_shape; forward_aux replaces forward. */
     int n_aux;

@@ -69,6 +69,54 @@ static kiln_status run_op(kiln_interp *r, int i) {
     return d->forward(in, &x->attrs, &r->t[i]);
 }
 
+/* A fused group, chunk by chunk: each member's kernel runs on a slice small
+ * enough to stay in cache, internal members in per-thread scratch, so the
+ * chain makes one pass over memory. (Generated code replaces this loop with
+ * one fused expression per element.) */
+#define CHUNK 2048
+static kiln_status run_group(kiln_interp *r, int k) {
+    const kiln_graph *g = r->g;
+    const int *mem = &g->group_members[g->group_start[k]];
+    int nm = g->group_start[k + 1] - g->group_start[k];
+    int64_t N = kiln_meta_numel(&g->v[mem[0]].meta), nchunks = (N + CHUNK - 1) / CHUNK;
+    kiln_status st = KILN_OK;
+#pragma omp parallel if (nchunks > 1)
+    {
+        float *scratch = kiln_alloc(sizeof(float) * CHUNK * (size_t)nm);
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            if (!scratch) continue;
+            int64_t off = c * CHUNK, len = N - off < CHUNK ? N - off : CHUNK;
+            for (int s = 0; s < nm; s++) {
+                const kiln_value *x = &g->v[mem[s]];
+                kiln_tensor hin[KILN_OP_MAX_IN], hout = {.ndim = 1, .shape = {len}, .dtype = KILN_F32, .refcount = 1};
+                kiln_tensor *in[KILN_OP_MAX_IN];
+                for (int j = 0; j < x->n_in; j++) {
+                    int src = x->in[j];
+                    const kiln_value *xs = &g->v[src];
+                    hin[j] = (kiln_tensor){.ndim = 1, .shape = {len}, .dtype = KILN_F32, .refcount = 1};
+                    if (xs->group == k && xs->internal) {
+                        int idx = 0;
+                        while (mem[idx] != src) idx++;
+                        hin[j].data = scratch + (size_t)idx * CHUNK;
+                    } else if (kiln_meta_numel(&xs->meta) == 1 && N != 1) {
+                        hin[j].shape[0] = 1;
+                        hin[j].data = r->t[src].data;
+                    } else {
+                        hin[j].data = (float *)r->t[src].data + off;
+                    }
+                    in[j] = &hin[j];
+                }
+                hout.data = x->internal ? scratch + (size_t)s * CHUNK : (float *)r->t[mem[s]].data + off;
+                kiln_op_get(x->op)->forward(in, &x->attrs, &hout);
+            }
+        }
+        if (!scratch) st = KILN_ERR_OOM;
+        kiln_dealloc(scratch);
+    }
+    return st ? kiln_error(st, "out of memory for fused-group scratch") : KILN_OK;
+}
+
 kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *report) {
     const kiln_graph *g = r->g;
     for (int i = 0; i < g->n; i++) {
@@ -88,7 +136,10 @@ kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *r
             break;
         }
         case KILN_V_PARAM: r->t[i].data = g->params[x->index]->data; break;
-        case KILN_V_OP: st = run_op(r, i); break;
+        case KILN_V_OP:
+            if (x->group == KILN_GROUP_NONE) st = run_op(r, i);
+            else if (kiln_graph_exec_pos(g, i) == i) st = run_group(r, x->group);
+            break;
         case KILN_V_AUX: break; /* written by its producer */
         case KILN_V_GRAD_ACC:
             if (g->v[x->in[0]].acc_into_grad) break;

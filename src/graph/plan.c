@@ -72,11 +72,24 @@ static kiln_status fl_free(freelist *f, int64_t off, int64_t size) {
 static bool needs_buffer(const kiln_value *x) {
     if (x->dead) return false;
     if (x->kind == KILN_V_AUX) return true;
-    return x->kind == KILN_V_OP && !kiln_op_get(x->op)->is_view && !x->acc_into_grad;
+    return x->kind == KILN_V_OP && !kiln_op_get(x->op)->is_view && !x->acc_into_grad && !x->internal;
 }
 
 static int64_t value_bytes(const kiln_value *x) {
     return align64(kiln_meta_numel(&x->meta) * (int64_t)kiln_dtype_size(x->meta.dtype));
+}
+
+/* The values that run at schedule position i: i itself, or all of a fused
+ * group at its last member; none for the group's other members. */
+static int at_position(const kiln_graph *g, int i, const int **list) {
+    const kiln_value *x = &g->v[i];
+    if (x->group == KILN_GROUP_NONE) {
+        *list = NULL;
+        return 1;
+    }
+    if (kiln_graph_exec_pos(g, i) != i) return 0;
+    *list = &g->group_members[g->group_start[x->group]];
+    return g->group_start[x->group + 1] - g->group_start[x->group];
 }
 
 kiln_status kiln_pass_plan(kiln_graph *g, bool reuse) {
@@ -85,15 +98,16 @@ kiln_status kiln_pass_plan(kiln_graph *g, bool reuse) {
         kiln_value *x = &g->v[i];
         x->alias = -1;
         x->offset = -1;
-        x->last_use = i;
+        x->last_use = kiln_graph_exec_pos(g, i);
         if (!x->dead && x->kind == KILN_V_OP && kiln_op_get(x->op)->is_view) x->alias = x->in[0];
     }
     for (int i = 0; i < g->n; i++) {
         kiln_value *x = &g->v[i];
         if (x->dead || x->kind == KILN_V_AUX) continue;
+        int pos = kiln_graph_exec_pos(g, i);
         for (int j = 0; j < x->n_in; j++) {
             int r = kiln_graph_root(g, x->in[j]);
-            if (g->v[r].last_use < i) g->v[r].last_use = i;
+            if (g->v[r].last_use < pos) g->v[r].last_use = pos;
         }
     }
     for (int i = 0; i < g->n_outputs; i++) g->v[kiln_graph_root(g, g->outputs[i])].last_use = g->n;
@@ -103,33 +117,41 @@ kiln_status kiln_pass_plan(kiln_graph *g, bool reuse) {
     bool *freed = calloc((size_t)g->n, sizeof *freed);
     if (!freed) return kiln_error(KILN_ERR_OOM, "out of memory planning");
     for (int i = 0; i < g->n && !st; i++) {
-        kiln_value *x = &g->v[i];
-        if (x->dead || x->kind == KILN_V_AUX) continue;
+        if (g->v[i].dead || g->v[i].kind == KILN_V_AUX) continue;
+        const int *list;
+        int cnt = at_position(g, i, &list);
         /* allocate the outputs of step i (an op's extra outputs with it) */
-        int outs[1 + KILN_OP_MAX_AUX], n_out = 0;
-        if (needs_buffer(x)) outs[n_out++] = i;
-        if (x->kind == KILN_V_OP)
-            for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) outs[n_out++] = x->aux_of[a];
-        for (int k = 0; k < n_out; k++) {
-            kiln_value *o = &g->v[outs[k]];
-            int64_t sz = value_bytes(o);
-            g->unplanned_bytes += sz;
-            o->offset = reuse ? fl_alloc(&f, sz) : (f.end += sz) - sz;
+        for (int s = 0; s < cnt; s++) {
+            int vi = list ? list[s] : i;
+            kiln_value *x = &g->v[vi];
+            int outs[1 + KILN_OP_MAX_AUX], n_out = 0;
+            if (needs_buffer(x)) outs[n_out++] = vi;
+            if (x->kind == KILN_V_OP)
+                for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) outs[n_out++] = x->aux_of[a];
+            for (int k = 0; k < n_out; k++) {
+                kiln_value *o = &g->v[outs[k]];
+                int64_t sz = value_bytes(o);
+                g->unplanned_bytes += sz;
+                o->offset = reuse ? fl_alloc(&f, sz) : (f.end += sz) - sz;
+            }
         }
         if (!reuse) continue;
-        /* release buffers whose last reader is step i */
-        for (int j = 0; j < x->n_in && !st; j++) {
-            int r = kiln_graph_root(g, x->in[j]);
-            if (g->v[r].offset >= 0 && g->v[r].last_use == i && !freed[r]) {
-                freed[r] = true;
-                st = fl_free(&f, g->v[r].offset, value_bytes(&g->v[r]));
+        /* release buffers whose last reader runs at step i */
+        for (int s = 0; s < cnt && !st; s++) {
+            int vi = list ? list[s] : i;
+            const kiln_value *x = &g->v[vi];
+            int self[1 + KILN_OP_MAX_AUX], n_self = 0;
+            self[n_self++] = vi;
+            if (x->kind == KILN_V_OP)
+                for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) self[n_self++] = x->aux_of[a];
+            for (int j = 0; j < x->n_in + n_self && !st; j++) {
+                int r = j < x->n_in ? kiln_graph_root(g, x->in[j]) : self[j - x->n_in];
+                if (g->v[r].offset >= 0 && g->v[r].last_use <= i && !freed[r]) {
+                    freed[r] = true;
+                    st = fl_free(&f, g->v[r].offset, value_bytes(&g->v[r]));
+                }
             }
         }
-        for (int k = 0; k < n_out && !st; k++)
-            if (g->v[outs[k]].last_use <= i && !freed[outs[k]]) { /* nobody reads it */
-                freed[outs[k]] = true;
-                st = fl_free(&f, g->v[outs[k]].offset, value_bytes(&g->v[outs[k]]));
-            }
     }
     g->arena_bytes = f.end;
     free(f.b);

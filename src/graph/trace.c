@@ -5,7 +5,8 @@
 #include "internal.h"
 
 void kiln_graph_options_default(kiln_graph_options *o) {
-    *o = (kiln_graph_options){.backward = true, .rewrite_attention = true, .rewrite_linear_ce = true, .reuse_memory = true};
+    *o = (kiln_graph_options){.backward = true, .rewrite_attention = true, .rewrite_linear_ce = true, .reuse_memory = true,
+                              .fuse = true};
 }
 
 int kiln_graph_add(kiln_graph *g, kiln_value v) {
@@ -29,6 +30,8 @@ int kiln_graph_add(kiln_graph *g, kiln_value v) {
 void kiln_graph_free(kiln_graph *g) {
     if (!g) return;
     free(g->v);
+    free(g->group_start);
+    free(g->group_members);
     free(g);
 }
 
@@ -277,6 +280,7 @@ kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params,
     kiln_pass_cse(g);
     kiln_pass_dce(g);
     kiln_pass_acc_into_grad(g);
+    if (o->fuse) kiln_pass_fuse(g);
     st = kiln_pass_plan(g, o->reuse_memory);
 done:
     for (int i = 0; i < n_inputs && i < (int)(sizeof in_sym / sizeof in_sym[0]); i++) kiln_tensor_release(in_sym[i]);

@@ -78,7 +78,8 @@ static kiln_status add_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gi
     }
     return need_ok(c, gin);
 }
-const kiln_op_def kiln_opdef_add = {.name = "add", .n_in = 2, .shape = add_shape, .forward = add_fwd, .backward = add_bw};
+const kiln_op_def kiln_opdef_add = {.name = "add", .n_in = 2, .shape = add_shape, .forward = add_fwd, .backward = add_bw,
+                                    .cexpr = "($0 + $1)"};
 
 /* ---- mul ---------------------------------------------------------------- */
 static kiln_status mul_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -95,7 +96,8 @@ static kiln_status mul_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gi
     if (c->needs[1]) gin[1] = kiln_mul(g, c->in[0]);
     return need_ok(c, gin);
 }
-const kiln_op_def kiln_opdef_mul = {.name = "mul", .n_in = 2, .save_in = 3, .shape = mul_shape, .forward = mul_fwd, .backward = mul_bw};
+const kiln_op_def kiln_opdef_mul = {.name = "mul", .n_in = 2, .save_in = 3, .shape = mul_shape, .forward = mul_fwd, .backward = mul_bw,
+                                    .cexpr = "($0 * $1)"};
 
 /* ---- scale, scale_by ----------------------------------------------------- */
 static kiln_status scale_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -110,7 +112,8 @@ static kiln_status scale_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **
     gin[0] = kiln_scale(g, c->attrs.f[0]);
     return need_ok(c, gin);
 }
-const kiln_op_def kiln_opdef_scale = {.name = "scale", .n_in = 1, .shape = scale_shape, .forward = scale_fwd, .backward = scale_bw};
+const kiln_op_def kiln_opdef_scale = {.name = "scale", .n_in = 1, .shape = scale_shape, .forward = scale_fwd, .backward = scale_bw,
+                                      .cexpr = "($0 * $f0)"};
 
 static kiln_status scaleby_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
@@ -129,7 +132,7 @@ static kiln_status scaleby_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor 
     gin[0] = kiln_scale_by(g, c->in[1]);
     return need_ok(c, gin);
 }
-const kiln_op_def kiln_opdef_scale_by = {.name = "scale_by", .n_in = 2, .save_in = 2, .nondiff_in = 2,
+const kiln_op_def kiln_opdef_scale_by = {.name = "scale_by", .n_in = 2, .save_in = 2, .nondiff_in = 2, .cexpr = "($0 * $1)",
                                          .shape = scaleby_shape, .forward = scaleby_fwd, .backward = scaleby_bw};
 
 /* ---- silu ---------------------------------------------------------------- */
@@ -150,7 +153,7 @@ static double silu_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_me
     (void)in, (void)a;
     return 4.0 * (double)kiln_meta_numel(out);
 }
-const kiln_op_def kiln_opdef_silu = {.name = "silu", .n_in = 1, .save_in = 1, .shape = silu_shape, .forward = silu_fwd,
+const kiln_op_def kiln_opdef_silu = {.name = "silu", .n_in = 1, .save_in = 1, .shape = silu_shape, .forward = silu_fwd, .cexpr = "k_silu($0)",
                                      .backward = silu_bw, .flops = silu_flops};
 static kiln_status silubw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
@@ -162,6 +165,7 @@ static kiln_status silubw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_
     return KILN_OK;
 }
 const kiln_op_def kiln_opdef_silu_bwd = {.name = "silu_backward", .n_in = 2, .shape = silubw_shape, .forward = silubw_fwd,
+                                         .cexpr = "k_silu_bwd($0, $1)",
                                          .flops = silu_flops};
 
 /* ---- sum, mean, expand, sum_to ------------------------------------------- */
