@@ -102,12 +102,25 @@ int kiln_pass_fuse(kiln_graph *g);                /* returns fused groups of 2+ 
 int kiln_graph_exec_pos(const kiln_graph *g, int v);
 kiln_status kiln_pass_plan(kiln_graph *g, bool reuse);
 
+/* Group k's kernel arguments, in the order generated code reads them: its
+ * external inputs (first use order), then its members that reach memory.
+ * Returns the count (at most cap). */
+int kiln_graph_group_args(const kiln_graph *g, int k, int *ids, int cap);
+
 /* Runs a planned graph: inputs bound by slot, outputs copied to `report`
  * (one float per output value, which must hold one element). */
 typedef struct kiln_interp kiln_interp;
 kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out);
 void kiln_interp_free(kiln_interp *r);
 kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *report);
+/* Generated code for fused group k: called with the data pointers of
+ * kiln_graph_group_args(), replacing the chunk-wise interpreter loop. */
+typedef void (*kiln_group_fn)(void *const *args);
+void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn);
+/* A whole generated step: calls back `run_value` for every position that is
+ * not generated code; ptrs[v] is the data pointer of value v, kept current. */
+typedef void (*kiln_step_fn)(void *const *ptrs, int (*run_value)(void *r, int v), void *r);
+void kiln_interp_bind_step(kiln_interp *r, kiln_step_fn fn);
 
 /* Human-readable dump (for --explain). */
 void kiln_graph_print(const kiln_graph *g, void (*line)(const char *text, void *user), void *user);

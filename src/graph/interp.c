@@ -8,16 +8,53 @@
 struct kiln_interp {
     const kiln_graph *g;
     void *arena;
-    kiln_tensor *t; /* one header per value, by value: not reference counted */
+    kiln_tensor *t;       /* one header per value, by value: not reference counted */
+    void **ptrs;          /* t[v].data, for generated code */
+    kiln_group_fn *groups; /* generated group kernels (NULL: chunk-wise loop) */
+    int **group_args;
+    kiln_step_fn step;    /* a generated whole step */
+    kiln_status step_status;
 };
+
+static void set_data(kiln_interp *r, int v, void *p) {
+    r->t[v].data = p;
+    r->ptrs[v] = p;
+}
+
+int kiln_graph_group_args(const kiln_graph *g, int k, int *ids, int cap) {
+    int n = 0;
+    const int *mem = &g->group_members[g->group_start[k]];
+    int nm = g->group_start[k + 1] - g->group_start[k];
+    for (int s = 0; s < nm; s++) {
+        const kiln_value *x = &g->v[mem[s]];
+        for (int j = 0; j < x->n_in; j++) {
+            int src = x->in[j];
+            if (g->v[src].group == k) continue;
+            bool seen = false;
+            for (int q = 0; q < n; q++) seen |= ids[q] == src;
+            if (!seen && n < cap) ids[n++] = src;
+        }
+    }
+    for (int s = 0; s < nm; s++)
+        if (!g->v[mem[s]].internal && n < cap) ids[n++] = mem[s];
+    return n;
+}
+
+void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn) {
+    if (k >= 0 && k < r->g->n_groups) r->groups[k] = fn;
+}
+void kiln_interp_bind_step(kiln_interp *r, kiln_step_fn fn) { r->step = fn; }
 
 kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
     kiln_interp *r = calloc(1, sizeof *r);
     if (!r) return kiln_error(KILN_ERR_OOM, "out of memory");
     r->g = g;
     r->t = calloc((size_t)g->n, sizeof *r->t);
+    r->ptrs = calloc((size_t)g->n, sizeof *r->ptrs);
+    r->groups = calloc((size_t)g->n_groups + 1, sizeof *r->groups);
+    r->group_args = calloc((size_t)g->n_groups + 1, sizeof *r->group_args);
     r->arena = kiln_alloc((size_t)(g->arena_bytes ? g->arena_bytes : 64));
-    if (!r->t || !r->arena) {
+    if (!r->t || !r->ptrs || !r->groups || !r->group_args || !r->arena) {
         kiln_interp_free(r);
         return kiln_error(KILN_ERR_OOM, "out of memory for a %lld-byte arena", (long long)g->arena_bytes);
     }
@@ -28,7 +65,18 @@ kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
         memcpy(t->shape, x->meta.shape, sizeof t->shape);
         t->dtype = x->meta.dtype;
         t->refcount = 1;
-        if (x->offset >= 0) t->data = (char *)r->arena + x->offset;
+        if (x->offset >= 0) set_data(r, i, (char *)r->arena + x->offset);
+    }
+    for (int k = 0; k < g->n_groups; k++) {
+        int ids[KILN_OP_MAX_IN * 64];
+        int n = kiln_graph_group_args(g, k, ids, (int)(sizeof ids / sizeof ids[0]));
+        r->group_args[k] = malloc(sizeof(int) * (size_t)(n + 1));
+        if (!r->group_args[k]) {
+            kiln_interp_free(r);
+            return kiln_error(KILN_ERR_OOM, "out of memory");
+        }
+        r->group_args[k][0] = n;
+        memcpy(r->group_args[k] + 1, ids, sizeof(int) * (size_t)n);
     }
     *out = r;
     return KILN_OK;
@@ -37,6 +85,10 @@ kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
 void kiln_interp_free(kiln_interp *r) {
     if (!r) return;
     kiln_dealloc(r->arena);
+    for (int k = 0; r->group_args && k < r->g->n_groups; k++) free(r->group_args[k]);
+    free(r->group_args);
+    free(r->groups);
+    free(r->ptrs);
     free(r->t);
     free(r);
 }
@@ -51,7 +103,7 @@ static kiln_status run_op(kiln_interp *r, int i) {
     const kiln_value *x = &r->g->v[i];
     const kiln_op_def *d = kiln_op_get(x->op);
     if (d->is_view) {
-        r->t[i].data = r->t[x->in[0]].data;
+        set_data(r, i, r->t[x->in[0]].data);
         return KILN_OK;
     }
     kiln_tensor *in[KILN_OP_MAX_IN];
@@ -76,6 +128,13 @@ static kiln_status run_op(kiln_interp *r, int i) {
 #define CHUNK 2048
 static kiln_status run_group(kiln_interp *r, int k) {
     const kiln_graph *g = r->g;
+    if (r->groups[k]) {
+        void *args[KILN_OP_MAX_IN * 64];
+        const int *ids = r->group_args[k];
+        for (int q = 0; q < ids[0]; q++) args[q] = r->ptrs[ids[q + 1]];
+        r->groups[k](args);
+        return KILN_OK;
+    }
     const int *mem = &g->group_members[g->group_start[k]];
     int nm = g->group_start[k + 1] - g->group_start[k];
     int64_t N = kiln_meta_numel(&g->v[mem[0]].meta), nchunks = (N + CHUNK - 1) / CHUNK;
@@ -117,14 +176,43 @@ static kiln_status run_group(kiln_interp *r, int k) {
     return st ? kiln_error(st, "out of memory for fused-group scratch") : KILN_OK;
 }
 
+/* Runs schedule position i (a value, or a fused group at its last member). */
+static kiln_status run_position(kiln_interp *r, int i) {
+    const kiln_graph *g = r->g;
+    const kiln_value *x = &g->v[i];
+    if (x->dead) return KILN_OK;
+    kiln_status st = KILN_OK;
+    switch (x->kind) {
+    case KILN_V_INPUT:
+    case KILN_V_PARAM:
+    case KILN_V_AUX: break; /* bound at the start / written by the producer */
+    case KILN_V_OP:
+        if (x->group == KILN_GROUP_NONE) st = run_op(r, i);
+        else if (kiln_graph_exec_pos(g, i) == i) st = run_group(r, x->group);
+        break;
+    case KILN_V_GRAD_ACC:
+        if (g->v[x->in[0]].acc_into_grad) break;
+        st = grad_buffer(g->params[x->index]);
+        if (!st) st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
+        break;
+    }
+    if (st) return kiln_error_context(st, "graph value %d (%s)", i, x->kind == KILN_V_OP ? kiln_op_name(x->op) : "sink");
+    return KILN_OK;
+}
+
+static int step_callback(void *ctx, int v) {
+    kiln_interp *r = ctx;
+    if (r->step_status) return 1;
+    r->step_status = run_position(r, v);
+    return r->step_status != KILN_OK;
+}
+
 kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *report) {
     const kiln_graph *g = r->g;
     for (int i = 0; i < g->n; i++) {
         const kiln_value *x = &g->v[i];
         if (x->dead) continue;
-        kiln_status st = KILN_OK;
-        switch (x->kind) {
-        case KILN_V_INPUT: {
+        if (x->kind == KILN_V_INPUT) {
             const kiln_tensor *in = inputs[x->index];
             kiln_meta m = kiln_meta_of(in);
             if (m.ndim != x->meta.ndim || m.dtype != x->meta.dtype || memcmp(m.shape, x->meta.shape, sizeof(int64_t) * (size_t)m.ndim)) {
@@ -132,22 +220,23 @@ kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *r
                 return kiln_error(KILN_ERR_SHAPE, "compiled graph: input %d is %s, compiled for %s", x->index,
                                   kiln_shape_str(in, a, sizeof a), kiln_shape_str(&r->t[i], b, sizeof b));
             }
-            r->t[i].data = in->data;
-            break;
+            set_data(r, i, in->data);
+        } else if (x->kind == KILN_V_PARAM) {
+            set_data(r, i, g->params[x->index]->data);
+        } else if (x->kind == KILN_V_GRAD_ACC) {
+            kiln_status st = grad_buffer(g->params[x->index]);
+            if (st) return st;
         }
-        case KILN_V_PARAM: r->t[i].data = g->params[x->index]->data; break;
-        case KILN_V_OP:
-            if (x->group == KILN_GROUP_NONE) st = run_op(r, i);
-            else if (kiln_graph_exec_pos(g, i) == i) st = run_group(r, x->group);
-            break;
-        case KILN_V_AUX: break; /* written by its producer */
-        case KILN_V_GRAD_ACC:
-            if (g->v[x->in[0]].acc_into_grad) break;
-            st = grad_buffer(g->params[x->index]);
-            if (!st) st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
-            break;
+    }
+    if (r->step) {
+        r->step_status = KILN_OK;
+        r->step(r->ptrs, step_callback, r);
+        if (r->step_status) return r->step_status;
+    } else {
+        for (int i = 0; i < g->n; i++) {
+            kiln_status st = run_position(r, i);
+            if (st) return st;
         }
-        if (st) return kiln_error_context(st, "graph value %d (%s)", i, x->kind == KILN_V_OP ? kiln_op_name(x->op) : "sink");
     }
     for (int k = 0; k < g->n_outputs && report; k++) report[k] = kiln_f32(&r->t[g->outputs[k]])[0];
     return KILN_OK;
