@@ -121,6 +121,10 @@ void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn);
  * not generated code; ptrs[v] is the data pointer of value v, kept current. */
 typedef void (*kiln_step_fn)(void *const *ptrs, int (*run_value)(void *r, int v), void *r);
 void kiln_interp_bind_step(kiln_interp *r, kiln_step_fn fn);
+/* For autotuning after a run: group k's current argument pointers (returns
+ * their count), and zeroing the arena so timings see no stale NaNs. */
+int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap);
+void kiln_interp_zero_arena(kiln_interp *r);
 
 /* Human-readable dump (for --explain). */
 void kiln_graph_print(const kiln_graph *g, void (*line)(const char *text, void *user), void *user);

@@ -10,6 +10,7 @@
 #ifndef KILN_TRAIN_H
 #define KILN_TRAIN_H
 
+#include "kiln/compile.h"
 #include "kiln/data.h"
 #include "kiln/model.h"
 
@@ -40,6 +41,7 @@ typedef struct {
     int keep;
     kiln_on_nan on_nan;
     uint64_t seed;
+    char compile[32];    /* "off" (eager), "default", "reduce-overhead", "max-autotune", "interpret" */
 } kiln_train_config;
 
 void kiln_train_config_default(kiln_train_config *c);
@@ -91,6 +93,18 @@ typedef struct {
  * caller decides whether to stop. */
 kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
                               double lr, kiln_step_result *res);
+/* The same with each micro-batch run by a compiled step (NULL: eager); a
+ * shape past the compiled variant limit runs eager. */
+kiln_status kiln_train_window_ex(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
+                                 double lr, kiln_step_result *res, kiln_compiled *cs);
+/* The training micro-step as a traceable function (user = the model):
+ * inputs ids, targets, pad mask [B,T] and the loss scale [1]; reports the
+ * summed token loss and differentiates scale x sum. */
+kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
+                                  kiln_tensor **diff);
+/* A compiled training step (backward) or evaluation step (forward only). */
+kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, bool backward);
+kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs);
 /* Mean token loss over batches, no gradient work. */
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens);
 
@@ -126,6 +140,7 @@ kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user);
 void kiln_trainer_request_stop(kiln_trainer *t);
 const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t);
 kiln_llama *kiln_trainer_model(kiln_trainer *t);
+const kiln_compiled *kiln_trainer_compiled(const kiln_trainer *t); /* NULL when eager */
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t);
 
 /* ---- checkpoints ---------------------------------------------------------- */

@@ -53,6 +53,7 @@ static const flag_def flags[] = {
     F("log-every", T_I64, log_every, "N", "log line every N steps when not on a terminal"),
     F("on-nan", T_NAN, on_nan, "skip|stop", "on a non-finite loss: skip the step or stop"),
     F("seed", T_U64, seed, "N", "seed for initialisation and shuffling"),
+    F("compile", T_STR, compile, "MODE", "off (eager), default, reduce-overhead, max-autotune, interpret, strict"),
 };
 #define N_FLAGS (sizeof flags / sizeof flags[0])
 

@@ -45,6 +45,15 @@ void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn) {
 }
 void kiln_interp_bind_step(kiln_interp *r, kiln_step_fn fn) { r->step = fn; }
 
+int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap) {
+    const int *ids = r->group_args[k];
+    int n = ids[0] < cap ? ids[0] : cap;
+    for (int q = 0; q < n; q++) args[q] = r->ptrs[ids[q + 1]];
+    return n;
+}
+
+void kiln_interp_zero_arena(kiln_interp *r) { memset(r->arena, 0, (size_t)(r->g->arena_bytes ? r->g->arena_bytes : 64)); }
+
 kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
     kiln_interp *r = calloc(1, sizeof *r);
     if (!r) return kiln_error(KILN_ERR_OOM, "out of memory");

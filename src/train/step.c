@@ -21,10 +21,53 @@ static void release_batch(batch_tensors *t) {
     kiln_tensor_release(t->mask);
 }
 
+kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
+                                  kiln_tensor **diff) {
+    kiln_tensor *sum = kiln_llama_loss(model, in[0], in[1], in[2]);
+    if (!sum) return kiln_last_status();
+    report[0] = sum;
+    *n_report = 1;
+    if (diff && !(*diff = kiln_scale_by(sum, in[3]))) return kiln_last_status();
+    return KILN_OK;
+}
+
+kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, bool backward) {
+    kiln_compile_options co = *o;
+    co.backward = backward;
+    return kiln_compile(kiln_train_trace_step, m, m->params, m->n_params, 4, &co);
+}
+
+/* One micro-batch through a compiled step: the scale is a runtime input, so
+ * a new window's token count never rebuilds anything. Returns
+ * KILN_ERR_UNSUPPORTED past the variant limit (the caller runs eager). */
+static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double scale, double *sum) {
+    batch_tensors bt;
+    kiln_status st = wrap_batch(b, &bt);
+    int64_t one = 1;
+    kiln_tensor *s = st ? NULL : kiln_tensor_new(KILN_F32, 1, &one);
+    if (s) {
+        kiln_f32(s)[0] = (float)scale;
+        kiln_tensor *in[4] = {bt.ids, bt.targets, bt.mask, s};
+        float rep[1] = {0};
+        st = kiln_compiled_run(cs, in, rep);
+        *sum = rep[0];
+    } else if (!st) {
+        st = kiln_last_status();
+    }
+    kiln_tensor_release(s);
+    release_batch(&bt);
+    return st;
+}
+
 /* Forward + backward of one micro-batch whose summed loss is multiplied by
  * `scale` (a runtime scalar input) before backward. *sum gets the summed
  * token loss. */
-static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, double *sum) {
+static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, double *sum, kiln_compiled *cs) {
+    if (cs) {
+        kiln_status cst = compiled_micro(cs, b, scale, sum);
+        if (cst != KILN_ERR_UNSUPPORTED) return cst;
+        kiln_clear_error(); /* past the variant limit: eager */
+    }
     batch_tensors bt;
     kiln_status st = wrap_batch(b, &bt);
     kiln_tensor *loss = st ? NULL : kiln_llama_loss(m, bt.ids, bt.targets, bt.mask);
@@ -49,6 +92,11 @@ static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, 
 
 kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
                               double lr, kiln_step_result *res) {
+    return kiln_train_window_ex(m, opt, c, mb, k, lr, res, NULL);
+}
+
+kiln_status kiln_train_window_ex(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
+                                 double lr, kiln_step_result *res, kiln_compiled *cs) {
     *res = (kiln_step_result){.lr = lr, .micro_batches = k, .bad_micro = -1};
     for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
     double total = 0;
@@ -60,7 +108,7 @@ kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_c
         else
             scale = mb[i]->n_targets ? 1.0 / ((double)mb[i]->n_targets * k) : 0.0;
         double sum = 0;
-        st = micro_step(m, mb[i], scale, &sum);
+        st = micro_step(m, mb[i], scale, &sum, cs);
         if (st) return kiln_error_context(st, "micro-batch %d of the window", i);
         if (!isfinite(sum)) {
             res->skipped = true;
@@ -88,11 +136,29 @@ kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_c
 }
 
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens) {
+    return kiln_evaluate_ex(m, mb, n, loss, tokens, NULL);
+}
+
+kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
     bool was = kiln_grad_set_enabled(false);
     double total = 0;
     int64_t count = 0;
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && !st; i++) {
+        if (cs) {
+            double sum = 0;
+            kiln_status cst = compiled_micro(cs, mb[i], 1.0, &sum);
+            if (cst == KILN_OK) {
+                total += sum;
+                count += mb[i]->n_targets;
+                continue;
+            }
+            if (cst != KILN_ERR_UNSUPPORTED) {
+                st = cst;
+                break;
+            }
+            kiln_clear_error();
+        }
         batch_tensors bt;
         st = wrap_batch(mb[i], &bt);
         kiln_tensor *l = st ? NULL : kiln_llama_loss(m, bt.ids, bt.targets, bt.mask);

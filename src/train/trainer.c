@@ -19,6 +19,7 @@ struct kiln_trainer {
     kiln_batch **mb, **vb;
     int n_val;
     kiln_trainer_state st;
+    kiln_compiled *cs_train, *cs_eval; /* NULL: eager */
     FILE *metrics;
     volatile sig_atomic_t stop;
 };
@@ -184,6 +185,17 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
         t->st.total_steps = c->steps ? c->steps : total;
     }
     if ((st = mkdir_p(c->run_dir)) || (st = open_metrics(t, resume))) goto fail;
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    kiln_compile_mode_parse(c->compile, &co); /* validated above */
+    if (co.mode != KILN_COMPILE_OFF) {
+        t->cs_train = kiln_train_compile(t->model, &co, true);
+        t->cs_eval = kiln_train_compile(t->model, &co, false);
+        if (!t->cs_train || !t->cs_eval) {
+            st = kiln_last_status();
+            goto fail;
+        }
+    }
     kiln_eager_enable();
     *out = t;
     return KILN_OK;
@@ -200,6 +212,8 @@ void kiln_trainer_free(kiln_trainer *t) {
     free(t->vb);
     kiln_loader_close(t->train);
     kiln_loader_close(t->val);
+    kiln_compiled_free(t->cs_train);
+    kiln_compiled_free(t->cs_eval);
     kiln_adamw_free(t->opt);
     kiln_llama_free(t->model);
     if (t->metrics) fclose(t->metrics);
@@ -209,6 +223,7 @@ void kiln_trainer_free(kiln_trainer *t) {
 void kiln_trainer_request_stop(kiln_trainer *t) { t->stop = 1; }
 const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t) { return &t->st; }
 kiln_llama *kiln_trainer_model(kiln_trainer *t) { return t->model; }
+const kiln_compiled *kiln_trainer_compiled(const kiln_trainer *t) { return t->cs_train; }
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t) { return &t->cfg; }
 
 static void emit(kiln_event_fn fn, void *user, kiln_event e) {
@@ -218,7 +233,7 @@ static void emit(kiln_event_fn fn, void *user, kiln_event e) {
 static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
     if (!t->n_val) return KILN_OK;
     double loss;
-    kiln_status st = kiln_evaluate(t->model, t->vb, t->n_val, &loss, NULL);
+    kiln_status st = kiln_evaluate_ex(t->model, t->vb, t->n_val, &loss, NULL, t->cs_eval);
     if (st) return kiln_error_context(st, "evaluation at step %lld", (long long)t->st.step);
     t->st.last_val_loss = loss;
     fprintf(t->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)t->st.step, loss, exp(loss));
@@ -254,7 +269,7 @@ kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
         if ((st = load_window(t, &k))) break;
         double t0 = kiln_time_now(), lr = kiln_lr_at(&t->cfg, t->st.step, t->st.total_steps);
         kiln_step_result res;
-        if ((st = kiln_train_window(t->model, t->opt, &t->cfg, t->mb, k, lr, &res))) {
+        if ((st = kiln_train_window_ex(t->model, t->opt, &t->cfg, t->mb, k, lr, &res, t->cs_train))) {
             kiln_error_context(st, "step %lld", (long long)t->st.step + 1);
             break;
         }

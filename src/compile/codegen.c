@@ -1,0 +1,217 @@
+/* C code generation from a planned graph. Each fused element-wise group
+ * becomes one loop nest with its sizes as constants (restrict pointers, an
+ * OpenMP SIMD loop whose remainder the compiler peels, OpenMP threads over
+ * the outer range). Nothing read from files reaches the source: identifiers
+ * are generated (g12, v345) and every constant is printed as a number. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "codegen.h"
+
+typedef struct {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->s && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 65536;
+        while (cap < b->n + (size_t)k + 1) cap *= 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) {
+            b->oom = true;
+            return;
+        }
+        b->s = ns;
+        b->cap = cap;
+    }
+}
+
+/* exp with a 2^k range reduction and a degree-6 polynomial: vectorises, and
+ * agrees with expf to a few ulp over the range the kernels use */
+static const char *prelude =
+    "#include <stdint.h>\n"
+    "#include <string.h>\n"
+    "static inline float k_exp(float x) {\n"
+    "    if (x < -87.3f) return 0.0f;\n"
+    "    if (x > 88.7f) return __builtin_inff();\n"
+    "    float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);\n"
+    "    float r = x - k * 0.693359375f + k * 2.12194440e-4f;\n"
+    "    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));\n"
+    "    int32_t e = ((int32_t)k + 127) << 23;\n"
+    "    float s;\n"
+    "    memcpy(&s, &e, 4);\n"
+    "    return p * s;\n"
+    "}\n"
+    "static inline float k_silu(float x) { return x / (1.0f + k_exp(-x)); }\n"
+    "static inline float k_silu_bwd(float x, float g) {\n"
+    "    float s = 1.0f / (1.0f + k_exp(-x));\n"
+    "    return g * s * (1.0f + x * (1.0f - s));\n"
+    "}\n";
+
+/* Expands an op's C expression: $0..$7 -> operand names, $f0 -> attr. */
+static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_attrs *a) {
+    for (const char *p = tmpl; *p; p++) {
+        if (p[0] == '$' && p[1] == 'f' && p[2] >= '0' && p[2] <= '1') {
+            put(b, "(%.9ef)", (double)(float)a->f[p[2] - '0']);
+            p += 2;
+        } else if (p[0] == '$' && p[1] >= '0' && p[1] <= '7') {
+            put(b, "%s", operands[p[1] - '0']);
+            p += 1;
+        } else {
+            put(b, "%c", *p);
+        }
+    }
+}
+
+/* The loop of group k reading args[]; `parallel` chooses an OpenMP loop
+ * inside an existing parallel region ("for"), a standalone one
+ * ("parallel for"), or none (serial). */
+static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
+    int ids[512];
+    int na = kiln_graph_group_args(g, k, ids, 512);
+    const int *mem = &g->group_members[g->group_start[k]];
+    int nm = g->group_start[k + 1] - g->group_start[k];
+    int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
+    /* scalars (one element broadcast over the loop) are read before it */
+    for (int q = 0; q < na; q++) {
+        const kiln_value *x = &g->v[ids[q]];
+        bool is_out = x->group == k;
+        bool scalar = !is_out && kiln_meta_numel(&x->meta) == 1 && N != 1;
+        if (is_out)
+            put(b, "    float *restrict a%d = (float *)args[%d];\n", q, q);
+        else if (scalar)
+            put(b, "    const float a%d = ((const float *)args[%d])[0];\n", q, q);
+        else
+            put(b, "    const float *restrict a%d = (const float *)args[%d];\n", q, q);
+    }
+    if (omp) put(b, "#pragma omp %s simd schedule(static)\n", omp);
+    else put(b, "#pragma omp simd\n");
+    put(b, "    for (int64_t i = 0; i < %lldLL; i++) {\n", (long long)N);
+    for (int s = 0; s < nm; s++) {
+        const kiln_value *x = &g->v[mem[s]];
+        char ops[KILN_OP_MAX_IN][24];
+        for (int j = 0; j < x->n_in; j++) {
+            int src = x->in[j];
+            if (g->v[src].group == k) {
+                snprintf(ops[j], sizeof ops[j], "t%d", src);
+                continue;
+            }
+            int q = 0;
+            while (ids[q] != src) q++;
+            bool scalar = kiln_meta_numel(&g->v[src].meta) == 1 && N != 1;
+            snprintf(ops[j], sizeof ops[j], scalar ? "a%d" : "a%d[i]", q);
+        }
+        put(b, "        const float t%d = ", mem[s]);
+        expand(b, kiln_op_get(x->op)->cexpr, ops, &x->attrs);
+        put(b, ";\n");
+        if (!x->internal) {
+            int q = 0;
+            while (ids[q] != mem[s]) q++;
+            put(b, "        a%d[i] = t%d;\n", q, mem[s]);
+        }
+    }
+    put(b, "    }\n");
+}
+
+static bool parallel_worthwhile(const kiln_graph *g, int k) {
+    return kiln_meta_numel(&g->v[g->group_members[g->group_start[k]]].meta) >= 16384;
+}
+
+char *kiln_codegen_groups(const kiln_graph *g, int part, int n_parts, bool serial_variants) {
+    sbuf b = {0};
+    put(&b, "/* kiln generated module: fused element-wise kernels, part %d of %d */\n", part, n_parts);
+    put(&b, "%s", prelude);
+    for (int k = part; k < g->n_groups; k += n_parts) {
+        int ids[512];
+        int na = kiln_graph_group_args(g, k, ids, 512);
+        int nm = g->group_start[k + 1] - g->group_start[k];
+        put(&b, "\n/* group %d: %d op(s), %d argument(s) */\n", k, nm, na);
+        put(&b, "void kiln_g%d(void *const *args) {\n", k);
+        group_loop(&b, g, k, parallel_worthwhile(g, k) ? "parallel for" : NULL);
+        put(&b, "}\n");
+        if (serial_variants) {
+            put(&b, "void kiln_g%d_serial(void *const *args) {\n", k);
+            group_loop(&b, g, k, NULL);
+            put(&b, "}\n");
+            put(&b, "void kiln_g%d_parallel(void *const *args) {\n", k);
+            group_loop(&b, g, k, "parallel for");
+            put(&b, "}\n");
+        }
+    }
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}
+
+/* The whole step as one function: generated loops for the fused groups,
+ * consecutive ones sharing one OpenMP parallel region (barriers between
+ * them), and a call back into the runtime for every other node. */
+char *kiln_codegen_step(const kiln_graph *g) {
+    sbuf b = {0};
+    put(&b, "/* kiln generated module: the whole step (reduce-overhead) */\n%s", prelude);
+    put(&b, "void kiln_step(void *const *ptrs, int (*run_value)(void *r, int v), void *r) {\n");
+    bool in_region = false;
+    for (int i = 0; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind == KILN_V_INPUT || x->kind == KILN_V_PARAM || x->kind == KILN_V_AUX) continue;
+        if (x->kind == KILN_V_OP && x->group != KILN_GROUP_NONE) {
+            if (kiln_graph_exec_pos(g, i) != i) continue;
+            int k = x->group;
+            int ids[512];
+            int na = kiln_graph_group_args(g, k, ids, 512);
+            if (!in_region) {
+                put(&b, "#pragma omp parallel\n  {\n");
+                in_region = true;
+            }
+            put(&b, "  { /* group %d */\n    void *const args[%d] = {", k, na ? na : 1);
+            for (int q = 0; q < na; q++) put(&b, "%sptrs[%d]", q ? ", " : "", ids[q]);
+            if (!na) put(&b, "0");
+            put(&b, "};\n");
+            group_loop(&b, g, k, "for");
+            put(&b, "  }\n");
+            continue;
+        }
+        if (x->kind == KILN_V_GRAD_ACC && g->v[x->in[0]].acc_into_grad) continue;
+        if (x->kind == KILN_V_OP && kiln_op_get(x->op)->is_view) {
+            if (in_region) {
+                put(&b, "  }\n");
+                in_region = false;
+            }
+            put(&b, "  run_value(r, %d);\n", i); /* sets the view's pointer */
+            continue;
+        }
+        if (in_region) {
+            put(&b, "  }\n");
+            in_region = false;
+        }
+        put(&b, "  if (run_value(r, %d)) return; /* %s */\n", i,
+            x->kind == KILN_V_OP ? kiln_op_name(x->op) : "gradient accumulation");
+    }
+    if (in_region) put(&b, "  }\n");
+    put(&b, "}\n");
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}

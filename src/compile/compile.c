@@ -1,0 +1,264 @@
+/* kiln_compile: shape variants, each a traced + planned graph whose fused
+ * kernels (and, in reduce-overhead mode, whole step) are generated C built
+ * with the system compiler and loaded; the interpreter when none works. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "codegen.h"
+#include "kiln/compile.h"
+
+#define MAX_IN 8
+
+typedef struct {
+    int n_in;
+    kiln_meta in[MAX_IN];
+    kiln_graph *g;
+    kiln_interp *r;
+    kiln_module *mod;
+    bool tuned;
+} variant;
+
+struct kiln_compiled {
+    kiln_trace_fn fn;
+    void *user;
+    kiln_tensor **params;
+    int n_params, n_inputs;
+    kiln_compile_options o;
+    variant *v;
+    int n_v;
+    int last;
+    kiln_compile_stats stats;
+    bool warned_fallback, warned_limit;
+};
+
+void kiln_compile_options_default(kiln_compile_options *o) {
+    *o = (kiln_compile_options){.mode = KILN_COMPILE_DEFAULT, .reuse_memory = true, .rewrites = true, .backward = true,
+                                .max_variants = 8};
+}
+
+const char *kiln_compile_mode_name(kiln_compile_mode m) {
+    static const char *names[] = {"off", "default", "reduce-overhead", "max-autotune"};
+    return m >= 0 && m <= KILN_COMPILE_MAX_AUTOTUNE ? names[m] : "?";
+}
+
+kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o) {
+    if (!strcmp(s, "off") || !strcmp(s, "none") || !strcmp(s, "eager")) o->mode = KILN_COMPILE_OFF;
+    else if (!strcmp(s, "default")) o->mode = KILN_COMPILE_DEFAULT;
+    else if (!strcmp(s, "reduce-overhead")) o->mode = KILN_COMPILE_REDUCE_OVERHEAD;
+    else if (!strcmp(s, "max-autotune")) o->mode = KILN_COMPILE_MAX_AUTOTUNE;
+    else if (!strcmp(s, "interpret")) o->mode = KILN_COMPILE_DEFAULT, o->interpret = true;
+    else if (!strcmp(s, "strict")) o->mode = KILN_COMPILE_DEFAULT, o->strict = true;
+    else
+        return kiln_error(KILN_ERR_INVALID, "unknown compile mode '%s' (default, reduce-overhead, max-autotune, interpret, strict, off)", s);
+    return KILN_OK;
+}
+
+kiln_compiled *kiln_compile(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params, int n_inputs,
+                            const kiln_compile_options *o) {
+    if (n_inputs > MAX_IN) {
+        kiln_error(KILN_ERR_INVALID, "kiln_compile: at most %d inputs", MAX_IN);
+        return NULL;
+    }
+    kiln_compiled *c = calloc(1, sizeof *c);
+    if (!c) {
+        kiln_error(KILN_ERR_OOM, "out of memory");
+        return NULL;
+    }
+    c->fn = fn;
+    c->user = user;
+    c->params = params;
+    c->n_params = n_params;
+    c->n_inputs = n_inputs;
+    if (o) c->o = *o;
+    else kiln_compile_options_default(&c->o);
+    if (c->o.max_variants <= 0) c->o.max_variants = 8;
+    c->v = calloc((size_t)c->o.max_variants, sizeof *c->v);
+    if (!c->v) {
+        free(c);
+        kiln_error(KILN_ERR_OOM, "out of memory");
+        return NULL;
+    }
+    c->last = -1;
+    return c;
+}
+
+static void variant_free(variant *v) {
+    kiln_interp_free(v->r);
+    kiln_module_free(v->mod);
+    kiln_graph_free(v->g);
+    memset(v, 0, sizeof *v);
+}
+
+void kiln_compiled_free(kiln_compiled *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_v; i++) variant_free(&c->v[i]);
+    free(c->v);
+    free(c);
+}
+
+static int find_variant(const kiln_compiled *c, kiln_tensor *const *in) {
+    for (int i = 0; i < c->n_v; i++) {
+        bool same = true;
+        for (int j = 0; j < c->n_inputs && same; j++) {
+            kiln_meta m = kiln_meta_of(in[j]);
+            same = m.ndim == c->v[i].in[j].ndim && m.dtype == c->v[i].in[j].dtype &&
+                   !memcmp(m.shape, c->v[i].in[j].shape, sizeof(int64_t) * (size_t)m.ndim);
+        }
+        if (same) return i;
+    }
+    return -1;
+}
+
+/* Generates, builds and binds the code of a planned variant. */
+static kiln_status generate(kiln_compiled *c, variant *v) {
+    const kiln_graph *g = v->g;
+    enum { MAXP = 9 };
+    char *parts[MAXP] = {0};
+    int n_parts = 0;
+    /* split the kernels over several files built in parallel */
+    int kparts = g->n_groups < 4 ? 1 : 4;
+    bool tune = c->o.mode == KILN_COMPILE_MAX_AUTOTUNE;
+    kiln_status st = KILN_OK;
+    for (int p = 0; p < kparts && !st; p++)
+        if (!(parts[n_parts++] = kiln_codegen_groups(g, p, kparts, tune))) st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
+    if (!st && c->o.mode == KILN_COMPILE_REDUCE_OVERHEAD && !(parts[n_parts++] = kiln_codegen_step(g)))
+        st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
+    kiln_build_info info = {0};
+    if (!st) st = kiln_module_build((const char *const *)parts, n_parts, &c->o.build, &v->mod, &info);
+    for (int i = 0; i < n_parts; i++) free(parts[i]);
+    if (st) return st;
+    c->stats.cc_seconds = info.seconds;
+    c->stats.from_cache = info.from_cache;
+    snprintf(c->stats.source_path, sizeof c->stats.source_path, "%s", info.src_path);
+    char name[64];
+    for (int k = 0; k < g->n_groups; k++) {
+        snprintf(name, sizeof name, "kiln_g%d", k);
+        kiln_group_fn f = (kiln_group_fn)kiln_module_sym(v->mod, name);
+        if (!f) return kiln_last_status();
+        kiln_interp_bind_group(v->r, k, f);
+    }
+    if (c->o.mode == KILN_COMPILE_REDUCE_OVERHEAD) {
+        kiln_step_fn s = (kiln_step_fn)kiln_module_sym(v->mod, "kiln_step");
+        if (!s) return kiln_last_status();
+        kiln_interp_bind_step(v->r, s);
+    }
+    return KILN_OK;
+}
+
+/* max-autotune: after a first run bound every pointer, time each fused
+ * kernel serial and threaded and keep the faster. */
+static void autotune(variant *v) {
+    const kiln_graph *g = v->g;
+    kiln_interp_zero_arena(v->r);
+    char name[64];
+    for (int k = 0; k < g->n_groups; k++) {
+        void *args[512];
+        kiln_interp_group_args(v->r, k, args, 512);
+        kiln_group_fn cand[2];
+        snprintf(name, sizeof name, "kiln_g%d_serial", k);
+        cand[0] = (kiln_group_fn)kiln_module_sym(v->mod, name);
+        snprintf(name, sizeof name, "kiln_g%d_parallel", k);
+        cand[1] = (kiln_group_fn)kiln_module_sym(v->mod, name);
+        if (!cand[0] || !cand[1]) continue;
+        double best[2];
+        for (int q = 0; q < 2; q++) {
+            cand[q](args); /* warm */
+            best[q] = 1e30;
+            for (int rep = 0; rep < 5; rep++) {
+                double t0 = kiln_time_now();
+                cand[q](args);
+                double dt = kiln_time_now() - t0;
+                if (dt < best[q]) best[q] = dt;
+            }
+        }
+        kiln_interp_bind_group(v->r, k, best[0] <= best[1] ? cand[0] : cand[1]);
+    }
+    kiln_clear_error();
+}
+
+static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *out) {
+    double t0 = kiln_time_now();
+    variant *v = &c->v[c->n_v];
+    v->n_in = c->n_inputs;
+    for (int j = 0; j < c->n_inputs; j++) v->in[j] = kiln_meta_of(in[j]);
+    kiln_graph_options go;
+    kiln_graph_options_default(&go);
+    go.backward = c->o.backward;
+    go.rewrite_attention = go.rewrite_linear_ce = c->o.rewrites;
+    go.reuse_memory = c->o.reuse_memory;
+    kiln_status st = kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &v->g);
+    if (!st) st = kiln_interp_new(v->g, &v->r);
+    if (st) {
+        variant_free(v);
+        return kiln_error_context(st, "compiling");
+    }
+    c->stats.cc_seconds = 0;
+    c->stats.source_path[0] = 0;
+    c->stats.interpreted = true;
+    if (!c->o.interpret) {
+        const char *ver = NULL;
+        if (!kiln_compiler_available(&c->o.build, &ver)) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED, "no working C compiler (set KILN_CC)");
+        } else {
+            st = generate(c, v);
+        }
+        if (st) {
+            if (c->o.strict) {
+                variant_free(v);
+                return kiln_error_context(st, "--compile=strict");
+            }
+            if (!c->warned_fallback)
+                kiln_log(KILN_LOG_WARN, "compiled code unavailable (%s): running the planned graph in the interpreter",
+                         kiln_last_error());
+            c->warned_fallback = true;
+            kiln_module_free(v->mod);
+            v->mod = NULL;
+            kiln_interp_bind_step(v->r, NULL);
+            for (int k = 0; k < v->g->n_groups; k++) kiln_interp_bind_group(v->r, k, NULL);
+            kiln_clear_error();
+        } else {
+            c->stats.interpreted = false;
+        }
+    }
+    *out = c->n_v++;
+    const kiln_graph *g = v->g;
+    c->stats.variants = c->n_v;
+    c->stats.build_seconds = kiln_time_now() - t0;
+    c->stats.arena_bytes = g->arena_bytes;
+    c->stats.unplanned_bytes = g->unplanned_bytes;
+    c->stats.nodes = kiln_graph_live_nodes(g);
+    c->stats.fused_groups = 0;
+    c->stats.fused_ops = 0;
+    for (int k = 0; k < g->n_groups; k++) {
+        int n = g->group_start[k + 1] - g->group_start[k];
+        if (n > 1) c->stats.fused_groups++, c->stats.fused_ops += n;
+    }
+    c->stats.flops = kiln_graph_flops(g);
+    return KILN_OK;
+}
+
+kiln_status kiln_compiled_run(kiln_compiled *c, kiln_tensor *const *in, float *report) {
+    int i = find_variant(c, in);
+    if (i < 0) {
+        if (c->n_v >= c->o.max_variants) {
+            if (!c->warned_limit)
+                kiln_log(KILN_LOG_WARN, "compiled step: %d shape variants built (the limit); new shapes run eager",
+                         c->o.max_variants);
+            c->warned_limit = true;
+            return kiln_error(KILN_ERR_UNSUPPORTED, "compiled step: variant limit (%d) reached", c->o.max_variants);
+        }
+        kiln_status st = build_variant(c, in, &i);
+        if (st) return st;
+    }
+    c->last = i;
+    variant *v = &c->v[i];
+    kiln_status st = kiln_interp_run(v->r, in, report);
+    if (!st && c->o.mode == KILN_COMPILE_MAX_AUTOTUNE && v->mod && !v->tuned) {
+        v->tuned = true;
+        autotune(v);
+    }
+    return st;
+}
+
+kiln_compile_stats kiln_compiled_stats(const kiln_compiled *c) { return c->stats; }
+const kiln_graph *kiln_compiled_graph(const kiln_compiled *c) { return c->last >= 0 ? c->v[c->last].g : NULL; }
