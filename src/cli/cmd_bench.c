@@ -1,22 +1,29 @@
-/* kiln bench: times training steps (forward + backward) of a model
- * configuration and prints ms/step, tokens/s, GFLOP/s, MFU and peak memory. */
+/* kiln bench: times training steps (forward + backward) of a model in eager
+ * mode and in each compiled mode, in one process, and prints ms/step,
+ * tokens/s, GFLOP/s, MFU, peak memory and compile times, with ratios. */
 #include <getopt.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
+#include "kiln/compile.h"
 #include "kiln/eager.h"
 #include "kiln/kernels.h"
 #include "kiln/model.h"
+#include "kiln/train.h"
 
 static const char *bench_help =
     "usage: kiln bench [options]\n"
-    "Times training steps (forward + backward, gradients accumulated) on random tokens.\n"
+    "Times training steps (forward + backward, gradients accumulated) on random tokens,\n"
+    "eager and compiled, in one process; prints the ratios to eager.\n"
     "  --model NAME|FILE   tiny, small (default) or demo, or a config.json\n"
     "  --batch N           sequences per micro-batch (default 8)\n"
     "  --seq N             sequence length (default 256)\n"
-    "  --steps N           timed steps (default 5; the median is reported)\n"
-    "  --warmup N          untimed steps first (default 1)\n"
+    "  --steps N           timed steps per mode (default 5; the median is reported)\n"
+    "  --warmup N          untimed steps first (default 1; the first compiled one builds)\n"
+    "  --modes LIST        comma-separated: eager,default,reduce-overhead,max-autotune,interpret\n"
+    "                      (default: eager,default,reduce-overhead,max-autotune)\n"
     "  --threads N         OpenMP threads (default: all cores)\n"
     "  --profile           print time per op (eager)\n"
     "  --peak GFLOPS       fp32 FMA peak for MFU (default: measured at start)\n";
@@ -26,15 +33,122 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Peak RSS is reset between modes (Linux clear_refs 5) after returning the
+ * previous mode's cached memory to the OS. */
+static void reset_peak(void) {
+    kiln_alloc_trim();
+    malloc_trim(0);
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+typedef struct {
+    const char *name;
+    double ms, tokens_s, gflops, peak_mb, build_s, warm_s, arena_mb;
+    bool ok, interpreted;
+} result;
+
+typedef struct {
+    kiln_llama *m;
+    kiln_tensor *in[4];
+    int steps, warmup;
+    double flops;
+    bool profile;
+} bench_ctx;
+
+static void print_profile(const kiln_op_profile *table, int steps) {
+    double total = 0;
+    for (int o = 0; o < KILN_OP_COUNT; o++) total += table[o].seconds;
+    printf("\nper-op time, eager, over %d steps (%.0f ms/step inside ops):\n%-24s %8s %8s %7s %9s\n", steps,
+           total * 1e3 / steps, "op", "calls", "ms/step", "share", "GFLOP/s");
+    for (int o = 0; o < KILN_OP_COUNT; o++)
+        if (table[o].calls)
+            printf("%-24s %8llu %8.1f %6.1f%% %9.1f\n", kiln_op_name(o), (unsigned long long)table[o].calls / steps,
+                   table[o].seconds * 1e3 / steps, 100 * table[o].seconds / total,
+                   table[o].seconds > 0 ? table[o].flops / table[o].seconds / 1e9 : 0);
+}
+
+static result run_mode(bench_ctx *b, const char *mode) {
+    result r = {.name = mode};
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    bool eager = !strcmp(mode, "eager");
+    if (!eager && kiln_compile_mode_parse(mode, &co)) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+        return r;
+    }
+    reset_peak();
+    kiln_compiled *cs = eager ? NULL : kiln_train_compile(b->m, &co, true);
+    if (!eager && !cs) return r;
+    kiln_op_profile table[KILN_OP_COUNT];
+    double *ms = calloc((size_t)b->steps, sizeof *ms);
+    int64_t tokens = b->in[0]->shape[0] * b->in[0]->shape[1];
+    for (int i = 0; i < b->warmup + b->steps; i++) {
+        if (eager && b->profile && i == b->warmup) kiln_eager_profile(table);
+        double t0 = kiln_time_now();
+        kiln_status st;
+        if (eager) {
+            kiln_tensor *sum = kiln_llama_loss(b->m, b->in[0], b->in[1], b->in[2]);
+            kiln_tensor *scaled = kiln_scale_by(sum, b->in[3]);
+            st = kiln_backward(scaled);
+            kiln_tensor_release(scaled);
+            kiln_tensor_release(sum);
+        } else {
+            float rep[1];
+            st = kiln_compiled_run(cs, b->in, rep);
+        }
+        double dt = kiln_time_now() - t0;
+        if (st) {
+            fprintf(stderr, "kiln bench: %s step failed: %s\n", mode, kiln_last_error());
+            free(ms);
+            kiln_compiled_free(cs);
+            return r;
+        }
+        if (i == 0 && cs) r.build_s = kiln_compiled_stats(cs).build_seconds;
+        if (i >= b->warmup) ms[i - b->warmup] = dt * 1e3;
+    }
+    if (eager && b->profile) {
+        kiln_eager_profile(NULL);
+        print_profile(table, b->steps);
+    }
+    qsort(ms, (size_t)b->steps, sizeof *ms, cmp_d);
+    r.ms = ms[b->steps / 2];
+    r.tokens_s = (double)tokens / (r.ms / 1e3);
+    r.gflops = b->flops / (r.ms / 1e3) / 1e9;
+    r.peak_mb = (double)kiln_peak_rss() / 1e6;
+    r.ok = true;
+    free(ms);
+    if (cs) {
+        kiln_compile_stats s = kiln_compiled_stats(cs);
+        r.arena_mb = (double)s.arena_bytes / 1e6;
+        r.interpreted = s.interpreted;
+        /* warm start: a second compile of the same step loads from the cache */
+        kiln_compiled *again = kiln_train_compile(b->m, &co, true);
+        double t0 = kiln_time_now();
+        float rep[1];
+        if (again && !kiln_compiled_run(again, b->in, rep)) r.warm_s = kiln_compiled_stats(again).build_seconds;
+        (void)t0;
+        kiln_compiled_free(again);
+        printf("  %s: %d nodes, %d fused groups (%d ops), arena %.0f MB (%.0f MB without reuse), %s%s\n", mode, s.nodes,
+               s.fused_groups, s.fused_ops, s.arena_bytes / 1e6, s.unplanned_bytes / 1e6,
+               s.interpreted ? "interpreted" : "generated: ", s.interpreted ? "" : s.source_path);
+    }
+    kiln_compiled_free(cs);
+    return r;
+}
+
 int kiln_cmd_bench(int argc, char **argv) {
-    const char *model = "small";
+    const char *model = "small", *modes = "eager,default,reduce-overhead,max-autotune";
     int64_t B = 8, T = 256;
-    int steps = 5, warmup = 1;
+    bench_ctx b = {.steps = 5, .warmup = 1};
     double peak = 0;
-    bool prof = false;
-    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'}, {"seq", 1, 0, 's'},
-                                         {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'}, {"threads", 1, 0, 't'},
-                                         {"peak", 1, 0, 'p'},  {"help", 0, 0, 'h'}, {"profile", 0, 0, 'P'},   {0, 0, 0, 0}};
+    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},   {"seq", 1, 0, 's'},
+                                         {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},  {"threads", 1, 0, 't'},
+                                         {"peak", 1, 0, 'p'},  {"help", 0, 0, 'h'},    {"profile", 0, 0, 'P'},
+                                         {"modes", 1, 0, 'M'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -42,17 +156,18 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 'm': model = optarg; break;
         case 'b': B = atoll(optarg); break;
         case 's': T = atoll(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
+        case 'n': b.steps = atoi(optarg); break;
+        case 'w': b.warmup = atoi(optarg); break;
         case 't': kiln_set_num_threads(atoi(optarg)); break;
         case 'p': peak = atof(optarg); break;
-        case 'P': prof = true; break;
+        case 'P': b.profile = true; break;
+        case 'M': modes = optarg; break;
         case 'h': fputs(bench_help, stdout); return 0;
         default: fputs(bench_help, stderr); return 2;
         }
     }
-    if (B < 1 || T < 2 || steps < 1 || warmup < 0 || peak < 0) {
-        fprintf(stderr, "kiln bench: --batch, --seq, --steps and --peak must be positive\n");
+    if (B < 1 || T < 2 || b.steps < 1 || b.warmup < 1 || peak < 0) {
+        fprintf(stderr, "kiln bench: --batch, --seq, --steps and --warmup must be positive\n");
         return 2;
     }
     kiln_llama_config cfg;
@@ -63,63 +178,56 @@ int kiln_cmd_bench(int argc, char **argv) {
         return 1;
     }
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
-    kiln_llama *m = kiln_llama_new(&cfg, 1234);
-    if (!m) {
+    b.m = kiln_llama_new(&cfg, 1234);
+    if (!b.m) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
         return 1;
     }
-    int64_t shape[2] = {B, T};
-    kiln_tensor *ids = kiln_tensor_new(KILN_I32, 2, shape), *tg = kiln_tensor_new(KILN_I32, 2, shape);
+    int64_t shape[2] = {B, T}, one = 1;
+    for (int i = 0; i < 3; i++) b.in[i] = kiln_tensor_new(KILN_I32, 2, shape);
+    b.in[3] = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_f32(b.in[3])[0] = 1.0f / (float)(B * T);
     kiln_rng rng = {99, 0};
     for (int64_t i = 0; i < B * T; i++) {
-        kiln_i32(ids)[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
-        kiln_i32(tg)[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
+        kiln_i32(b.in[0])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
+        kiln_i32(b.in[1])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
+        kiln_i32(b.in[2])[i] = 1;
     }
     kiln_eager_enable();
-    if (peak == 0) peak = kiln_fma_peak_gflops(0.3);
+    bool measure = peak == 0;
+    for (int i = 0; measure && i < 5; i++) { /* best of five short runs: the machine is shared */
+        double p = kiln_fma_peak_gflops(0.1);
+        if (p > peak) peak = p;
+    }
     if (!(peak > 0)) peak = 445; /* no vector FMA to measure: ../shared/README.md's figure */
-    double flops = kiln_llama_flops_per_token(&cfg, T) * (double)(B * T);
+    b.flops = kiln_llama_flops_per_token(&cfg, T) * (double)(B * T);
     printf("model %s: %.2fM parameters, batch %lld x %lld, %d threads, GEMM: %s\n", model,
-           (double)kiln_llama_num_params(m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend());
-    printf("model FLOPs per step: %.1f GFLOP (%.1f MFLOP/token)\n", flops / 1e9, flops / 1e6 / (double)(B * T));
-    double *ms = calloc((size_t)steps, sizeof *ms);
-    kiln_op_profile table[KILN_OP_COUNT];
-    for (int i = 0; i < warmup + steps; i++) {
-        if (prof && i == warmup) kiln_eager_profile(table);
-        double t0 = kiln_time_now();
-        kiln_tensor *loss = kiln_llama_loss(m, ids, tg, NULL);
-        st = kiln_backward(loss);
-        kiln_tensor_release(loss);
-        double dt = kiln_time_now() - t0;
-        if (st || !loss) {
-            fprintf(stderr, "kiln bench: step failed: %s\n", kiln_last_error());
-            return 1;
+           (double)kiln_llama_num_params(b.m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend());
+    printf("model FLOPs per step: %.1f GFLOP (%.1f MFLOP/token); fp32 FMA peak %.0f GFLOP/s\n", b.flops / 1e9,
+           b.flops / 1e6 / (double)(B * T), peak);
+    result res[8];
+    int n = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", modes);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < 8; tok = strtok_r(NULL, ",", &save))
+        res[n++] = run_mode(&b, tok);
+    double base = 0;
+    for (int i = 0; i < n; i++)
+        if (res[i].ok && !strcmp(res[i].name, "eager")) base = res[i].tokens_s;
+    printf("\n%-16s %9s %9s %8s %6s %9s %12s %10s %9s %9s\n", "mode", "ms/step", "tokens/s", "GFLOP/s", "MFU", "vs eager",
+           "peak RSS MB", "arena MB", "build s", "warm s");
+    for (int i = 0; i < n; i++) {
+        result *r = &res[i];
+        if (!r->ok) {
+            printf("%-16s failed\n", r->name);
+            continue;
         }
-        if (i >= warmup) ms[i - warmup] = dt * 1e3;
+        printf("%-16s %9.1f %9.0f %8.1f %5.1f%% %8.2fx %12.0f %10.0f %9.2f %9.3f\n", r->name, r->ms, r->tokens_s, r->gflops,
+               100 * r->gflops / peak, base > 0 ? r->tokens_s / base : 0, r->peak_mb, r->arena_mb, r->build_s, r->warm_s);
     }
-    qsort(ms, (size_t)steps, sizeof *ms, cmp_d);
-    double med = ms[steps / 2];
-    double gfs = flops / (med / 1e3) / 1e9;
-    kiln_alloc_stats as = kiln_alloc_get_stats();
-    printf("%-10s %10s %10s %9s %7s %14s %14s\n", "mode", "ms/step", "tokens/s", "GFLOP/s", "MFU", "peak RSS MB", "alloc peak MB");
-    printf("%-10s %10.1f %10.0f %9.1f %6.1f%% %14.0f %14.0f\n", "eager", med, (double)(B * T) / (med / 1e3), gfs,
-           100 * gfs / peak, (double)kiln_peak_rss() / 1e6, (double)as.peak_bytes / 1e6);
-    printf("(median of %d steps, min %.1f ms, max %.1f ms; MFU against the fp32 FMA peak, %.0f GFLOP/s)\n", steps, ms[0], ms[steps - 1], peak);
-    if (prof) {
-        kiln_eager_profile(NULL);
-        double total = 0;
-        for (int o = 0; o < KILN_OP_COUNT; o++) total += table[o].seconds;
-        printf("\nper-op time over %d steps (%.0f ms/step inside ops):\n%-24s %8s %8s %7s %9s\n", steps, total * 1e3 / steps,
-               "op", "calls", "ms/step", "share", "GFLOP/s");
-        for (int o = 0; o < KILN_OP_COUNT; o++)
-            if (table[o].calls)
-                printf("%-24s %8llu %8.1f %6.1f%% %9.1f\n", kiln_op_name(o), (unsigned long long)table[o].calls / steps,
-                       table[o].seconds * 1e3 / steps, 100 * table[o].seconds / total,
-                       table[o].seconds > 0 ? table[o].flops / table[o].seconds / 1e9 : 0);
-    }
-    free(ms);
-    kiln_tensor_release(ids);
-    kiln_tensor_release(tg);
-    kiln_llama_free(m);
+    printf("(median of %d steps per mode; MFU = model FLOPs / fp32 FMA peak; build s = first call (trace, passes,\n"
+           " code generation, cc); warm s = the same step compiled again, loaded from the cache)\n", b.steps);
+    for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
+    kiln_llama_free(b.m);
     return 0;
 }
