@@ -6,7 +6,7 @@
  * groups and the step, builds it with the system compiler (cached on disk)
  * and loads it. Later calls with the same shapes reuse that variant; a new
  * shape builds another, up to max_variants, after which kiln_compiled_run
- * answers KILN_ERR_UNSUPPORTED and the caller runs eager (warned once).
+ * answers KILN_ERR_LIMIT and the caller runs eager (warned once).
  * Without a working compiler the planned graph runs in the interpreter, with
  * one warning (strict makes it an error).
  *

@@ -34,6 +34,7 @@ typedef enum {
     KILN_ERR_OOM = 6,     /* out of memory */
     KILN_ERR_NUMERIC = 7, /* NaN or inf where a finite value was needed */
     KILN_ERR_UNSUPPORTED = 8,
+    KILN_ERR_LIMIT = 9,   /* a configured limit was reached (e.g. compiled shape variants) */
 } kiln_status;
 
 /* Records an error (printf-style) and returns `code`, so callers can write

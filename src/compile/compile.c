@@ -245,7 +245,7 @@ kiln_status kiln_compiled_run(kiln_compiled *c, kiln_tensor *const *in, float *r
                 kiln_log(KILN_LOG_WARN, "compiled step: %d shape variants built (the limit); new shapes run eager",
                          c->o.max_variants);
             c->warned_limit = true;
-            return kiln_error(KILN_ERR_UNSUPPORTED, "compiled step: variant limit (%d) reached", c->o.max_variants);
+            return kiln_error(KILN_ERR_LIMIT, "compiled step: variant limit (%d) reached", c->o.max_variants);
         }
         kiln_status st = build_variant(c, in, &i);
         if (st) return st;

@@ -39,7 +39,7 @@ kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, 
 
 /* One micro-batch through a compiled step: the scale is a runtime input, so
  * a new window's token count never rebuilds anything. Returns
- * KILN_ERR_UNSUPPORTED past the variant limit (the caller runs eager). */
+ * KILN_ERR_LIMIT past the variant limit (the caller runs eager). */
 static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double scale, double *sum) {
     batch_tensors bt;
     kiln_status st = wrap_batch(b, &bt);
@@ -65,7 +65,7 @@ static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double
 static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, double *sum, kiln_compiled *cs) {
     if (cs) {
         kiln_status cst = compiled_micro(cs, b, scale, sum);
-        if (cst != KILN_ERR_UNSUPPORTED) return cst;
+        if (cst != KILN_ERR_LIMIT) return cst;
         kiln_clear_error(); /* past the variant limit: eager */
     }
     batch_tensors bt;
@@ -153,7 +153,7 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
                 count += mb[i]->n_targets;
                 continue;
             }
-            if (cst != KILN_ERR_UNSUPPORTED) {
+            if (cst != KILN_ERR_LIMIT) {
                 st = cst;
                 break;
             }

@@ -1,0 +1,226 @@
+/* Compiled training against eager: every mode over 20 optimiser steps with
+ * accumulation, padding, grouped-query attention and a frozen parameter;
+ * the memory plan on and off; load-after-compile and save-from-compiled;
+ * shape variants and their limit; the cache; no compiler. */
+#include <stdlib.h>
+#include <unistd.h>
+#include "kiln/eager.h"
+#include "kiln/train.h"
+#include "test.h"
+
+static kiln_llama_config cfg(void) {
+    kiln_llama_config c;
+    kiln_llama_config_default(&c);
+    c.vocab_size = 61, c.hidden_size = 48, c.intermediate_size = 40, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-5;
+    return c;
+}
+
+static void fill(kiln_batch *b, uint64_t seed) {
+    for (int r = 0; r < b->B; r++) {
+        int pads = (int)(kiln_rng_u64(seed, 1000 + (uint64_t)r) % 9);
+        for (int t = 0; t < b->T; t++) {
+            int i = r * b->T + t;
+            bool real = t < b->T - pads;
+            b->input_ids[i] = real ? 3 + (int32_t)(kiln_rng_u64(seed, (uint64_t)i) % 58) : 2;
+            b->pad_mask[i] = real;
+        }
+        for (int t = 0; t < b->T; t++) {
+            int i = r * b->T + t;
+            b->targets[i] = t + 1 < b->T - pads ? b->input_ids[i + 1] : KILN_IGNORE_INDEX;
+        }
+    }
+    b->rows = b->B;
+    b->n_targets = 0;
+    for (int i = 0; i < b->B * b->T; i++) b->n_targets += b->targets[i] != KILN_IGNORE_INDEX;
+}
+
+static double weights_diff(const kiln_llama *a, const kiln_llama *b) {
+    double worst = 0;
+    for (int i = 0; i < a->n_params; i++) {
+        double d = 0, s = 0;
+        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++) {
+            d = fmax(d, fabs((double)kiln_f32(a->params[i])[j] - kiln_f32(b->params[i])[j]));
+            s = fmax(s, fabs((double)kiln_f32(b->params[i])[j]));
+        }
+        worst = fmax(worst, d / s);
+    }
+    return worst;
+}
+
+/* 20 steps of k = 3 micro-batches of 2 x 24; returns the final model */
+static kiln_llama *train20(const char *mode, bool reuse, double *losses) {
+    kiln_llama_config mc = cfg();
+    kiln_llama *m = kiln_llama_new(&mc, 3);
+    kiln_llama_set_trainable(m, "model.layers.0.mlp.gate_proj.weight", false);
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    c.lr = 3e-3, c.warmup = 3;
+    kiln_adamw *o = kiln_adamw_new(m, &c);
+    kiln_compiled *cs = NULL;
+    if (mode) {
+        kiln_compile_options co;
+        kiln_compile_options_default(&co);
+        CHECK_OK(kiln_compile_mode_parse(mode, &co));
+        co.reuse_memory = reuse;
+        cs = kiln_train_compile(m, &co, true);
+    }
+    kiln_batch *mb[3];
+    for (int i = 0; i < 3; i++) mb[i] = kiln_batch_alloc(2, 24);
+    for (int s = 0; s < 20; s++) {
+        for (int i = 0; i < 3; i++) fill(mb[i], 100 * (uint64_t)s + (uint64_t)i);
+        kiln_step_result r;
+        CHECK_OK(kiln_train_window_ex(m, o, &c, mb, 3, kiln_lr_at(&c, s, 20), &r, cs));
+        losses[s] = r.loss;
+    }
+    if (cs) {
+        kiln_compile_stats st = kiln_compiled_stats(cs);
+        printf("  %-16s %s, %d nodes, %d fused groups, arena %lld B (unplanned %lld B)\n", mode,
+               st.interpreted ? "interpreted" : "generated C", st.nodes, st.fused_groups, (long long)st.arena_bytes,
+               (long long)st.unplanned_bytes);
+        if (strcmp(mode, "interpret")) CHECK(!st.interpreted, "%s runs generated code", mode);
+    }
+    for (int i = 0; i < 3; i++) kiln_batch_free(mb[i]);
+    kiln_compiled_free(cs);
+    kiln_adamw_free(o);
+    return m;
+}
+
+static void modes_vs_eager(void) {
+    double le[20], lc[20], lr[20];
+    kiln_llama *eager = train20(NULL, true, le);
+    const char *modes[] = {"default", "reduce-overhead", "max-autotune", "interpret"};
+    for (int i = 0; i < 4; i++) {
+        kiln_llama *m = train20(modes[i], true, lc);
+        double worst = 0;
+        for (int s = 0; s < 20; s++) worst = fmax(worst, t_rel(lc[s], le[s]));
+        double wd = weights_diff(m, eager);
+        printf("  %-16s vs eager over 20 steps: loss max rel diff %.2e, weights max rel diff %.2e\n", modes[i], worst, wd);
+        CHECK(worst < 1e-5, "%s: losses match eager (%.3g)", modes[i], worst);
+        CHECK(wd < 1e-3, "%s: weights match eager (%.3g)", modes[i], wd);
+        CHECK(memcmp(m->layers[0].gate_proj->data, eager->layers[0].gate_proj->data,
+                     kiln_tensor_nbytes(m->layers[0].gate_proj)) == 0 && !m->layers[0].gate_proj->grad,
+              "%s: the frozen parameter is untouched", modes[i]);
+        if (i == 0) {
+            kiln_llama *noreuse = train20(modes[i], false, lr);
+            CHECK(memcmp(lr, lc, sizeof lr) == 0 && weights_diff(noreuse, m) == 0,
+                  "memory reuse off gives identical losses and weights");
+            kiln_llama_free(noreuse);
+        }
+        kiln_llama_free(m);
+    }
+    kiln_llama_free(eager);
+}
+
+static double eager_loss(kiln_llama *m, kiln_batch *b) {
+    double loss;
+    CHECK_OK(kiln_evaluate(m, &b, 1, &loss, NULL));
+    return loss;
+}
+
+static void load_after_compile(const char *dir) {
+    kiln_llama_config mc = cfg();
+    kiln_llama *a = kiln_llama_new(&mc, 11), *b = kiln_llama_new(&mc, 12);
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    kiln_compiled *ev = kiln_train_compile(a, &co, false);
+    kiln_batch *mb = kiln_batch_alloc(2, 24);
+    fill(mb, 5);
+    double la, lb, lc;
+    CHECK_OK(kiln_evaluate_ex(a, &mb, 1, &la, NULL, ev));
+    char path[512];
+    snprintf(path, sizeof path, "%s/b.safetensors", dir);
+    CHECK_OK(kiln_save_weights(path, b));
+    CHECK_OK(kiln_load_weights(path, a)); /* after compiling */
+    CHECK_OK(kiln_evaluate_ex(a, &mb, 1, &lb, NULL, ev));
+    lc = eager_loss(b, mb);
+    printf("  load after compile: compiled loss %.7f, eager loss of the loaded weights %.7f (before loading %.7f)\n", lb, lc, la);
+    CHECK(t_rel(lb, lc) < 1e-6 && t_rel(la, lb) > 1e-4, "weights loaded after compiling are used");
+    /* save from compiled: train compiled, save, load into a fresh model */
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    kiln_adamw *o = kiln_adamw_new(a, &c);
+    kiln_compiled *tr = kiln_train_compile(a, &co, true);
+    kiln_step_result r;
+    CHECK_OK(kiln_train_window_ex(a, o, &c, &mb, 1, 1e-2, &r, tr));
+    CHECK_OK(kiln_save_weights(path, a));
+    kiln_llama *fresh = kiln_llama_new(&mc, 99);
+    CHECK_OK(kiln_load_weights(path, fresh));
+    CHECK_OK(kiln_evaluate_ex(a, &mb, 1, &la, NULL, ev));
+    lb = eager_loss(fresh, mb);
+    CHECK(t_rel(la, lb) < 1e-6, "saving a compiled model saves the trained tensors (%.7f vs %.7f)", la, lb);
+    kiln_llama_free(fresh);
+    kiln_compiled_free(tr);
+    kiln_adamw_free(o);
+    kiln_compiled_free(ev);
+    kiln_batch_free(mb);
+    kiln_llama_free(a);
+    kiln_llama_free(b);
+}
+
+static void variants_and_cache(void) {
+    kiln_llama_config mc = cfg();
+    kiln_llama *m = kiln_llama_new(&mc, 21);
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    co.max_variants = 2;
+    kiln_compiled *ev = kiln_train_compile(m, &co, false);
+    kiln_batch *b1 = kiln_batch_alloc(2, 24), *b2 = kiln_batch_alloc(3, 16), *b3 = kiln_batch_alloc(1, 8);
+    fill(b1, 1), fill(b2, 2), fill(b3, 3);
+    double l;
+    CHECK_OK(kiln_evaluate_ex(m, &b1, 1, &l, NULL, ev));
+    kiln_compile_stats s = kiln_compiled_stats(ev);
+    printf("  first variant built in %.4f s (from cache: %d)\n", s.build_seconds, s.from_cache);
+    CHECK_OK(kiln_evaluate_ex(m, &b2, 1, &l, NULL, ev));
+    CHECK(t_rel(l, eager_loss(m, b2)) < 1e-6, "a second shape builds a correct variant");
+    CHECK(kiln_compiled_stats(ev).variants == 2, "two variants");
+    /* past the limit: the compiled call refuses, the trainer's path runs eager */
+    float rep[1];
+    int64_t s2[2] = {1, 8}, one = 1;
+    kiln_tensor *in[4] = {kiln_tensor_wrap(b3->input_ids, KILN_I32, 2, s2), kiln_tensor_wrap(b3->targets, KILN_I32, 2, s2),
+                          kiln_tensor_wrap(b3->pad_mask, KILN_I32, 2, s2), kiln_tensor_zeros(KILN_F32, 1, &one)};
+    CHECK(kiln_compiled_run(ev, in, rep) == KILN_ERR_LIMIT, "variant limit refuses a third shape");
+    CHECK_OK(kiln_evaluate_ex(m, &b3, 1, &l, NULL, ev));
+    CHECK(t_rel(l, eager_loss(m, b3)) < 1e-6, "and the evaluation falls back to eager");
+    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    /* the same graph compiled again loads from the cache */
+    kiln_compiled *again = kiln_train_compile(m, &co, false);
+    CHECK_OK(kiln_evaluate_ex(m, &b1, 1, &l, NULL, again));
+    s = kiln_compiled_stats(again);
+    printf("  warm start from the cache: %.4f s\n", s.build_seconds);
+    CHECK(s.from_cache && !s.interpreted, "second compile loads from the cache");
+    kiln_compiled_free(again);
+    /* no compiler: the interpreter runs the plan, strict refuses */
+    co.build.cc = "/nonexistent/cc";
+    kiln_compiled *nocc = kiln_train_compile(m, &co, false);
+    CHECK_OK(kiln_evaluate_ex(m, &b1, 1, &l, NULL, nocc));
+    CHECK(kiln_compiled_stats(nocc).interpreted && t_rel(l, eager_loss(m, b1)) < 1e-6, "no compiler: interpreter, same loss");
+    kiln_compiled_free(nocc);
+    co.strict = true;
+    kiln_compiled *strict = kiln_train_compile(m, &co, false);
+    CHECK(kiln_evaluate_ex(m, &b1, 1, &l, NULL, strict) != KILN_OK && strstr(kiln_last_error(), "strict"),
+          "strict mode refuses to fall back: %s", kiln_last_error());
+    kiln_compiled_free(strict);
+    kiln_compiled_free(ev);
+    kiln_batch_free(b1);
+    kiln_batch_free(b2);
+    kiln_batch_free(b3);
+    kiln_llama_free(m);
+}
+
+int main(void) {
+    char dir[] = "/tmp/kiln_test_compile_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    char cache[600];
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    setenv("KILN_CACHE_DIR", cache, 1);
+    kiln_eager_enable();
+    modes_vs_eager();
+    load_after_compile(dir);
+    variants_and_cache();
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+    TEST_END();
+}
