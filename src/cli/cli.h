@@ -5,6 +5,7 @@
 int kiln_cmd_tokenizer(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
+int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_train(int argc, char **argv);
 int kiln_cmd_eval(int argc, char **argv);
 int kiln_cmd_generate(int argc, char **argv);

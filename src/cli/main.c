@@ -18,6 +18,7 @@ static const command commands[] = {
     {"generate", kiln_cmd_generate, "sample text from a run's model"},
     {"plot", kiln_cmd_plot, "SVG of training/validation loss and lr of one or two runs"},
     {"bench", kiln_cmd_bench, "time training steps of a model configuration"},
+    {"compile", kiln_cmd_compile, "show what the compiler does to a model's training step (--explain)"},
 };
 
 static void usage(FILE *f) {
