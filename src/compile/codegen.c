@@ -131,6 +131,74 @@ static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
     put(b, "    }\n");
 }
 
+/* A group ending in RMSNorm: per row, the element-wise members feed the
+ * row's values into a local array while the sum of squares accumulates,
+ * then the normalised, weighted row is written: one pass over the inputs. */
+static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
+    int ids[512];
+    int na = kiln_graph_group_args(g, k, ids, 512);
+    const int *mem = &g->group_members[g->group_start[k]];
+    int nm = g->group_start[k + 1] - g->group_start[k];
+    const kiln_value *norm = &g->v[mem[nm - 1]];
+    int64_t N = kiln_meta_numel(&norm->meta), C = norm->meta.shape[norm->meta.ndim - 1], R = N / C;
+    int wq = 0, xq = -1, oq = 0;
+    for (int q = 0; q < na; q++) {
+        const kiln_value *x = &g->v[ids[q]];
+        if (ids[q] == norm->in[1]) wq = q;
+        if (ids[q] == mem[nm - 1]) oq = q;
+        if (ids[q] == norm->in[0]) xq = q;
+        bool is_out = x->group == k;
+        bool scalar = !is_out && kiln_meta_numel(&x->meta) == 1 && N != 1;
+        if (is_out) put(b, "    float *restrict a%d = (float *)args[%d];\n", q, q);
+        else if (scalar) put(b, "    const float a%d = ((const float *)args[%d])[0];\n", q, q);
+        else put(b, "    const float *restrict a%d = (const float *)args[%d];\n", q, q);
+    }
+    if (omp) put(b, "#pragma omp %s schedule(static)\n", omp);
+    put(b, "    for (int64_t r = 0; r < %lldLL; r++) {\n        float xr[%lld];\n        float ss = 0.0f;\n", (long long)R,
+        (long long)C);
+    put(b, "#pragma omp simd reduction(+ : ss)\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
+    put(b, "            const int64_t i = r * %lldLL + j;\n", (long long)C);
+    for (int s = 0; s < nm - 1; s++) {
+        const kiln_value *x = &g->v[mem[s]];
+        char ops[KILN_OP_MAX_IN][24];
+        for (int j = 0; j < x->n_in; j++) {
+            int src = x->in[j];
+            if (g->v[src].group == k) {
+                snprintf(ops[j], sizeof ops[j], "t%d", src);
+                continue;
+            }
+            int q = 0;
+            while (ids[q] != src) q++;
+            bool scalar = kiln_meta_numel(&g->v[src].meta) == 1 && N != 1;
+            snprintf(ops[j], sizeof ops[j], scalar ? "a%d" : "a%d[i]", q);
+        }
+        put(b, "            const float t%d = ", mem[s]);
+        expand(b, kiln_op_get(x->op)->cexpr, ops, &x->attrs);
+        put(b, ";\n");
+        if (!x->internal) {
+            int q = 0;
+            while (ids[q] != mem[s]) q++;
+            put(b, "            a%d[i] = t%d;\n", q, mem[s]);
+        }
+    }
+    if (g->v[norm->in[0]].group == k) put(b, "            xr[j] = t%d;\n", norm->in[0]);
+    else put(b, "            xr[j] = a%d[i];\n", xq);
+    put(b, "            ss += xr[j] * xr[j];\n        }\n");
+    put(b, "        const float rs = 1.0f / __builtin_sqrtf(ss / %.1ff + %.9ef);\n", (double)C, (double)(float)norm->attrs.f[0]);
+    put(b, "#pragma omp simd\n        for (int64_t j = 0; j < %lldLL; j++) a%d[r * %lldLL + j] = a%d[j] * (xr[j] * rs);\n",
+        (long long)C, oq, (long long)C, wq);
+    put(b, "    }\n");
+}
+
+static bool is_row_group(const kiln_graph *g, int k) {
+    return g->v[g->group_members[g->group_start[k + 1] - 1]].op == KILN_OP_RMSNORM;
+}
+
+static void any_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
+    if (is_row_group(g, k)) row_loop(b, g, k, omp ? (strcmp(omp, "for") ? "parallel for" : "for") : NULL);
+    else group_loop(b, g, k, omp);
+}
+
 static bool parallel_worthwhile(const kiln_graph *g, int k) {
     return kiln_meta_numel(&g->v[g->group_members[g->group_start[k]]].meta) >= 16384;
 }
@@ -145,14 +213,14 @@ char *kiln_codegen_groups(const kiln_graph *g, int part, int n_parts, bool seria
         int nm = g->group_start[k + 1] - g->group_start[k];
         put(&b, "\n/* group %d: %d op(s), %d argument(s) */\n", k, nm, na);
         put(&b, "void kiln_g%d(void *const *args) {\n", k);
-        group_loop(&b, g, k, parallel_worthwhile(g, k) ? "parallel for" : NULL);
+        any_loop(&b, g, k, parallel_worthwhile(g, k) ? "parallel for" : NULL);
         put(&b, "}\n");
         if (serial_variants) {
             put(&b, "void kiln_g%d_serial(void *const *args) {\n", k);
-            group_loop(&b, g, k, NULL);
+            any_loop(&b, g, k, NULL);
             put(&b, "}\n");
             put(&b, "void kiln_g%d_parallel(void *const *args) {\n", k);
-            group_loop(&b, g, k, "parallel for");
+            any_loop(&b, g, k, "parallel for");
             put(&b, "}\n");
         }
     }
@@ -187,7 +255,7 @@ char *kiln_codegen_step(const kiln_graph *g) {
             for (int q = 0; q < na; q++) put(&b, "%sptrs[%d]", q ? ", " : "", ids[q]);
             if (!na) put(&b, "0");
             put(&b, "};\n");
-            group_loop(&b, g, k, "for");
+            any_loop(&b, g, k, "for");
             put(&b, "  }\n");
             continue;
         }

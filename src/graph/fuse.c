@@ -19,6 +19,13 @@ static bool fusable(const kiln_graph *g, int v) {
     return true;
 }
 
+/* A row reduction that can end a group: RMSNorm over the group's result
+ * (the residual add + RMSNorm pattern); its weight is read whole. */
+static bool row_op(const kiln_graph *g, int v) {
+    const kiln_value *x = &g->v[v];
+    return !x->dead && x->kind == KILN_V_OP && x->op == KILN_OP_RMSNORM && x->meta.dtype == KILN_F32;
+}
+
 typedef struct {
     int *start, *list; /* consumers of value v: list[start[v] .. start[v+1]) */
 } users;
@@ -77,14 +84,24 @@ int kiln_pass_fuse(kiln_graph *g) {
         return 0;
     }
     int next = 0;
-    for (int v = 0; v < g->n; v++) {
+    bool *has_row = calloc((size_t)g->n + 1, sizeof *has_row);
+    for (int v = 0; v < g->n && has_row; v++) {
         grp[v] = -1;
+        if (row_op(g, v)) {
+            int p = g->v[v].in[0];
+            if (grp[p] >= 0 && !has_row[grp[p]] && kiln_meta_numel(&g->v[p].meta) == kiln_meta_numel(&g->v[v].meta) &&
+                legal(g, &u, grp, grp[p], -1, v)) {
+                grp[v] = grp[p];
+                has_row[grp[v]] = true;
+            }
+            continue;
+        }
         if (!fusable(g, v)) continue;
         int64_t n = kiln_meta_numel(&g->v[v].meta);
         int cand[KILN_OP_MAX_IN], nc = 0;
         for (int j = 0; j < g->v[v].n_in; j++) {
             int p = g->v[v].in[j];
-            if (grp[p] >= 0 && kiln_meta_numel(&g->v[p].meta) == n) cand[nc++] = grp[p];
+            if (grp[p] >= 0 && !has_row[grp[p]] && kiln_meta_numel(&g->v[p].meta) == n) cand[nc++] = grp[p];
         }
         int chosen = -1;
         for (int c = 0; c < nc && chosen < 0; c++)
@@ -92,7 +109,7 @@ int kiln_pass_fuse(kiln_graph *g) {
         if (chosen >= 0) {
             /* pull in a second producer group too when that stays legal */
             for (int c = 0; c < nc; c++)
-                if (cand[c] != chosen && legal(g, &u, grp, chosen, cand[c], v)) {
+                if (cand[c] != chosen && cand[c] != -1 && legal(g, &u, grp, chosen, cand[c], v)) {
                     for (int m = 0; m < v; m++)
                         if (grp[m] == cand[c]) grp[m] = chosen;
                 }
@@ -101,6 +118,7 @@ int kiln_pass_fuse(kiln_graph *g) {
             grp[v] = next++;
         }
     }
+    free(has_row);
     /* renumber densely and lay out member lists */
     int *map = malloc(sizeof(int) * (size_t)(next + 1)), *count = calloc((size_t)next + 1, sizeof(int));
     int n_groups = 0, fused = 0;

@@ -146,15 +146,19 @@ static kiln_status run_group(kiln_interp *r, int k) {
     }
     const int *mem = &g->group_members[g->group_start[k]];
     int nm = g->group_start[k + 1] - g->group_start[k];
-    int64_t N = kiln_meta_numel(&g->v[mem[0]].meta), nchunks = (N + CHUNK - 1) / CHUNK;
+    int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
+    /* a group ending in a row reduction works on whole rows */
+    const kiln_value *last = &g->v[mem[nm - 1]];
+    int64_t row = last->op == KILN_OP_RMSNORM ? last->meta.shape[last->meta.ndim - 1] : 1;
+    int64_t ch = row >= CHUNK ? row : (CHUNK / row) * row, nchunks = (N + ch - 1) / ch;
     kiln_status st = KILN_OK;
 #pragma omp parallel if (nchunks > 1)
     {
-        float *scratch = kiln_alloc(sizeof(float) * CHUNK * (size_t)nm);
+        float *scratch = kiln_alloc(sizeof(float) * (size_t)ch * (size_t)nm);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < nchunks; c++) {
             if (!scratch) continue;
-            int64_t off = c * CHUNK, len = N - off < CHUNK ? N - off : CHUNK;
+            int64_t off = c * ch, len = N - off < ch ? N - off : ch;
             for (int s = 0; s < nm; s++) {
                 const kiln_value *x = &g->v[mem[s]];
                 kiln_tensor hin[KILN_OP_MAX_IN], hout = {.ndim = 1, .shape = {len}, .dtype = KILN_F32, .refcount = 1};
@@ -166,16 +170,15 @@ static kiln_status run_group(kiln_interp *r, int k) {
                     if (xs->group == k && xs->internal) {
                         int idx = 0;
                         while (mem[idx] != src) idx++;
-                        hin[j].data = scratch + (size_t)idx * CHUNK;
-                    } else if (kiln_meta_numel(&xs->meta) == 1 && N != 1) {
-                        hin[j].shape[0] = 1;
-                        hin[j].data = r->t[src].data;
+                        hin[j].data = scratch + (size_t)idx * (size_t)ch;
+                    } else if (kiln_meta_numel(&xs->meta) != N) { /* a scalar or a norm weight: whole */
+                        hin[j] = r->t[src];
                     } else {
                         hin[j].data = (float *)r->t[src].data + off;
                     }
                     in[j] = &hin[j];
                 }
-                hout.data = x->internal ? scratch + (size_t)s * CHUNK : (float *)r->t[mem[s]].data + off;
+                hout.data = x->internal ? scratch + (size_t)s * (size_t)ch : (float *)r->t[mem[s]].data + off;
                 kiln_op_get(x->op)->forward(in, &x->attrs, &hout);
             }
         }
