@@ -28,7 +28,7 @@ typedef enum {
     KILN_V_PARAM,    /* a model parameter, read in place */
     KILN_V_OP,       /* computed by `op` */
     KILN_V_AUX,      /* extra output `aux` of the multi-output op at in[0] */
-    KILN_V_GRAD_ACC, /* sink: param `index`'s .grad += in[0] */
+    KILN_V_GRAD_ACC, /* sink: param `index`'s .grad += in[0] (times the scalar in[1] if n_in is 2) */
 } kiln_value_kind;
 
 #define KILN_GROUP_NONE (-1)

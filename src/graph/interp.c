@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
+#include "kiln/kernels.h"
 
 struct kiln_interp {
     const kiln_graph *g;
@@ -205,7 +206,17 @@ static kiln_status run_position(kiln_interp *r, int i) {
     case KILN_V_GRAD_ACC:
         if (g->v[x->in[0]].acc_into_grad) break;
         st = grad_buffer(g->params[x->index]);
-        if (!st) st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
+        if (st) break;
+        if (x->n_in == 2) { /* grad += scalar * value */
+            kiln_tensor *gr = g->params[x->index]->grad;
+            if (kiln_tensor_numel(gr) != kiln_tensor_numel(&r->t[x->in[0]])) {
+                st = kiln_error(KILN_ERR_SHAPE, "scaled gradient accumulation: sizes differ");
+                break;
+            }
+            kiln_k_axpy(kiln_f32(&r->t[x->in[1]])[0], kiln_f32(&r->t[x->in[0]]), kiln_f32(gr), kiln_tensor_numel(gr));
+        } else {
+            st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
+        }
         break;
     }
     if (st) return kiln_error_context(st, "graph value %d (%s)", i, x->kind == KILN_V_OP ? kiln_op_name(x->op) : "sink");

@@ -174,7 +174,8 @@ int kiln_pass_rewrite_linear_ce(kiln_graph *g) {
         if (!is_op(g, c, KILN_OP_CROSS_ENTROPY)) continue;
         int logits = g->v[c].in[0];
         if (!is_op(g, logits, KILN_OP_MATMUL) || kiln_graph_only_user(g, logits) != c ||
-            g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2])
+            g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2] ||
+            g->v[logits].attrs.i[3]) /* a bf16 head stays a bf16 matmul, as eager runs it */
             continue;
         int h = g->v[logits].in[0], W = g->v[logits].in[1];
         int in[3] = {h, W, g->v[c].in[1]};
@@ -192,6 +193,16 @@ int kiln_pass_acc_into_grad(kiln_graph *g) {
     for (int s = 0; s < g->n; s++) {
         if (g->v[s].dead || g->v[s].kind != KILN_V_GRAD_ACC) continue;
         int x = g->v[s].in[0];
+        /* grad += s * y instead of materialising s * y (the fused linear +
+         * cross-entropy's weight gradient is scaled by the incoming one) */
+        if (is_op(g, x, KILN_OP_SCALE_BY) && g->v[s].n_in == 1 && kiln_graph_only_user(g, x) == s) {
+            g->v[s].n_in = 2;
+            g->v[s].in[0] = g->v[x].in[0];
+            g->v[s].in[1] = g->v[x].in[1];
+            g->v[x].dead = true;
+            done++;
+            continue;
+        }
         if (!is_op(g, x, KILN_OP_MATMUL) || g->v[x].attrs.i[0] != KILN_MM_GRAD || kiln_graph_only_user(g, x) != s) continue;
         g->v[x].acc_into_grad = true;
         g->v[x].index = g->v[s].index;
