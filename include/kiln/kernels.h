@@ -32,6 +32,19 @@ kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *
 /* Same with bf16 operands (as kiln_f32_to_bf16 stores them), fp32
  * accumulation and fp32 C; for mixed precision. */
 kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uint16_t *B, float *C);
+/* ---- bf16 conversion (mixed precision) ---------------------------------- */
+/* y[i] = kiln_f32_to_bf16(x[i]); with AVX512-BF16 through VCVTNE2PS2BF16,
+ * bit-identical except that denormal inputs become signed zeros there. */
+void kiln_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
+/* y[i] = x[i] rounded to bf16 and widened back (the emulated bf16 path). */
+void kiln_k_round_bf16(const float *x, float *y, int64_t n);
+/* Whether this CPU has AVX512-BF16; whether bf16 products run natively
+ * (kiln_gemm_bf16) or emulated (operands rounded, fp32 GEMM), and in words.
+ * kiln_bf16_force_emulation(true) takes the emulated path (tests). */
+bool kiln_cpu_has_avx512bf16(void);
+bool kiln_bf16_native(void);
+const char *kiln_bf16_path(void);
+void kiln_bf16_force_emulation(bool on);
 /* Convenience: single matrix, packed (ld = row length of the stored matrix). */
 kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                        float alpha, const float *A, const float *B, float beta, float *C);

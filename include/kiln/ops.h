@@ -158,7 +158,23 @@ kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const k
  *  KILN_MM_ROWS:    a [R..., K], b [K, N] (or [N, K] with tb) -> [R..., N]
  *  KILN_MM_GRAD:    a [R..., M], b [R..., N] -> aᵀ·b = [M, N], summed over rows */
 enum { KILN_MM_BATCHED = 0, KILN_MM_ROWS = 1, KILN_MM_GRAD = 2 };
+/* Attribute i3 = 1: bf16 operands, fp32 accumulation and output (the
+ * kernel rounds both operands to bf16 in scratch; see kiln_bf16_path for
+ * native vs emulated). The backward rule gives its gradient products the
+ * same i3. kiln_matmul sets i3 from the thread's autocast setting for the
+ * ROWS and GRAD modes (linear layers and their weight gradients); BATCHED
+ * products (attention) stay fp32, as the compiler's flash attention is. */
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb);
+/* kiln_matmul with i3 given explicitly (used by the backward rule). */
+kiln_tensor *kiln_matmul_prec(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb, bool bf16);
+/* Autocast (torch.autocast for matrix products): KILN_BF16 makes this
+ * thread's kiln_matmul/kiln_linear calls bf16 products; KILN_F32 (default)
+ * turns it off. Parameters, gradients, norms, softmax, the loss and the
+ * optimiser stay fp32. Returns the previous setting. */
+kiln_dtype kiln_autocast_set(kiln_dtype dt);
+kiln_dtype kiln_autocast_get(void);
+/* "fp32" or "bf16" -> KILN_F32 / KILN_BF16. */
+kiln_status kiln_precision_parse(const char *s, kiln_dtype *out);
 kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_mul(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_scale(kiln_tensor *x, double c);

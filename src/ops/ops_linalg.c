@@ -116,12 +116,36 @@ static kiln_status mm_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta 
     kiln_gemm_desc d;
     return mm_desc(in, a, &d, out);
 }
+/* C = A·B per the descriptor; with i3 the operands are rounded to bf16 in
+ * scratch (both tensors are contiguous, so the descriptor's strides still
+ * hold) and the product accumulates in fp32. */
+static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const kiln_tensor *A, const kiln_tensor *B,
+                          float *C) {
+    if (!a->i[3]) return kiln_gemm_f32(d, kiln_f32(A), kiln_f32(B), C);
+    int64_t na = kiln_tensor_numel(A), nb = kiln_tensor_numel(B);
+    bool native = kiln_bf16_native();
+    size_t esz = native ? 2 : 4, off = ((size_t)na * esz + 63) & ~(size_t)63;
+    char *buf = kiln_alloc(off + (size_t)nb * esz + 64);
+    if (!buf) return kiln_last_status();
+    kiln_status st;
+    if (native) {
+        kiln_k_f32_to_bf16(kiln_f32(A), (uint16_t *)buf, na);
+        kiln_k_f32_to_bf16(kiln_f32(B), (uint16_t *)(buf + off), nb);
+        st = kiln_gemm_bf16(d, (const uint16_t *)buf, (const uint16_t *)(buf + off), C);
+    } else {
+        kiln_k_round_bf16(kiln_f32(A), (float *)buf, na);
+        kiln_k_round_bf16(kiln_f32(B), (float *)(buf + off), nb);
+        st = kiln_gemm_f32(d, (const float *)buf, (const float *)(buf + off), C);
+    }
+    kiln_dealloc(buf);
+    return st;
+}
 static kiln_status mm_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
     kiln_meta m[2] = {kiln_meta_of(in[0]), kiln_meta_of(in[1])}, o;
     kiln_gemm_desc d;
     kiln_status st = mm_desc(m, a, &d, &o);
     if (st) return st;
-    return kiln_gemm_f32(&d, kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out));
+    return mm_run(&d, a, in[0], in[1], kiln_f32(out));
 }
 kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta) {
     kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
@@ -130,19 +154,20 @@ kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const k
     if (st) return st;
     if (kiln_meta_numel(&o) != kiln_tensor_numel(c)) return kiln_error(KILN_ERR_SHAPE, "matmul_into: output size differs");
     d.beta = beta;
-    return kiln_gemm_f32(&d, kiln_f32(a), kiln_f32(b), kiln_f32(c));
+    return mm_run(&d, attrs, a, b, kiln_f32(c));
 }
 
 static kiln_status mm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     int mode = (int)c->attrs.i[0];
-    bool ta = c->attrs.i[1], tb = c->attrs.i[2];
+    bool ta = c->attrs.i[1], tb = c->attrs.i[2], h = c->attrs.i[3]; /* bf16 products stay bf16 */
     kiln_tensor *A = c->in[0], *B = c->in[1];
     if (mode == KILN_MM_BATCHED) {
-        if (c->needs[0]) gin[0] = ta ? kiln_matmul(B, g, mode, tb, true) : kiln_matmul(g, B, mode, false, !tb);
-        if (c->needs[1]) gin[1] = tb ? kiln_matmul(g, A, mode, true, ta) : kiln_matmul(A, g, mode, !ta, false);
+        if (c->needs[0]) gin[0] = ta ? kiln_matmul_prec(B, g, mode, tb, true, h) : kiln_matmul_prec(g, B, mode, false, !tb, h);
+        if (c->needs[1]) gin[1] = tb ? kiln_matmul_prec(g, A, mode, true, ta, h) : kiln_matmul_prec(A, g, mode, !ta, false, h);
     } else if (mode == KILN_MM_ROWS) {
-        if (c->needs[0]) gin[0] = kiln_matmul(g, B, mode, false, !tb);
-        if (c->needs[1]) gin[1] = tb ? kiln_matmul(g, A, KILN_MM_GRAD, false, false) : kiln_matmul(A, g, KILN_MM_GRAD, false, false);
+        if (c->needs[0]) gin[0] = kiln_matmul_prec(g, B, mode, false, !tb, h);
+        if (c->needs[1])
+            gin[1] = tb ? kiln_matmul_prec(g, A, KILN_MM_GRAD, false, false, h) : kiln_matmul_prec(A, g, KILN_MM_GRAD, false, false, h);
     } else {
         return kiln_error(KILN_ERR_UNSUPPORTED, "op matmul: the gradient-product mode has no backward");
     }
@@ -162,10 +187,14 @@ const kiln_op_def kiln_opdef_matmul = {
     .flops = mm_flops,
 };
 
-kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb) {
-    kiln_attrs at = {.i = {mode, ta, tb}};
+kiln_tensor *kiln_matmul_prec(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb, bool bf16) {
+    kiln_attrs at = {.i = {mode, ta, tb, bf16}};
     kiln_tensor *in[2] = {a, b};
     return kiln_op_call(KILN_OP_MATMUL, in, 2, &at);
+}
+kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb) {
+    bool bf16 = mode != KILN_MM_BATCHED && kiln_autocast_get() == KILN_BF16;
+    return kiln_matmul_prec(a, b, mode, ta, tb, bf16);
 }
 kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W) { return kiln_matmul(x, W, KILN_MM_ROWS, false, true); }
 kiln_tensor *kiln_embedding(kiln_tensor *W, kiln_tensor *ids) {
