@@ -81,31 +81,12 @@ static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_at
     }
 }
 
-/* The loop of group k reading args[]; `parallel` chooses an OpenMP loop
- * inside an existing parallel region ("for"), a standalone one
- * ("parallel for"), or none (serial). */
-static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
-    int ids[512];
-    int na = kiln_graph_group_args(g, k, ids, 512);
+/* Emits `const float tV = <expr>;` for members [0, upto) of group k (and the
+ * store of each one that reaches memory), reading external inputs through
+ * the args a<q>: element i, or the hoisted scalar. */
+static void emit_members(sbuf *b, const kiln_graph *g, int k, const int *ids, int64_t N, int upto, const char *indent) {
     const int *mem = &g->group_members[g->group_start[k]];
-    int nm = g->group_start[k + 1] - g->group_start[k];
-    int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
-    /* scalars (one element broadcast over the loop) are read before it */
-    for (int q = 0; q < na; q++) {
-        const kiln_value *x = &g->v[ids[q]];
-        bool is_out = x->group == k;
-        bool scalar = !is_out && kiln_meta_numel(&x->meta) == 1 && N != 1;
-        if (is_out)
-            put(b, "    float *restrict a%d = (float *)args[%d];\n", q, q);
-        else if (scalar)
-            put(b, "    const float a%d = ((const float *)args[%d])[0];\n", q, q);
-        else
-            put(b, "    const float *restrict a%d = (const float *)args[%d];\n", q, q);
-    }
-    if (omp) put(b, "#pragma omp %s simd schedule(static)\n", omp);
-    else put(b, "#pragma omp simd\n");
-    put(b, "    for (int64_t i = 0; i < %lldLL; i++) {\n", (long long)N);
-    for (int s = 0; s < nm; s++) {
+    for (int s = 0; s < upto; s++) {
         const kiln_value *x = &g->v[mem[s]];
         char ops[KILN_OP_MAX_IN][24];
         for (int j = 0; j < x->n_in; j++) {
@@ -119,15 +100,47 @@ static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
             bool scalar = kiln_meta_numel(&g->v[src].meta) == 1 && N != 1;
             snprintf(ops[j], sizeof ops[j], scalar ? "a%d" : "a%d[i]", q);
         }
-        put(b, "        const float t%d = ", mem[s]);
+        put(b, "%sconst float t%d = ", indent, mem[s]);
         expand(b, kiln_op_get(x->op)->cexpr, ops, &x->attrs);
         put(b, ";\n");
         if (!x->internal) {
             int q = 0;
             while (ids[q] != mem[s]) q++;
-            put(b, "        a%d[i] = t%d;\n", q, mem[s]);
+            put(b, "%sa%d[i] = t%d;\n", indent, q, mem[s]);
         }
     }
+}
+
+/* Declares the kernel's arguments: outputs writable, inputs const, scalars
+ * (one element broadcast over N) loaded once. */
+static void emit_args(sbuf *b, const kiln_graph *g, int k, const int *ids, int na, int64_t N) {
+    for (int q = 0; q < na; q++) {
+        const kiln_value *x = &g->v[ids[q]];
+        bool is_out = x->group == k;
+        bool scalar = !is_out && kiln_meta_numel(&x->meta) == 1 && N != 1;
+        if (is_out)
+            put(b, "    float *restrict a%d = (float *)args[%d];\n", q, q);
+        else if (scalar)
+            put(b, "    const float a%d = ((const float *)args[%d])[0];\n", q, q);
+        else
+            put(b, "    const float *restrict a%d = (const float *)args[%d];\n", q, q);
+    }
+}
+
+/* The loop of group k reading args[]; `parallel` chooses an OpenMP loop
+ * inside an existing parallel region ("for"), a standalone one
+ * ("parallel for"), or none (serial). */
+static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
+    int ids[512];
+    int na = kiln_graph_group_args(g, k, ids, 512);
+    const int *mem = &g->group_members[g->group_start[k]];
+    int nm = g->group_start[k + 1] - g->group_start[k];
+    int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
+    emit_args(b, g, k, ids, na, N);
+    if (omp) put(b, "#pragma omp %s simd schedule(static)\n", omp);
+    else put(b, "#pragma omp simd\n");
+    put(b, "    for (int64_t i = 0; i < %lldLL; i++) {\n", (long long)N);
+    emit_members(b, g, k, ids, N, nm, "        ");
     put(b, "    }\n");
 }
 
@@ -143,44 +156,17 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
     int64_t N = kiln_meta_numel(&norm->meta), C = norm->meta.shape[norm->meta.ndim - 1], R = N / C;
     int wq = 0, xq = -1, oq = 0;
     for (int q = 0; q < na; q++) {
-        const kiln_value *x = &g->v[ids[q]];
         if (ids[q] == norm->in[1]) wq = q;
         if (ids[q] == mem[nm - 1]) oq = q;
         if (ids[q] == norm->in[0]) xq = q;
-        bool is_out = x->group == k;
-        bool scalar = !is_out && kiln_meta_numel(&x->meta) == 1 && N != 1;
-        if (is_out) put(b, "    float *restrict a%d = (float *)args[%d];\n", q, q);
-        else if (scalar) put(b, "    const float a%d = ((const float *)args[%d])[0];\n", q, q);
-        else put(b, "    const float *restrict a%d = (const float *)args[%d];\n", q, q);
     }
+    emit_args(b, g, k, ids, na, N);
     if (omp) put(b, "#pragma omp %s schedule(static)\n", omp);
     put(b, "    for (int64_t r = 0; r < %lldLL; r++) {\n        float xr[%lld];\n        float ss = 0.0f;\n", (long long)R,
         (long long)C);
     put(b, "#pragma omp simd reduction(+ : ss)\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
     put(b, "            const int64_t i = r * %lldLL + j;\n", (long long)C);
-    for (int s = 0; s < nm - 1; s++) {
-        const kiln_value *x = &g->v[mem[s]];
-        char ops[KILN_OP_MAX_IN][24];
-        for (int j = 0; j < x->n_in; j++) {
-            int src = x->in[j];
-            if (g->v[src].group == k) {
-                snprintf(ops[j], sizeof ops[j], "t%d", src);
-                continue;
-            }
-            int q = 0;
-            while (ids[q] != src) q++;
-            bool scalar = kiln_meta_numel(&g->v[src].meta) == 1 && N != 1;
-            snprintf(ops[j], sizeof ops[j], scalar ? "a%d" : "a%d[i]", q);
-        }
-        put(b, "            const float t%d = ", mem[s]);
-        expand(b, kiln_op_get(x->op)->cexpr, ops, &x->attrs);
-        put(b, ";\n");
-        if (!x->internal) {
-            int q = 0;
-            while (ids[q] != mem[s]) q++;
-            put(b, "            a%d[i] = t%d;\n", q, mem[s]);
-        }
-    }
+    emit_members(b, g, k, ids, N, nm - 1, "            ");
     if (g->v[norm->in[0]].group == k) put(b, "            xr[j] = t%d;\n", norm->in[0]);
     else put(b, "            xr[j] = a%d[i];\n", xq);
     put(b, "            ss += xr[j] * xr[j];\n        }\n");
