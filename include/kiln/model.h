@@ -30,6 +30,9 @@ void kiln_llama_config_default(kiln_llama_config *c);
 /* Named sizes: "tiny" (hidden 128, 2 layers), "small" (hidden 512, 8
  * layers, vocab 8192: the benchmark model), "demo" (the README's run). */
 kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c);
+/* A preset name, or a path to a config.json (anything with '/' or ".json"). */
+kiln_status kiln_llama_config_resolve(const char *name_or_path, kiln_llama_config *c);
+bool kiln_llama_config_is_preset(const char *name_or_path);
 kiln_status kiln_llama_config_validate(const kiln_llama_config *c);
 /* Parses config.json text (path only names the source in errors). */
 kiln_status kiln_llama_config_parse(const char *json, const char *source, kiln_llama_config *c);

@@ -26,6 +26,8 @@ static const char *bench_help =
     "                      (default: eager,default,reduce-overhead,max-autotune)\n"
     "  --threads N         OpenMP threads (default: all cores)\n"
     "  --profile           print time per op (eager)\n"
+    "  --precision P       fp32 (default) or bf16 (autocast: bf16 matrix products, fp32 accumulate;\n"
+    "                      MFU then against the bf16 peak, taken as 2x the fp32 FMA peak)\n"
     "  --peak GFLOPS       fp32 FMA peak for MFU (default: measured at start)\n";
 
 static int cmp_d(const void *a, const void *b) {
@@ -145,10 +147,11 @@ int kiln_cmd_bench(int argc, char **argv) {
     int64_t B = 8, T = 256;
     bench_ctx b = {.steps = 5, .warmup = 1};
     double peak = 0;
+    kiln_dtype prec = KILN_F32;
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},   {"seq", 1, 0, 's'},
                                          {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},  {"threads", 1, 0, 't'},
                                          {"peak", 1, 0, 'p'},  {"help", 0, 0, 'h'},    {"profile", 0, 0, 'P'},
-                                         {"modes", 1, 0, 'M'}, {0, 0, 0, 0}};
+                                         {"modes", 1, 0, 'M'}, {"precision", 1, 0, 'R'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -162,6 +165,12 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 'p': peak = atof(optarg); break;
         case 'P': b.profile = true; break;
         case 'M': modes = optarg; break;
+        case 'R':
+            if (kiln_precision_parse(optarg, &prec)) {
+                fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+                return 2;
+            }
+            break;
         case 'h': fputs(bench_help, stdout); return 0;
         default: fputs(bench_help, stderr); return 2;
         }
@@ -171,8 +180,7 @@ int kiln_cmd_bench(int argc, char **argv) {
         return 2;
     }
     kiln_llama_config cfg;
-    kiln_status st = strchr(model, '/') || strstr(model, ".json") ? kiln_llama_config_load(model, &cfg)
-                                                                  : kiln_llama_config_preset(model, &cfg);
+    kiln_status st = kiln_llama_config_resolve(model, &cfg);
     if (st) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
         return 1;
@@ -205,12 +213,16 @@ int kiln_cmd_bench(int argc, char **argv) {
            (double)kiln_llama_num_params(b.m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend());
     printf("model FLOPs per step: %.1f GFLOP (%.1f MFLOP/token); fp32 FMA peak %.0f GFLOP/s\n", b.flops / 1e9,
            b.flops / 1e6 / (double)(B * T), peak);
+    double mfu_peak = prec == KILN_BF16 ? 2 * peak : peak; /* bf16 dot products: twice the fp32 FMA rate */
+    if (prec == KILN_BF16) printf("precision bf16: %s; bf16 peak for MFU %.0f GFLOP/s\n", kiln_bf16_path(), mfu_peak);
+    kiln_dtype old_prec = kiln_autocast_set(prec);
     result res[8];
     int n = 0;
     char list[256];
     snprintf(list, sizeof list, "%s", modes);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < 8; tok = strtok_r(NULL, ",", &save))
         res[n++] = run_mode(&b, tok);
+    kiln_autocast_set(old_prec);
     double base = 0;
     for (int i = 0; i < n; i++)
         if (res[i].ok && !strcmp(res[i].name, "eager")) base = res[i].tokens_s;
@@ -223,10 +235,11 @@ int kiln_cmd_bench(int argc, char **argv) {
             continue;
         }
         printf("%-16s %9.1f %9.0f %8.1f %5.1f%% %8.2fx %12.0f %10.0f %9.2f %9.3f\n", r->name, r->ms, r->tokens_s, r->gflops,
-               100 * r->gflops / peak, base > 0 ? r->tokens_s / base : 0, r->peak_mb, r->arena_mb, r->build_s, r->warm_s);
+               100 * r->gflops / mfu_peak, base > 0 ? r->tokens_s / base : 0, r->peak_mb, r->arena_mb, r->build_s, r->warm_s);
     }
-    printf("(median of %d steps per mode; MFU = model FLOPs / fp32 FMA peak; build s = first call (trace, passes,\n"
-           " code generation, cc); warm s = the same step compiled again, loaded from the cache)\n", b.steps);
+    printf("(median of %d steps per mode; MFU = model FLOPs / %s peak; build s = first call (trace, passes,\n"
+           " code generation, cc); warm s = the same step compiled again, loaded from the cache)\n", b.steps,
+           prec == KILN_BF16 ? "bf16 (2x fp32 FMA)" : "fp32 FMA");
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
     kiln_llama_free(b.m);
     return 0;

@@ -79,8 +79,7 @@ int kiln_cmd_compile(int argc, char **argv) {
         return 2;
     }
     kiln_llama_config cfg;
-    kiln_status st = strchr(model, '/') || strstr(model, ".json") ? kiln_llama_config_load(model, &cfg)
-                                                                  : kiln_llama_config_preset(model, &cfg);
+    kiln_status st = kiln_llama_config_resolve(model, &cfg);
     kiln_compile_options co;
     kiln_compile_options_default(&co);
     if (!st) st = kiln_compile_mode_parse(mode, &co);

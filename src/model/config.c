@@ -38,6 +38,12 @@ kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c) {
     return kiln_llama_config_validate(c);
 }
 
+bool kiln_llama_config_is_preset(const char *s) { return !strchr(s, '/') && !strstr(s, ".json"); }
+
+kiln_status kiln_llama_config_resolve(const char *s, kiln_llama_config *c) {
+    return kiln_llama_config_is_preset(s) ? kiln_llama_config_preset(s, c) : kiln_llama_config_load(s, c);
+}
+
 kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
     struct { const char *name; int64_t v; } pos[] = {
         {"vocab_size", c->vocab_size}, {"hidden_size", c->hidden_size}, {"intermediate_size", c->intermediate_size},
