@@ -43,29 +43,17 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
     a->pos = calloc((size_t)argc + 1, sizeof *a->pos);
     if (!a->pos) return 1;
     for (int i = first; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+        const char *v;
+        int k = kiln_cli_arg(cmd, argc, argv, &i, names, 8, &v);
+        if (k == KILN_ARG_HELP) {
             a->help = true;
             continue;
         }
-        if (s[0] != '-' || !strcmp(s, "-") || (s[1] >= '0' && s[1] <= '9')) {
-            a->pos[a->n_pos++] = s;
+        if (k == KILN_ARG_POS) {
+            a->pos[a->n_pos++] = v;
             continue;
         }
-        const char *eq = strchr(s, '=');
-        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
-        int k = -1;
-        for (int j = 0; j < 8; j++)
-            if (strlen(names[j]) == nl && !strncmp(s, names[j], nl)) k = j;
-        if (k < 0) {
-            fprintf(stderr, "kiln %s: unknown flag %.*s (see --help)\n", cmd, (int)nl, s);
-            return 2;
-        }
-        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!v) {
-            fprintf(stderr, "kiln %s: flag %s needs a value\n", cmd, s);
-            return 2;
-        }
+        if (k == KILN_ARG_ERROR) return 2;
         const char **slot[] = {&a->vocab_size, &a->out, &a->out, &a->tokenizer, &a->val_frac,
                                &a->docs, &a->seed, &a->threads};
         *slot[k] = v;

@@ -44,32 +44,20 @@ typedef struct {
 static int parse_args(int argc, char **argv, eval_args *a) {
     static const char *const names[] = {"--data", "--batches", "--batch", "--seq-len", "--threads"};
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+        const char *v;
+        int k = kiln_cli_arg("eval", argc, argv, &i, names, 5, &v);
+        if (k == KILN_ARG_HELP) {
             fputs(eval_usage, stdout);
             return -1;
         }
-        if (strncmp(s, "--", 2)) {
+        if (k == KILN_ARG_ERROR) return 2;
+        if (k == KILN_ARG_POS) {
             if (a->run_dir) {
-                fprintf(stderr, "kiln eval: unexpected argument '%s'\n", s);
+                fprintf(stderr, "kiln eval: unexpected argument '%s'\n", v);
                 return 2;
             }
-            a->run_dir = s;
+            a->run_dir = v;
             continue;
-        }
-        const char *eq = strchr(s, '=');
-        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
-        int k = -1;
-        for (int j = 0; j < 5; j++)
-            if (strlen(names[j]) == nl && !strncmp(s, names[j], nl)) k = j;
-        if (k < 0) {
-            fprintf(stderr, "kiln eval: unknown flag %.*s (see --help)\n", (int)nl, s);
-            return 2;
-        }
-        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!v) {
-            fprintf(stderr, "kiln eval: %s needs a value\n", names[k]);
-            return 2;
         }
         long long t = 0;
         bool ok = true;
