@@ -42,6 +42,10 @@ typedef struct {
     kiln_on_nan on_nan;
     uint64_t seed;
     char compile[32];    /* "off" (eager), "default", "reduce-overhead", "max-autotune", "interpret" */
+    char precision[8];   /* "fp32" (default) or "bf16": autocast, see kiln_autocast_set */
+    int global_batch;    /* sequences per optimiser step; 0: batch x accum as given */
+    char micro_batch[16]; /* with global_batch: "auto" (default: the largest that fits mem_budget) or a number */
+    char mem_budget[32];  /* "1G", "512M", ... ("": 70% of MemAvailable) */
 } kiln_train_config;
 
 void kiln_train_config_default(kiln_train_config *c);
@@ -108,6 +112,41 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
 /* Mean token loss over batches, no gradient work. */
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens);
 
+/* ---- memory-aware micro-batch choice (membudget.c) ----------------------- */
+/* What a compiled run with micro-batches of b x T needs, in bytes. The
+ * arenas come from building the training and evaluation graphs (symbolic:
+ * nothing runs) under the thread's current autocast setting; bf16 changes
+ * the graph. overhead is a fixed, measured runtime cost. */
+typedef struct {
+    int64_t arena_train, arena_eval; /* the compiled plans' arenas */
+    int64_t params, grads, optim;    /* fp32 parameters, gradients, AdamW moments */
+    int64_t batches;                 /* token buffers */
+    int64_t scratch;                 /* kernel scratch outside the arena (bf16 operand copies) */
+    int64_t overhead;                /* code, libraries, oneDNN, OpenMP, data (measured) */
+    int64_t total;                   /* the predicted peak */
+} kiln_mem_estimate;
+kiln_status kiln_train_plan_bytes(kiln_llama *m, int b, int T, const kiln_compile_options *o, kiln_mem_estimate *out);
+typedef struct {
+    int micro_batch, accum, global_batch; /* micro_batch x accum == global_batch, always */
+    int largest_fit;                      /* the largest b the budget allows (b <= global_batch) */
+    int64_t budget;
+    bool budget_default;                  /* 70% of MemAvailable (no --mem-budget) */
+    kiln_mem_estimate est;                /* of the chosen micro-batch (zero when eager) */
+    char note[256];                       /* non-empty: why micro_batch < largest_fit */
+} kiln_mem_choice;
+/* With c->global_batch = N: micro_batch "auto" picks the largest divisor b
+ * of N whose plan fits the budget (N is never changed; a note says when a
+ * larger b would fit but does not divide N), a number b must divide N.
+ * accum = N / b. A budget below one sequence's needs is an error naming the
+ * smallest budget that works. auto needs a compile mode (the plan is the
+ * compiler's). Does not modify c. */
+kiln_status kiln_train_choose_batch(const kiln_train_config *c, kiln_llama *m, kiln_mem_choice *out);
+kiln_status kiln_train_check_batch_settings(const kiln_train_config *c);
+/* "512M", "1G", "1.5GiB", "800MB", bytes (K/M/G/T are powers of 1024). */
+kiln_status kiln_parse_bytes(const char *s, int64_t *out);
+int64_t kiln_mem_available(void); /* MemAvailable of /proc/meminfo in bytes, 0 if unknown */
+const char *kiln_bytes_str(int64_t bytes, char *buf, size_t n); /* "1.23 GiB" */
+
 /* ---- the trainer --------------------------------------------------------- */
 typedef struct {
     int64_t step, total_steps, steps_per_epoch, micro_per_epoch;
@@ -142,6 +181,8 @@ const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t);
 kiln_llama *kiln_trainer_model(kiln_trainer *t);
 const kiln_compiled *kiln_trainer_compiled(const kiln_trainer *t); /* NULL when eager */
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t);
+/* The micro-batch choice of a run with global_batch (NULL otherwise). */
+const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t);
 
 /* ---- checkpoints ---------------------------------------------------------- */
 /* run_dir/checkpoint-<step>/ holds config.json, model.safetensors,

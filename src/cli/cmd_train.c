@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "kiln/kernels.h"
 #include "kiln/train.h"
 
 typedef enum { T_STR, T_INT, T_I64, T_U64, T_DBL, T_SET, T_CLEAR, T_BETAS, T_PACK, T_NORM, T_NAN } flag_type;
@@ -54,6 +55,10 @@ static const flag_def flags[] = {
     F("on-nan", T_NAN, on_nan, "skip|stop", "on a non-finite loss: skip the step or stop"),
     F("seed", T_U64, seed, "N", "seed for initialisation and shuffling"),
     F("compile", T_STR, compile, "MODE", "off (eager), default, reduce-overhead, max-autotune, interpret, strict"),
+    F("precision", T_STR, precision, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)"),
+    F("global-batch", T_INT, global_batch, "N", "sequences per optimiser step: sets --batch and --accum (0: off)"),
+    F("micro-batch", T_STR, micro_batch, "auto|N", "with --global-batch: auto = the largest divisor of N that fits"),
+    F("mem-budget", T_STR, mem_budget, "SIZE", "budget for --micro-batch auto, e.g. 1G (default: 70% of MemAvailable)"),
 };
 #define N_FLAGS (sizeof flags / sizeof flags[0])
 
@@ -409,6 +414,33 @@ static void on_sigint(int sig) {
     if (g_trainer) kiln_trainer_request_stop(g_trainer);
 }
 
+/* --precision and --global-batch: what was chosen; at the end, the
+ * predicted peak against the measured one. */
+static void print_memory(kiln_trainer *t, bool end) {
+    const kiln_train_config *c = kiln_trainer_config(t);
+    const kiln_mem_choice *m = kiln_trainer_mem_choice(t);
+    char a[32], b[32], d[32];
+    if (!end && !strcmp(c->precision, "bf16")) fprintf(stderr, "kiln train: precision bf16: %s\n", kiln_bf16_path());
+    if (!m) return;
+    if (end) {
+        double rss = (double)kiln_peak_rss();
+        if (m->est.total)
+            fprintf(stderr, "memory: predicted peak %s, measured peak RSS %s (%+.1f%%)\n", kiln_bytes_str(m->est.total, a, sizeof a),
+                    kiln_bytes_str((int64_t)rss, b, sizeof b), 100.0 * (rss - (double)m->est.total) / (double)m->est.total);
+        return;
+    }
+    fprintf(stderr, "kiln train: global batch %d = micro-batch %d x accum %d (largest that fits: %d) within %s%s\n",
+            m->global_batch, m->micro_batch, m->accum, m->largest_fit, kiln_bytes_str(m->budget, a, sizeof a),
+            m->budget_default ? " (70% of MemAvailable)" : "");
+    const kiln_mem_estimate *e = &m->est;
+    if (e->total)
+        fprintf(stderr, "kiln train: predicted peak %s = arenas %s + parameters, gradients, AdamW %s + other %s\n",
+                kiln_bytes_str(e->total, a, sizeof a), kiln_bytes_str(e->arena_train + e->arena_eval, b, sizeof b),
+                kiln_bytes_str(e->params + e->grads + e->optim, d, sizeof d),
+                kiln_bytes_str(e->batches + e->scratch + e->overhead, (char[32]){0}, 32));
+    if (m->note[0]) fprintf(stderr, "kiln train: warning: %s\n", m->note);
+}
+
 static void summary(const kiln_trainer_state *st, const kiln_train_config *c, double wall) {
     char t[32];
     fmt_duration(st->elapsed_s > 0 ? st->elapsed_s : wall, t, sizeof t);
@@ -441,6 +473,7 @@ int kiln_cmd_train(int argc, char **argv) {
     fprintf(stderr, "kiln train: %s, %lld parameters, %lld steps from step %lld, run dir %s\n", c.model,
             (long long)kiln_llama_num_params(kiln_trainer_model(t)), (long long)st0->total_steps, (long long)st0->step,
             c.run_dir);
+    print_memory(t, false);
 
     g_trainer = t;
     g_interrupts = 0;
@@ -457,6 +490,7 @@ int kiln_cmd_train(int argc, char **argv) {
         rc = 1;
     }
     summary(kiln_trainer_get_state(t), &c, kiln_time_now() - p.t0);
+    print_memory(t, true);
     kiln_trainer_free(t);
     if (!a.no_plot) {
         if (kiln_cli_write_plot(c.run_dir, NULL)) fprintf(stderr, "kiln train: no plot: %s\n", kiln_last_error());

@@ -24,7 +24,8 @@ static const field fields[] = {
     FLD(eps, F_DBL),          FLD(weight_decay, F_DBL), FLD(clip, F_DBL),        FLD(decay_embeddings, F_BOOL),
     FLD(warmup, F_I64),       FLD(steps, F_I64),        FLD(epochs, F_I64),      FLD(eval_every, F_I64),
     FLD(eval_batches, F_I64), FLD(save_every, F_I64),   FLD(log_every, F_I64),   FLD(keep, F_INT),
-    FLD(on_nan, F_NAN),       FLD(seed, F_U64),         FLD(compile, F_STR),
+    FLD(on_nan, F_NAN),       FLD(seed, F_U64),         FLD(compile, F_STR),     FLD(precision, F_STR),
+    FLD(global_batch, F_INT), FLD(micro_batch, F_STR),  FLD(mem_budget, F_STR),
 };
 #define NF (sizeof fields / sizeof fields[0])
 
@@ -60,6 +61,7 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->on_nan = KILN_ON_NAN_SKIP;
     c->seed = 1234;
     snprintf(c->compile, sizeof c->compile, "off");
+    snprintf(c->precision, sizeof c->precision, "fp32");
 }
 
 kiln_status kiln_train_config_validate(const kiln_train_config *c) {
@@ -86,6 +88,7 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     NEED(c->run_dir[0], "run_dir must be set");
     kiln_compile_options co;
     if (kiln_compile_mode_parse(c->compile, &co)) return kiln_error(KILN_ERR_INVALID, "compile: %s", kiln_last_error());
+    if (kiln_train_check_batch_settings(c)) return KILN_ERR_INVALID; /* precision, global/micro batch, budget */
 #undef NEED
     return KILN_OK;
 }

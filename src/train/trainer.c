@@ -20,6 +20,8 @@ struct kiln_trainer {
     int n_val;
     kiln_trainer_state st;
     kiln_compiled *cs_train, *cs_eval; /* NULL: eager */
+    kiln_mem_choice mem;               /* --global-batch: the micro-batch choice (membudget.c) */
+    bool has_mem;
     FILE *metrics;
     volatile sig_atomic_t stop;
 };
@@ -96,6 +98,24 @@ static kiln_status open_loaders(kiln_trainer *t) {
     return KILN_OK;
 }
 
+/* --global-batch: the micro-batch the memory budget allows; the loaders
+ * reopen with it. A resumed run keeps the batch and accum it saved. */
+static kiln_status choose_micro_batch(kiln_trainer *t) {
+    kiln_status st = kiln_train_choose_batch(&t->cfg, t->model, &t->mem);
+    if (st) return st;
+    t->has_mem = true;
+    if (t->mem.micro_batch == t->cfg.batch && t->mem.accum == t->cfg.accum) return KILN_OK;
+    for (int i = 0; t->mb && i < t->cfg.accum; i++) kiln_batch_free(t->mb[i]);
+    for (int i = 0; t->vb && i < t->n_val; i++) kiln_batch_free(t->vb[i]);
+    free(t->mb);
+    free(t->vb);
+    kiln_loader_close(t->train);
+    kiln_loader_close(t->val);
+    t->mb = t->vb = NULL, t->train = t->val = NULL, t->n_val = 0;
+    t->cfg.batch = t->mem.micro_batch, t->cfg.accum = t->mem.accum;
+    return open_loaders(t);
+}
+
 static kiln_status check_fit(kiln_trainer *t, const kiln_shard_info *info) {
     const kiln_llama_config *mc = &t->model->cfg;
     if ((int64_t)info->vocab_size > mc->vocab_size)
@@ -159,6 +179,8 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
                         c->freeze);
         goto fail;
     }
+    if (c->global_batch > 0 && !resume && (st = choose_micro_batch(t))) goto fail;
+    c = &t->cfg; /* batch and accum as chosen */
     if (!(t->opt = kiln_adamw_new(t->model, c))) {
         st = kiln_last_status();
         goto fail;
@@ -225,6 +247,7 @@ const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t) { return
 kiln_llama *kiln_trainer_model(kiln_trainer *t) { return t->model; }
 const kiln_compiled *kiln_trainer_compiled(const kiln_trainer *t) { return t->cs_train; }
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t) { return &t->cfg; }
+const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t) { return t->has_mem ? &t->mem : NULL; }
 
 static void emit(kiln_event_fn fn, void *user, kiln_event e) {
     if (fn) fn(&e, user);
@@ -261,7 +284,20 @@ static kiln_status load_window(kiln_trainer *t, int *k) {
     return KILN_OK;
 }
 
+static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user);
+
+/* --precision: autocast on this thread for the run (the compiled steps
+ * trace on first use, so they see it too), restored afterwards. */
 kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
+    kiln_dtype prec = KILN_F32;
+    kiln_precision_parse(t->cfg.precision, &prec); /* validated at open */
+    kiln_dtype old = kiln_autocast_set(prec);
+    kiln_status st = run_loop(t, fn, user);
+    kiln_autocast_set(old);
+    return st;
+}
+
+static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
     kiln_status st = KILN_OK;
     int64_t saved_at = -1;
     while (t->st.step < t->st.total_steps && !t->stop) {
