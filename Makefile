@@ -8,6 +8,19 @@ CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -Werror -Iinclu
 LDLIBS   := -ldnnl -ljansson -lm -ldl -lpthread
 LDFLAGS  := -fopenmp $(SAN)
 
+# MPI (data-parallel training) when mpicc is found; include dirs go in as
+# -isystem so Open MPI's headers never trip -Werror. Without it the build is
+# single-process and `kiln train` under mpirun says so.
+MPICC    ?= $(shell command -v mpicc 2>/dev/null)
+ifneq ($(strip $(MPICC)),)
+MPI_INC  := $(patsubst -I%,-isystem %,$(shell $(MPICC) --showme:compile 2>/dev/null))
+MPI_LIB  := $(shell $(MPICC) --showme:link 2>/dev/null)
+ifneq ($(strip $(MPI_LIB)),)
+CFLAGS   += -DKILN_MPI $(MPI_INC)
+LDLIBS   += $(MPI_LIB)
+endif
+endif
+
 LIB_SRC   := $(sort $(wildcard src/core/*.c src/kernels/*.c src/ops/*.c src/eager/*.c src/graph/*.c src/compile/*.c src/model/*.c src/data/*.c src/train/*.c))
 CLI_SRC   := $(sort $(wildcard src/cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))

@@ -3,7 +3,7 @@
 # package is present it does nothing. `--torch` adds python3-torch, needed
 # only to regenerate the PyTorch fixtures in tests/reference/.
 set -euo pipefail
-pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev bible-kjv)
+pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev bible-kjv openmpi-bin libopenmpi-dev)
 [ "${1:-}" = "--torch" ] && pkgs+=(python3-torch python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do

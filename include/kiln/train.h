@@ -206,6 +206,60 @@ kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o);
 kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st);
 kiln_status kiln_trainer_state_load(const char *path, kiln_trainer_state *st);
 
+/* ---- data parallel over MPI ------------------------------------------------
+ * `mpirun -np P kiln train ...`: every rank holds the whole model and reads
+ * its own share of each optimiser step's micro-batches (P x accum in all);
+ * gradients are summed across ranks once per step, in buckets, then every
+ * rank clips and steps identically. Built without MPI (no mpicc found) these
+ * are single-rank no-ops, and kiln_dist_init refuses a start by mpirun with
+ * more than one process. Errors here are fatal to the job (MPI's default). */
+kiln_status kiln_dist_init(int *argc, char ***argv); /* MPI_Init when started by mpirun */
+void kiln_dist_finalize(void);
+int kiln_dist_rank(void);
+int kiln_dist_size(void);
+bool kiln_dist_built(void); /* compiled with MPI */
+/* Ends the whole job (MPI_Abort) after printing "kiln: rank R of P: why". */
+_Noreturn void kiln_dist_abort(const char *why);
+/* Start each gradient bucket's all-reduce during the last backward (default
+ * on; off: blocking all-reduces after backward, for comparison). */
+void kiln_dist_set_overlap(bool on);
+bool kiln_dist_overlap(void);
+void kiln_dist_set_bucket_bytes(size_t bytes); /* default 25 MB */
+/* In-place sums / maxima across ranks (blocking, collective). */
+kiln_status kiln_dist_sum_i64(int64_t *v, int n);
+kiln_status kiln_dist_max_i64(int64_t *v, int n);
+kiln_status kiln_dist_barrier(void);
+/* Arms the eager grad-ready hook so buckets start while the coming
+ * backward runs (the window's last); kiln_dist_allreduce_grads disarms. */
+void kiln_dist_grads_arm(kiln_adamw *o);
+/* Sums every trainable gradient across ranks (buckets in reverse parameter
+ * order, each one all-reduce), and sums[0..n) (n <= 8) with the last
+ * bucket. Collective: every rank calls it once per optimiser step. */
+kiln_status kiln_dist_allreduce_grads(kiln_adamw *o, double *sums, int n);
+typedef struct {
+    int64_t steps;          /* kiln_dist_allreduce_grads calls */
+    int64_t grad_calls;     /* gradient-bucket all-reduces started */
+    int64_t other_calls;    /* small all-reduces (the window's counts) */
+    int n_buckets;
+    double bytes;           /* gradient bytes reduced (per rank) */
+    double wait_s;          /* blocked in MPI (waits, blocking collectives) */
+    double hook_s;          /* packing and polling from the grad-ready hook */
+} kiln_dist_stats;
+void kiln_dist_stats_get(kiln_dist_stats *s);
+void kiln_dist_stats_reset(void);
+
+/* The window's totals across all ranks: target tokens, micro-batches, and
+ * where this rank's micro-batches start in the global window. */
+typedef struct {
+    int64_t tokens;
+    int micro_batches, first_micro;
+} kiln_window_totals;
+/* kiln_train_window_ex normalised by the global totals (NULL: local), with
+ * the gradients and loss summed across ranks when there are several. */
+kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
+                                     int k, double lr, kiln_step_result *res, kiln_compiled *cs,
+                                     const kiln_window_totals *g);
+
 /* ---- generation ------------------------------------------------------------- */
 typedef struct {
     int max_tokens;

@@ -99,7 +99,12 @@ static void usage(FILE *f) {
     }
     fprintf(f, "  --threads N                compute threads (default: all cores)\n"
                "  --no-plot                  do not write RUN_DIR/loss.svg at the end\n"
+               "  --no-overlap               under mpirun: all-reduce gradients after backward\n"
+               "                             instead of overlapping buckets with it\n"
                "  -h, --help                 this text\n\n"
+               "Data parallel: `mpirun -np P kiln train ...` (see the README): each rank runs\n"
+               "--accum micro-batches per step, so a step holds P x accum x batch rows; rank 0\n"
+               "logs and saves. Under mpirun, SIGUSR1 (kill -USR1 on mpirun) saves and stops.\n\n"
                "exit status: 0 done (or stopped by Ctrl-C and saved), 1 runtime error, 2 usage error\n");
 }
 
@@ -182,7 +187,7 @@ static bool apply_flag(const flag_def *d, const char *v, kiln_train_config *c) {
 
 typedef struct {
     const char *config, *resume, *threads;
-    bool help, no_plot, steps_given, others_given;
+    bool help, no_plot, no_overlap, steps_given, others_given;
 } train_args;
 
 /* Splits "--name=value"; returns the flag's table index, -1 for the extra
@@ -208,9 +213,9 @@ static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_confi
         }
         const char *eq = strchr(s, '=');
         size_t nl = eq ? (size_t)(eq - s) : strlen(s);
-        const char *extra[] = {"--config", "--resume", "--threads", "--no-plot"};
+        const char *extra[] = {"--config", "--resume", "--threads", "--no-plot", "--no-overlap"};
         int e = -1;
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < 5; j++)
             if (strlen(extra[j]) == nl && !strncmp(s, extra[j], nl)) e = j;
         int k = e >= 0 ? -1 : lookup(s, nl);
         if (k == -2) {
@@ -234,6 +239,7 @@ static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_confi
             if (e == 1) a->resume = v;
             if (e == 2) a->threads = v;
             if (e == 3) a->no_plot = true;
+            if (e == 4) a->no_overlap = true;
             if (k >= 0 && !strcmp(flags[k].name, "steps")) a->steps_given = true;
             else if (k >= 0) a->others_given = true;
         } else if (k >= 0 && !apply_flag(&flags[k], v, c)) {
@@ -406,8 +412,7 @@ static kiln_trainer *volatile g_trainer;
 static volatile sig_atomic_t g_interrupts;
 
 static void on_sigint(int sig) {
-    (void)sig;
-    if (++g_interrupts >= 2) _exit(130);
+    if (sig == SIGINT && ++g_interrupts >= 2) _exit(130);
     static const char msg[] = "\nkiln train: stopping after this step and saving (Ctrl-C again to quit now)\n";
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)w;
@@ -454,47 +459,79 @@ static void summary(const kiln_trainer_state *st, const kiln_train_config *c, do
     fprintf(stderr, "\nrun: %s\n", c->run_dir);
 }
 
-int kiln_cmd_train(int argc, char **argv) {
+/* The launcher's rank before MPI is up (to print a start-up error once). */
+static bool env_rank0(void) {
+    const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    for (int i = 0; i < 3; i++)
+        if (getenv(names[i])) return atoi(getenv(names[i])) == 0;
+    return true;
+}
+
+/* After a failure with several ranks: a stop every rank agreed on (a NaN with
+ * --on-nan stop) ends normally; anything else ends the whole job, naming
+ * this rank, so the others never wait forever in a collective. */
+static int fail_job(kiln_status s) {
+    if (kiln_dist_size() > 1 && s != KILN_ERR_NUMERIC) kiln_dist_abort(kiln_last_error());
+    if (kiln_dist_rank() == 0) fprintf(stderr, "kiln train: %s\n", kiln_last_error());
+    return 1;
+}
+
+static int train(int argc, char **argv) {
     train_args a = {0};
     kiln_train_config c;
     int rc = build_config(argc, argv, &a, &c);
+    bool rank0 = kiln_dist_rank() == 0;
     if (a.help) {
-        usage(stdout);
+        if (rank0) usage(stdout);
         return 0;
     }
     if (rc) return rc;
+    kiln_dist_set_overlap(!a.no_overlap);
     kiln_trainer *t = NULL;
-    if (kiln_trainer_open(&c, a.resume != NULL, &t)) {
-        fprintf(stderr, "kiln train: %s\n", kiln_last_error());
-        return 1;
-    }
+    kiln_status s = kiln_trainer_open(&c, a.resume != NULL, &t);
+    if (s) return fail_job(s);
     const kiln_trainer_state *st0 = kiln_trainer_get_state(t);
     progress p = {isatty(STDERR_FILENO) != 0, false, c.log_every > 0 ? c.log_every : 1, st0->step, kiln_time_now(), 0};
-    fprintf(stderr, "kiln train: %s, %lld parameters, %lld steps from step %lld, run dir %s\n", c.model,
-            (long long)kiln_llama_num_params(kiln_trainer_model(t)), (long long)st0->total_steps, (long long)st0->step,
-            c.run_dir);
-    print_memory(t, false);
+    if (rank0) {
+        fprintf(stderr, "kiln train: %s, %lld parameters, %lld steps from step %lld, run dir %s\n", c.model,
+                (long long)kiln_llama_num_params(kiln_trainer_model(t)), (long long)st0->total_steps, (long long)st0->step,
+                c.run_dir);
+        if (kiln_dist_size() > 1)
+            fprintf(stderr, "kiln train: %d ranks x %d micro-batches x %d rows per step (%d threads each), %s\n",
+                    kiln_dist_size(), c.accum, c.batch, kiln_num_threads(),
+                    a.no_overlap ? "all-reduce after backward" : "all-reduce overlapped with backward");
+        print_memory(t, false);
+    }
 
     g_trainer = t;
     g_interrupts = 0;
-    struct sigaction sa = {0}, old;
+    struct sigaction sa = {0}, old, old_usr;
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old);
-    kiln_status s = kiln_trainer_run(t, on_event, &p);
+    sigaction(SIGUSR1, &sa, &old_usr); /* mpirun forwards SIGUSR1 to every rank */
+    s = kiln_trainer_run(t, rank0 ? on_event : NULL, &p);
     sigaction(SIGINT, &old, NULL);
+    sigaction(SIGUSR1, &old_usr, NULL);
     g_trainer = NULL;
     clear_bar(&p);
-    if (s) {
-        fprintf(stderr, "kiln train: %s\n", kiln_last_error());
-        rc = 1;
-    }
-    summary(kiln_trainer_get_state(t), &c, kiln_time_now() - p.t0);
-    print_memory(t, true);
+    if (s) rc = fail_job(s);
+    if (rank0) summary(kiln_trainer_get_state(t), &c, kiln_time_now() - p.t0);
+    if (rank0) print_memory(t, true);
     kiln_trainer_free(t);
-    if (!a.no_plot) {
+    if (!a.no_plot && rank0) {
         if (kiln_cli_write_plot(c.run_dir, NULL)) fprintf(stderr, "kiln train: no plot: %s\n", kiln_last_error());
         else fprintf(stderr, "plot: %s/loss.svg\n", c.run_dir);
     }
+    return rc;
+}
+
+int kiln_cmd_train(int argc, char **argv) {
+    if (kiln_dist_init(&argc, &argv)) {
+        if (env_rank0()) fprintf(stderr, "kiln train: %s\n", kiln_last_error());
+        return 2;
+    }
+    int rc = train(argc, argv);
+    kiln_dist_finalize();
     return rc;
 }

@@ -16,6 +16,13 @@ typedef struct node {
 static _Thread_local bool grad_off;
 static _Thread_local uint64_t op_count;
 static _Thread_local kiln_op_profile *profile; /* per-op time when profiling */
+static _Thread_local kiln_grad_ready_fn ready_fn;
+static _Thread_local void *ready_user;
+
+void kiln_set_grad_ready_hook(kiln_grad_ready_fn fn, void *user) {
+    ready_fn = fn;
+    ready_user = user;
+}
 
 static void free_saved(node *n) {
     for (int i = 0; i < KILN_OP_MAX_IN; i++) {
@@ -202,26 +209,75 @@ static kiln_status run_node(node *n) {
     return st;
 }
 
+/* With a grad-ready hook: how many tape nodes still have to deliver into
+ * each parameter (sorted by address, so lookups are a binary search). */
+typedef struct {
+    kiln_tensor *p;
+    int left;
+} leaf_uses;
+
+static int cmp_leaf(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t)((const leaf_uses *)a)->p, y = (uintptr_t)((const leaf_uses *)b)->p;
+    return (x > y) - (x < y);
+}
+
+static leaf_uses *count_leaf_uses(node **order, int count, int *n_out) {
+    int n = 0;
+    for (int i = 0; i < count; i++)
+        for (int j = 0; j < KILN_OP_MAX_IN; j++) n += order[i]->leaf[j] != NULL;
+    leaf_uses *u = malloc(sizeof *u * (size_t)(n ? n : 1));
+    if (!u) return NULL;
+    n = 0;
+    for (int i = 0; i < count; i++)
+        for (int j = 0; j < KILN_OP_MAX_IN; j++)
+            if (order[i]->leaf[j]) u[n++] = (leaf_uses){order[i]->leaf[j], 1};
+    qsort(u, (size_t)n, sizeof *u, cmp_leaf);
+    int w = 0;
+    for (int i = 0; i < n; i++) {
+        if (w && u[w - 1].p == u[i].p) u[w - 1].left++;
+        else u[w++] = u[i];
+    }
+    *n_out = w;
+    return u;
+}
+
+/* After node n ran (or was skipped): parameters it was the last user of are done. */
+static void leaves_done(node *n, leaf_uses *u, int nu) {
+    for (int j = 0; j < KILN_OP_MAX_IN; j++) {
+        if (!n->leaf[j]) continue;
+        leaf_uses key = {n->leaf[j], 0}, *hit = bsearch(&key, u, (size_t)nu, sizeof *u, cmp_leaf);
+        if (hit && --hit->left == 0) ready_fn(hit->p, ready_user);
+    }
+}
+
 kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad) {
     if (!out || !grad) return kiln_error(KILN_ERR_INVALID, "backward: NULL tensor (an earlier op failed: %s)", kiln_last_error());
     if (kiln_tensor_numel(out) != kiln_tensor_numel(grad))
         return kiln_error(KILN_ERR_SHAPE, "backward: seed gradient has %lld elements, output %lld",
                           (long long)kiln_tensor_numel(grad), (long long)kiln_tensor_numel(out));
     if (!out->node) {
-        if (out->requires_grad) return accumulate_leaf(out, grad);
+        if (out->requires_grad) {
+            kiln_status st = accumulate_leaf(out, grad);
+            if (!st && ready_fn) ready_fn(out, ready_user);
+            return st;
+        }
         return kiln_error(KILN_ERR_INVALID, "backward: the tensor does not depend on any parameter that requires a gradient");
     }
     node **order = NULL;
     int count = 0;
     kiln_status st = collect((node *)out->node, &order, &count);
     if (st) return st;
+    int n_uses = 0;
+    leaf_uses *uses = ready_fn ? count_leaf_uses(order, count, &n_uses) : NULL; /* NULL: no calls */
     bool was = kiln_grad_set_enabled(false);
     node *root = (node *)out->node;
     root->gout = kiln_tensor_retain(grad);
     for (int i = count - 1; i >= 0 && !st; i--) {
         node *n = order[i];
         if (n->gout) st = run_node(n);
+        if (uses && !st) leaves_done(n, uses, n_uses);
     }
+    free(uses);
     for (int i = 0; i < count; i++) {
         order[i]->mark = 0;
         kiln_tensor_release(order[i]->gout);

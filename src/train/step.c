@@ -97,26 +97,58 @@ kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_c
 
 kiln_status kiln_train_window_ex(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
                                  double lr, kiln_step_result *res, kiln_compiled *cs) {
-    *res = (kiln_step_result){.lr = lr, .micro_batches = k, .bad_micro = -1};
+    return kiln_train_window_global(m, opt, c, mb, k, lr, res, cs, NULL);
+}
+
+/* With several ranks: every rank must reach the all-reduce, also after a
+ * non-finite loss (it then carries NaN, so all ranks skip together). */
+static kiln_status sum_across_ranks(kiln_adamw *opt, const kiln_window_totals *g, double *total, int *bad) {
+    double sums[2] = {*total, *bad >= 0 ? 1.0 : 0.0};
+    kiln_status st = kiln_dist_allreduce_grads(opt, sums, 2);
+    if (st) return st;
+    *total = sums[0];
+    if (sums[1] > 0 || !isfinite(sums[0])) { /* the first bad micro-batch of the global window */
+        int64_t v = *bad >= 0 ? -(int64_t)(g->first_micro + *bad) : INT64_MIN;
+        if ((st = kiln_dist_max_i64(&v, 1))) return st;
+        *bad = v == INT64_MIN ? 0 : (int)-v;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
+                                     int k, double lr, kiln_step_result *res, kiln_compiled *cs,
+                                     const kiln_window_totals *g) {
+    bool dist = g && kiln_dist_size() > 1;
+    *res = (kiln_step_result){.lr = lr, .micro_batches = g ? g->micro_batches : k, .bad_micro = -1};
     for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
+    if (g) res->tokens = g->tokens; /* normalise by the whole window across ranks */
     double total = 0;
+    int bad = -1;
     kiln_status st = KILN_OK;
     for (int i = 0; i < k && !st; i++) {
         double scale;
         if (c->loss_norm == KILN_LOSS_NORM_TOKENS)
             scale = res->tokens ? 1.0 / (double)res->tokens : 0.0;
         else
-            scale = mb[i]->n_targets ? 1.0 / ((double)mb[i]->n_targets * k) : 0.0;
+            scale = mb[i]->n_targets ? 1.0 / ((double)mb[i]->n_targets * res->micro_batches) : 0.0;
         double sum = 0;
+        if (dist && i == k - 1 && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
         st = micro_step(m, mb[i], scale, &sum, cs);
-        if (st) return kiln_error_context(st, "micro-batch %d of the window", i);
+        if (st) {
+            kiln_set_grad_ready_hook(NULL, NULL);
+            return kiln_error_context(st, "micro-batch %d of the window", i);
+        }
         if (!isfinite(sum)) {
-            res->skipped = true;
-            res->bad_micro = i;
+            bad = i;
             total = sum;
             break;
         }
         total += sum;
+    }
+    if (dist && (st = sum_across_ranks(opt, g, &total, &bad))) return kiln_error_context(st, "gradient all-reduce");
+    if (bad >= 0 || !isfinite(total)) {
+        res->skipped = true;
+        res->bad_micro = bad >= 0 ? bad : 0;
     }
     res->loss = res->tokens ? total / (double)res->tokens : 0.0;
     if (!res->skipped) {

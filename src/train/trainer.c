@@ -1,6 +1,13 @@
 /* The trainer loop: windows of micro-batches, the schedule, evaluation,
  * NaN handling, metrics.jsonl and checkpoints. Every window is a pure
- * function of (seed, step), so a resumed run continues exactly. */
+ * function of (seed, step), so a resumed run continues exactly.
+ *
+ * With P ranks (MPI) the window of step s is P x accum micro-batches of the
+ * epoch, [w*P*accum, (w+1)*P*accum) for w = s mod steps_per_epoch, and rank
+ * r reads the contiguous share [w*P*accum + r*accum, +accum): the same
+ * micro-batches, in the same order, as one process with P*accum. Rank 0
+ * alone evaluates, writes metrics.jsonl and checkpoints; the trainer state
+ * is global (the step), so a run resumes with any P. */
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
@@ -78,7 +85,7 @@ static kiln_status open_loaders(kiln_trainer *t) {
     if (kiln_loader_len(t->train) < 1)
         return kiln_error(KILN_ERR_INVALID, "%s holds too few tokens for one micro-batch of %d x %d", path, c->batch, c->seq_len);
     snprintf(path, sizeof path, "%s/val.bin", c->data);
-    if (is_file(path)) {
+    if (is_file(path) && kiln_dist_rank() == 0) { /* only rank 0 evaluates */
         lc.shuffle = false;
         lc.mode = KILN_PACK_PACKED;
         st = kiln_loader_open(&lc, &t->val);
@@ -186,7 +193,8 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
         goto fail;
     }
     t->st.micro_per_epoch = kiln_loader_len(t->train);
-    t->st.steps_per_epoch = (t->st.micro_per_epoch + c->accum - 1) / c->accum;
+    int64_t global_k = (int64_t)c->accum * kiln_dist_size(); /* micro-batches per step, all ranks */
+    t->st.steps_per_epoch = (t->st.micro_per_epoch + global_k - 1) / global_k;
     t->st.total_steps = c->steps ? c->steps : t->st.steps_per_epoch * c->epochs;
     t->st.seed = c->seed;
     t->st.last_val_loss = NAN;
@@ -202,11 +210,12 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
                             ck, (long long)t->st.micro_per_epoch, (long long)saved.micro_per_epoch);
             goto fail;
         }
-        int64_t total = t->st.total_steps;
+        int64_t total = t->st.total_steps, per_epoch = t->st.steps_per_epoch;
         t->st = saved;
         t->st.total_steps = c->steps ? c->steps : total;
+        t->st.steps_per_epoch = per_epoch; /* from this run's ranks x accum, which may differ */
     }
-    if ((st = mkdir_p(c->run_dir)) || (st = open_metrics(t, resume))) goto fail;
+    if (kiln_dist_rank() == 0 && ((st = mkdir_p(c->run_dir)) || (st = open_metrics(t, resume)))) goto fail;
     kiln_compile_options co;
     kiln_compile_options_default(&co);
     kiln_compile_mode_parse(c->compile, &co); /* validated above */
@@ -254,7 +263,7 @@ static void emit(kiln_event_fn fn, void *user, kiln_event e) {
 }
 
 static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
-    if (!t->n_val) return KILN_OK;
+    if (!t->n_val || !t->metrics) return KILN_OK; /* rank 0 only */
     double loss;
     kiln_status st = kiln_evaluate_ex(t->model, t->vb, t->n_val, &loss, NULL, t->cs_eval);
     if (st) return kiln_error_context(st, "evaluation at step %lld", (long long)t->st.step);
@@ -266,16 +275,21 @@ static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
 }
 
 static kiln_status save(kiln_trainer *t, kiln_event_fn fn, void *user) {
+    if (kiln_dist_rank() != 0) return KILN_OK;
     kiln_status st = kiln_checkpoint_save(t->cfg.run_dir, t->model, t->opt, &t->st, &t->cfg, t->cfg.keep);
     if (st) return kiln_error_context(st, "saving the checkpoint of step %lld", (long long)t->st.step);
     emit(fn, user, (kiln_event){.kind = KILN_EVENT_SAVE, .state = &t->st, .message = t->cfg.run_dir});
     return KILN_OK;
 }
 
-static kiln_status load_window(kiln_trainer *t, int *k) {
+/* This rank's share of the step's window: *k micro-batches (0 to accum; the
+ * epoch's last window may be short) starting at *first within the window. */
+static kiln_status load_window(kiln_trainer *t, int *k, int *first_in_window) {
     int64_t epoch = t->st.step / t->st.steps_per_epoch, w = t->st.step % t->st.steps_per_epoch;
-    int64_t first = w * t->cfg.accum, left = t->st.micro_per_epoch - first;
-    *k = (int)(left < t->cfg.accum ? left : t->cfg.accum); /* the epoch's last window may be short */
+    int64_t a = t->cfg.accum, mine = (int64_t)kiln_dist_rank() * a;
+    int64_t first = w * a * kiln_dist_size() + mine, left = t->st.micro_per_epoch - first;
+    *k = (int)(left < 0 ? 0 : left < a ? left : a);
+    *first_in_window = (int)mine;
     t->st.epoch = epoch;
     for (int i = 0; i < *k; i++) {
         kiln_status st = kiln_loader_get(t->train, epoch, first + i, t->mb[i]);
@@ -300,20 +314,29 @@ kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
 static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
     kiln_status st = KILN_OK;
     int64_t saved_at = -1;
-    while (t->st.step < t->st.total_steps && !t->stop) {
-        int k;
-        if ((st = load_window(t, &k))) break;
+    bool one = kiln_dist_size() == 1;
+    while (t->st.step < t->st.total_steps && !(one && t->stop)) {
+        int k, first;
+        if ((st = load_window(t, &k, &first))) break;
         double t0 = kiln_time_now(), lr = kiln_lr_at(&t->cfg, t->st.step, t->st.total_steps);
+        /* the window's totals over all ranks, and a stop requested on any rank */
+        int64_t v[4] = {0, k, 0, t->stop ? 1 : 0};
+        for (int i = 0; i < k; i++) v[0] += t->mb[i]->n_targets, v[2] += t->mb[i]->rows;
+        if ((st = kiln_dist_sum_i64(v, 4))) break;
+        if (v[3]) {
+            t->stop = 1;
+            break;
+        }
+        kiln_window_totals g = {.tokens = v[0], .micro_batches = (int)v[1], .first_micro = first};
         kiln_step_result res;
-        if ((st = kiln_train_window_ex(t->model, t->opt, &t->cfg, t->mb, k, lr, &res, t->cs_train))) {
+        if ((st = kiln_train_window_global(t->model, t->opt, &t->cfg, t->mb, k, lr, &res, t->cs_train, &g))) {
             kiln_error_context(st, "step %lld", (long long)t->st.step + 1);
             break;
         }
         double dt = kiln_time_now() - t0;
         t->st.step++;
         t->st.elapsed_s += dt;
-        double positions = 0;
-        for (int i = 0; i < k; i++) positions += (double)t->mb[i]->rows * t->cfg.seq_len;
+        double positions = (double)v[2] * t->cfg.seq_len;
         if (res.skipped) {
             char msg[160];
             snprintf(msg, sizeof msg, "non-finite %s at step %lld, micro-batch %d (epoch %lld): %s",
@@ -328,12 +351,12 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
         }
         t->st.tokens_seen += res.tokens;
         t->st.last_loss = res.loss;
-        fprintf(t->metrics,
+        if (t->metrics) fprintf(t->metrics,
                 "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
                 "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
                 (long long)t->st.step, (long long)t->st.epoch, res.loss, res.lr, res.grad_norm, (long long)res.tokens,
                 positions / dt, t->st.elapsed_s);
-        fflush(t->metrics);
+        if (t->metrics) fflush(t->metrics);
         emit(fn, user, (kiln_event){.kind = KILN_EVENT_STEP, .state = &t->st, .step = &res, .tokens_per_s = positions / dt});
         if (t->cfg.eval_every && t->st.step % t->cfg.eval_every == 0 && (st = evaluate(t, fn, user))) break;
         if (t->cfg.save_every && t->st.step % t->cfg.save_every == 0) {
@@ -344,5 +367,6 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
     if (st) return st;
     if (!t->stop && (!t->cfg.eval_every || t->st.step % t->cfg.eval_every) && (st = evaluate(t, fn, user))) return st;
     if (saved_at != t->st.step) st = save(t, fn, user);
+    if (!st) st = kiln_dist_barrier(); /* the checkpoint is complete before any rank returns */
     return st;
 }

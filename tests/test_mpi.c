@@ -1,0 +1,304 @@
+/* Data parallel over MPI. Run plainly, this binary checks the single-rank
+ * parts and the eager grad-ready hook, then launches itself under
+ * `mpirun -np 2` (as the CI does) and checks, on padded data:
+ *   - 2 ranks x k micro-batches give the weights of 1 rank x 2k (float rounding),
+ *     with gradient buckets overlapped with backward and without (bit-identical),
+ *     the same weights on both ranks, one all-reduce per bucket per step;
+ *   - a checkpoint of a 2-rank run resumes bit-identically on 2 ranks, and on
+ *     1 rank (with 2k micro-batches: the same weights; with k: it runs on);
+ *   - a failure on rank 1 ends the whole job with the rank and the reason.
+ * Without mpirun (or a build without MPI) it says so and passes the rest. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "kiln/eager.h"
+#include "kiln/train.h"
+#include "test.h"
+
+enum { K = 2 }; /* micro-batches per rank */
+static int64_t micro_per_epoch;
+
+static char tmpdir[256];
+
+static void write_shards(void) {
+    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
+    for (int which = 0; which < 2; which++) {
+        size_t n = which ? 800 : 4900;
+        int32_t *tok = malloc(n * sizeof *tok);
+        /* documents of varying length, so padded rows hold varying target counts */
+        for (size_t i = 0, next_eos = 40; i < n; i++) {
+            tok[i] = 3 + (int32_t)(kiln_rng_u64(which + 21, i) % 58);
+            if (i == next_eos) tok[i] = 1, next_eos += 20 + kiln_rng_u64(which + 5, i) % 70;
+        }
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s.bin", tmpdir, which ? "val" : "train");
+        info.n_docs = n / 20 + 1;
+        CHECK_OK(kiln_shard_write(p, tok, n, &info));
+        free(tok);
+    }
+}
+
+static void base_config(kiln_train_config *c, const char *run, int accum) {
+    kiln_train_config_default(c);
+    snprintf(c->data, sizeof c->data, "%s", tmpdir);
+    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run);
+    snprintf(c->model, sizeof c->model, "tiny");
+    c->batch = 2, c->accum = accum, c->seq_len = 32, c->pack = KILN_PACK_PADDED;
+    c->warmup = 2, c->epochs = 1, c->eval_every = 4, c->eval_batches = 2, c->save_every = 0, c->log_every = 0;
+    c->lr = 3e-3, c->min_lr = 3e-4, c->clip = 0.5;
+}
+
+typedef struct { kiln_trainer *t; int64_t stop_at; int steps; } watch;
+static void on_event(const kiln_event *e, void *user) {
+    watch *w = user;
+    if (e->kind != KILN_EVENT_STEP) return;
+    w->steps++;
+    if (e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
+}
+
+/* Trains run `name` (fresh, or resumed) to its end or stop_at; returns the
+ * steps it ran and the total, -1 on error. */
+static int train(const char *name, int accum, bool resume, int64_t stop_at, int64_t *total, uint64_t *hash) {
+    kiln_train_config c;
+    base_config(&c, name, accum);
+    kiln_trainer *t = NULL;
+    CHECK_OK(kiln_trainer_open(&c, resume, &t));
+    if (!t) return -1;
+    if (total) *total = kiln_trainer_get_state(t)->total_steps;
+    micro_per_epoch = kiln_trainer_get_state(t)->micro_per_epoch;
+    watch w = {.t = t, .stop_at = stop_at};
+    kiln_status st = kiln_trainer_run(t, on_event, &w);
+    CHECK(st == KILN_OK, "run %s: %s", name, kiln_last_error());
+    if (hash) { /* FNV-1a over the weights */
+        const kiln_llama *m = kiln_trainer_model(t);
+        uint64_t h = 1469598103934665603ull;
+        for (int i = 0; i < m->n_params; i++) {
+            const unsigned char *p = m->params[i]->data;
+            for (size_t j = 0; j < kiln_tensor_nbytes(m->params[i]); j++) h = (h ^ p[j]) * 1099511628211ull;
+        }
+        *hash = h >> 2; /* fits int64 and negates */
+    }
+    kiln_trainer_free(t);
+    return st ? -1 : w.steps;
+}
+
+static bool same_file(const char *a, const char *b) {
+    char *x, *y;
+    size_t nx, ny;
+    if (kiln_read_file(a, &x, &nx)) return false;
+    if (kiln_read_file(b, &y, &ny)) {
+        free(x);
+        return false;
+    }
+    bool same = nx == ny && memcmp(x, y, nx) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static bool same_run(const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s/model.safetensors", tmpdir, a);
+    snprintf(pb, sizeof pb, "%s/%s/model.safetensors", tmpdir, b);
+    return same_file(pa, pb);
+}
+
+/* ---- the ranks (under mpirun) ------------------------------------------------- */
+static int child(const char *what) {
+    CHECK_OK(kiln_dist_init(NULL, NULL));
+    kiln_eager_enable();
+    int rank = kiln_dist_rank();
+    CHECK(kiln_dist_size() == 2, "2 ranks (%d)", kiln_dist_size());
+    if (!strcmp(what, "fail")) { /* rank 1 cannot read its data: the job must end, not hang */
+        kiln_train_config c;
+        base_config(&c, "fail", K);
+        if (rank == 1) snprintf(c.data, sizeof c.data, "%s/nope", tmpdir);
+        kiln_trainer *t = NULL;
+        if (kiln_trainer_open(&c, false, &t)) kiln_dist_abort(kiln_last_error());
+        kiln_trainer_run(t, NULL, NULL); /* rank 0 waits for rank 1 in the first all-reduce */
+        kiln_trainer_free(t);
+        kiln_dist_finalize();
+        return 0;
+    }
+    kiln_dist_set_bucket_bytes(256 << 10); /* several buckets on the tiny model */
+    int64_t total = 0;
+    uint64_t h = 0;
+    kiln_dist_stats_reset();
+    int steps = train("p2", K, false, -1, &total, &h);
+    kiln_dist_stats ds;
+    kiln_dist_stats_get(&ds);
+    CHECK(steps == total && total > 3, "2 ranks ran %d of %lld steps", steps, (long long)total);
+    CHECK(ds.n_buckets > 1 && ds.steps == total && ds.grad_calls == ds.steps * ds.n_buckets,
+          "one all-reduce per bucket per step: %lld calls, %d buckets, %lld steps", (long long)ds.grad_calls, ds.n_buckets,
+          (long long)ds.steps);
+    CHECK(ds.other_calls == total, "one small all-reduce (window counts) per step: %lld", (long long)ds.other_calls);
+    CHECK(ds.hook_s > 0, "buckets started from the backward hook");
+    int64_t v[2] = {(int64_t)h, -(int64_t)h};
+    CHECK_OK(kiln_dist_max_i64(v, 2));
+    CHECK(v[0] == -v[1], "both ranks hold the same weights");
+    /* the epoch's last window must be short, leaving rank 1 with nothing to do */
+    CHECK(micro_per_epoch % (2 * K) > 0 && micro_per_epoch % (2 * K) <= K, "%lld micro-batches per epoch",
+          (long long)micro_per_epoch);
+    if (rank == 0)
+        printf("2 ranks: %lld micro-batches, %lld steps, %d buckets, %.0f KB reduced per step\n", (long long)micro_per_epoch,
+               (long long)total, ds.n_buckets, ds.bytes / (double)ds.steps / 1024);
+
+    kiln_dist_set_overlap(false);
+    CHECK(train("p2_blocking", K, false, -1, NULL, NULL) == total, "2 ranks without overlap");
+    kiln_dist_set_overlap(true);
+
+    CHECK(train("p2_int", K, false, 3, NULL, NULL) == 3, "stopped after step 3 on both ranks");
+    char cmd[1200];
+    if (rank == 0) {
+        snprintf(cmd, sizeof cmd, "cp -r %s/p2_int %s/p1_from_p2 && cp -r %s/p2_int %s/p1k_from_p2", tmpdir, tmpdir, tmpdir, tmpdir);
+        CHECK(system(cmd) == 0, "copy the step-3 checkpoint");
+    }
+    CHECK_OK(kiln_dist_barrier());
+    CHECK(train("p2_int", K, true, -1, NULL, NULL) == total - 3, "2-rank resume ran the remaining steps");
+    kiln_dist_finalize();
+    if (rank != 0) return t_fail ? 1 : 0;
+    TEST_END();
+}
+
+/* ---- single process ------------------------------------------------------------- */
+static double max_rel_diff(const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s", tmpdir, a);
+    snprintf(pb, sizeof pb, "%s/%s", tmpdir, b);
+    kiln_llama *x = NULL, *y = NULL;
+    CHECK_OK(kiln_load_model_dir(pa, &x));
+    CHECK_OK(kiln_load_model_dir(pb, &y));
+    double worst = x && y ? 0 : INFINITY;
+    for (int i = 0; x && y && i < x->n_params; i++) {
+        double d = 0, s = 0;
+        for (int64_t j = 0; j < kiln_tensor_numel(x->params[i]); j++) {
+            d = fmax(d, fabs((double)kiln_f32(x->params[i])[j] - kiln_f32(y->params[i])[j]));
+            s = fmax(s, fabs((double)kiln_f32(y->params[i])[j]));
+        }
+        worst = fmax(worst, d / s);
+    }
+    kiln_llama_free(x);
+    kiln_llama_free(y);
+    return worst;
+}
+
+/* The hook fires once per parameter, when its gradient is already final. */
+typedef struct { int calls, early; kiln_llama *m; float *snap[64]; } hook_log;
+static void on_ready(kiln_tensor *p, void *user) {
+    hook_log *h = user;
+    h->calls++;
+    for (int i = 0; i < h->m->n_params && i < 64; i++)
+        if (h->m->params[i] == p) {
+            if (h->snap[i]) h->early++; /* twice */
+            h->snap[i] = malloc(kiln_tensor_nbytes(p->grad));
+            memcpy(h->snap[i], p->grad->data, kiln_tensor_nbytes(p->grad));
+        }
+}
+
+static void grad_ready_hook(void) {
+    kiln_llama_config mc;
+    CHECK_OK(kiln_llama_config_preset("tiny", &mc));
+    mc.vocab_size = 61, mc.tie_word_embeddings = true; /* a parameter used twice: embedding and head */
+    kiln_llama *m = kiln_llama_new(&mc, 3);
+    kiln_batch *b = kiln_batch_alloc(2, 16);
+    for (int i = 0; i < 32; i++) b->input_ids[i] = 3 + i % 50, b->targets[i] = 3 + (i + 7) % 50, b->pad_mask[i] = 1;
+    int64_t s[2] = {2, 16};
+    kiln_tensor *ids = kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s), *tg = kiln_tensor_wrap(b->targets, KILN_I32, 2, s);
+    kiln_tensor *mask = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s);
+    hook_log h = {.m = m};
+    kiln_set_grad_ready_hook(on_ready, &h);
+    kiln_tensor *loss = kiln_llama_loss(m, ids, tg, mask);
+    CHECK_OK(kiln_backward(loss));
+    kiln_set_grad_ready_hook(NULL, NULL);
+    int with_grad = 0, stale = 0;
+    for (int i = 0; i < m->n_params && i < 64; i++) {
+        kiln_tensor *p = m->params[i];
+        if (!p->grad) continue;
+        with_grad++;
+        if (!h.snap[i] || memcmp(h.snap[i], p->grad->data, kiln_tensor_nbytes(p->grad))) stale++;
+        free(h.snap[i]);
+    }
+    CHECK(h.calls == with_grad && h.early == 0 && with_grad == m->n_params,
+          "one call per parameter (%d calls, %d parameters with gradients, %d twice)", h.calls, with_grad, h.early);
+    CHECK(stale == 0, "every gradient was final when its hook ran (%d were not)", stale);
+    kiln_tensor_release(loss);
+    kiln_tensor_release(ids);
+    kiln_tensor_release(tg);
+    kiln_tensor_release(mask);
+    kiln_batch_free(b);
+    kiln_llama_free(m);
+}
+
+static void single_rank(void) {
+    CHECK_OK(kiln_dist_init(NULL, NULL));
+    CHECK(kiln_dist_rank() == 0 && kiln_dist_size() == 1, "a plain start is rank 0 of 1");
+    int64_t v[2] = {5, -3};
+    CHECK_OK(kiln_dist_sum_i64(v, 2));
+    CHECK(v[0] == 5 && v[1] == -3, "one rank: sums are the identity");
+    CHECK_OK(kiln_dist_barrier());
+    grad_ready_hook();
+}
+
+static int run_ranks(const char *self, const char *what, char *log, size_t cap) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe -np 2 %s --child %s %s 2>&1",
+             self, tmpdir, what);
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    size_t n = fread(log, 1, cap - 1, f);
+    log[n] = 0;
+    int rc = pclose(f);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--child")) {
+        snprintf(tmpdir, sizeof tmpdir, "%s", argv[2]);
+        return child(argv[3]);
+    }
+    kiln_eager_enable();
+    single_rank();
+    if (!kiln_dist_built() || system("command -v mpirun >/dev/null 2>&1") != 0) {
+        printf("SKIP: %s; the 2-rank checks did not run\n", kiln_dist_built() ? "no mpirun" : "built without MPI");
+        TEST_END();
+    }
+    char self[1024];
+    if (!realpath(argv[0], self)) snprintf(self, sizeof self, "%s", argv[0]);
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_mpi_%d", (int)getpid());
+    mkdir(tmpdir, 0755);
+    write_shards();
+    static char log[1 << 16];
+    double t0 = kiln_time_now();
+    int rc = run_ranks(self, "train", log, sizeof log);
+    printf("%s", log);
+    CHECK(rc == 0, "2-rank runs (exit %d, %.1fs)", rc, kiln_time_now() - t0);
+    CHECK(same_run("p2", "p2_blocking"), "overlapped and blocking all-reduce give bit-identical weights");
+    CHECK(same_run("p2", "p2_int"), "a 2-rank checkpoint resumes bit-identically on 2 ranks");
+
+    int64_t total = 0;
+    CHECK(train("p1", 2 * K, false, -1, &total, NULL) > 0, "1 rank x 2k");
+    double d = max_rel_diff("p1", "p2");
+    printf("1 rank x %d vs 2 ranks x %d: weights max rel diff %.2e over %lld steps\n", 2 * K, K, d, (long long)total);
+    CHECK(d < 1e-4, "2 ranks x k equal 1 rank x 2k: %.3g", d);
+    CHECK(train("p1_from_p2", 2 * K, true, -1, NULL, NULL) == total - 3, "the 2-rank checkpoint resumes on 1 rank");
+    d = max_rel_diff("p1_from_p2", "p2");
+    printf("2-rank checkpoint resumed on 1 rank x %d: max rel diff %.2e to the 2-rank run\n", 2 * K, d);
+    CHECK(d < 1e-4, "resumed on 1 rank x 2k it reaches the 2-rank weights: %.3g", d);
+    int64_t total_k = 0;
+    int ran = train("p1k_from_p2", K, true, -1, &total_k, NULL);
+    CHECK(ran > 0 && ran == total_k - 3 && total_k > total, "on 1 rank x k it runs on (%d steps, %lld in all)", ran,
+          (long long)total_k);
+
+    t0 = kiln_time_now();
+    rc = run_ranks(self, "fail", log, sizeof log);
+    double dt = kiln_time_now() - t0;
+    printf("rank failure: exit %d after %.1fs: %s", rc, dt, strstr(log, "kiln: rank") ? strstr(log, "kiln: rank") : log);
+    CHECK(rc != 0 && rc != 124 && rc != 137, "a failing rank ends the job (exit %d; 124 is a hang)", rc);
+    CHECK(strstr(log, "rank 1 of 2") && strstr(log, "nope"), "the message names the rank and the reason");
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    CHECK(system(cmd) == 0, "cleanup");
+    TEST_END();
+}
