@@ -108,7 +108,12 @@ static kiln_status open_loaders(kiln_trainer *t) {
 /* --global-batch: the micro-batch the memory budget allows; the loaders
  * reopen with it. A resumed run keeps the batch and accum it saved. */
 static kiln_status choose_micro_batch(kiln_trainer *t) {
-    kiln_status st = kiln_train_choose_batch(&t->cfg, t->model, &t->mem);
+    kiln_train_config per_rank = t->cfg; /* --global-batch counts all ranks' rows */
+    int P = kiln_dist_size();
+    if (per_rank.global_batch % P)
+        return kiln_error(KILN_ERR_INVALID, "--global-batch %d is not a multiple of the %d MPI ranks", per_rank.global_batch, P);
+    per_rank.global_batch /= P;
+    kiln_status st = kiln_train_choose_batch(&per_rank, t->model, &t->mem);
     if (st) return st;
     t->has_mem = true;
     if (t->mem.micro_batch == t->cfg.batch && t->mem.accum == t->cfg.accum) return KILN_OK;
