@@ -51,10 +51,11 @@ static double lce_row(float *x, int64_t V, int32_t t, bool grad) {
 double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t *targets, int64_t N,
                                    int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
                                    int64_t *count, float *dh, float *dW) {
-    if (dh) memset(dh, 0, (size_t)(N * C) * sizeof(float));
-    if (dW) memset(dW, 0, (size_t)(V * C) * sizeof(float));
     if (count) *count = 0;
-    if (N <= 0 || V <= 0) return 0.0;
+    if (N <= 0 || V <= 0) {
+        if (dW && V > 0) memset(dW, 0, (size_t)(V * C) * sizeof(float));
+        return 0.0;
+    }
     if (chunk <= 0) chunk = choose_chunk(V);
     if (chunk > N) chunk = N;
     const bool grad = dh || dW;
@@ -71,6 +72,11 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
     for (int64_t n = 0; n < N; n++)
         if (targets[n] != ignore_index) idx[cnt++] = n;
     if (count) *count = cnt;
+    /* ignored rows get zero dh; dW is written by the first chunk's product
+     * (beta 0) and accumulated by the rest, so it needs clearing only when
+     * no row counts */
+    if (dh && cnt < N) memset(dh, 0, (size_t)(N * C) * sizeof(float));
+    if (dW && cnt == 0) memset(dW, 0, (size_t)(V * C) * sizeof(float));
 
     double total = 0.0;
     kiln_status st = KILN_OK;
@@ -104,7 +110,7 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
         if (dW) {
             kiln_gemm_desc e = {.transA = true, .transB = false, .M = V, .N = C, .K = cn,
                                 .lda = V, .ldb = C, .ldc = C, .batch = 1, .alpha = 1.0f,
-                                .beta = 1.0f};
+                                .beta = s0 ? 1.0f : 0.0f};
             st = kiln_gemm_f32(&e, logits, hc, dW);
         }
     }
