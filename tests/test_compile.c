@@ -50,7 +50,9 @@ static double weights_diff(const kiln_llama *a, const kiln_llama *b) {
 }
 
 /* 20 steps of k = 3 micro-batches of 2 x 24; returns the final model */
-static kiln_llama *train20(const char *mode, bool reuse, double *losses) {
+static int64_t last_arena; /* of the last train20 */
+
+static kiln_llama *train20_ex(const char *mode, bool reuse, int recompute, double *losses) {
     kiln_llama_config mc = cfg();
     kiln_llama *m = kiln_llama_new(&mc, 3);
     kiln_llama_set_trainable(m, "model.layers.0.mlp.gate_proj.weight", false);
@@ -64,6 +66,7 @@ static kiln_llama *train20(const char *mode, bool reuse, double *losses) {
         kiln_compile_options_default(&co);
         CHECK_OK(kiln_compile_mode_parse(mode, &co));
         co.reuse_memory = reuse;
+        co.recompute = recompute;
         cs = kiln_train_compile(m, &co, true);
     }
     kiln_batch *mb[3];
@@ -80,11 +83,80 @@ static kiln_llama *train20(const char *mode, bool reuse, double *losses) {
                st.interpreted ? "interpreted" : "generated C", st.nodes, st.fused_groups, (long long)st.arena_bytes,
                (long long)st.unplanned_bytes);
         if (strcmp(mode, "interpret")) CHECK(!st.interpreted, "%s runs generated code", mode);
+        last_arena = st.arena_bytes;
     }
     for (int i = 0; i < 3; i++) kiln_batch_free(mb[i]);
     kiln_compiled_free(cs);
     kiln_adamw_free(o);
     return m;
+}
+
+static kiln_llama *train20(const char *mode, bool reuse, double *losses) { return train20_ex(mode, reuse, 0, losses); }
+
+/* Gradients of one compiled micro-step with a recompute mode. */
+static float *grads_with(int recompute, int64_t *n) {
+    kiln_llama_config mc = cfg();
+    kiln_llama *m = kiln_llama_new(&mc, 8);
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    co.recompute = recompute;
+    kiln_compiled *cs = kiln_train_compile(m, &co, true);
+    kiln_batch *b = kiln_batch_alloc(2, 24);
+    fill(b, 77);
+    int64_t s2[2] = {2, 24}, one = 1;
+    kiln_tensor *in[4] = {kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s2), kiln_tensor_wrap(b->targets, KILN_I32, 2, s2),
+                          kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s2), kiln_tensor_new(KILN_F32, 1, &one)};
+    kiln_f32(in[3])[0] = 1.0f / (float)b->n_targets;
+    float rep[1];
+    CHECK_OK(kiln_compiled_run(cs, in, rep));
+    *n = kiln_llama_num_params(m);
+    float *g = calloc((size_t)*n, sizeof *g);
+    int64_t o = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        int64_t k = kiln_tensor_numel(m->params[i]);
+        if (m->params[i]->grad) memcpy(g + o, m->params[i]->grad->data, (size_t)k * sizeof(float));
+        o += k;
+    }
+    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    kiln_batch_free(b);
+    kiln_compiled_free(cs);
+    kiln_llama_free(m);
+    return g;
+}
+
+/* Recomputing activations in backward gives the same gradients (to float
+ * rounding: fusion groups differ) from a smaller arena. */
+static void recompute(void) {
+    int64_t n;
+    float *g0 = grads_with(KILN_RECOMPUTE_NONE, &n);
+    for (int r = 1; r <= 2; r++) {
+        float *g1 = grads_with(r, &n);
+        double d = 0, s = 0;
+        for (int64_t i = 0; i < n; i++) {
+            d = fmax(d, fabs((double)g1[i] - g0[i]));
+            s = fmax(s, fabs((double)g0[i]));
+        }
+        printf("  recompute mode %d: gradients max rel diff %.2e (of the largest)\n", r, d / s);
+        CHECK(d / s < 1e-5, "recompute mode %d gives the same gradients (%.3g)", r, d / s);
+        free(g1);
+    }
+    free(g0);
+    double l0[20], l1[20];
+    kiln_llama *base = train20_ex("default", true, KILN_RECOMPUTE_NONE, l0);
+    int64_t arena0 = last_arena;
+    const char *names[] = {"attention", "layer"};
+    for (int r = 1; r <= 2; r++) {
+        kiln_llama *m = train20_ex("default", true, r, l1);
+        printf("  recompute %-9s arena %lld B vs %lld B without; weights max rel diff %.2e\n", names[r - 1],
+               (long long)last_arena, (long long)arena0, weights_diff(m, base));
+        double worst = 0;
+        for (int s = 0; s < 20; s++) worst = fmax(worst, t_rel(l0[s], l1[s]));
+        CHECK(worst < 1e-6 && weights_diff(m, base) < 1e-4, "recompute %s: losses (%.3g) and weights match", names[r - 1],
+              worst);
+        CHECK(last_arena < arena0, "recompute %s: smaller arena", names[r - 1]);
+        kiln_llama_free(m);
+    }
+    kiln_llama_free(base);
 }
 
 static void modes_vs_eager(void) {
@@ -217,6 +289,7 @@ int main(void) {
     setenv("KILN_CACHE_DIR", cache, 1);
     kiln_eager_enable();
     modes_vs_eager();
+    recompute();
     load_after_compile(dir);
     variants_and_cache();
     char cmd[700];

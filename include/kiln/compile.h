@@ -39,6 +39,7 @@ typedef struct {
     bool rewrites;      /* attention and linear + cross-entropy rewrites */
     bool backward;      /* joint forward + backward graph */
     int max_variants;   /* shape variants before falling back to eager (default 8) */
+    int recompute;      /* KILN_RECOMPUTE_NONE / _ATTENTION / _LAYER (kiln/graph.h) */
     kiln_build_options build;
 } kiln_compile_options;
 
@@ -46,6 +47,8 @@ void kiln_compile_options_default(kiln_compile_options *o);
 /* Parses "default", "reduce-overhead", "max-autotune", "interpret", "off". */
 kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o);
 const char *kiln_compile_mode_name(kiln_compile_mode m);
+/* "none", "attention" or "layer" into o->recompute. */
+kiln_status kiln_recompute_parse(const char *s, kiln_compile_options *o);
 
 typedef struct kiln_compiled kiln_compiled;
 kiln_compiled *kiln_compile(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params, int n_inputs,

@@ -53,6 +53,8 @@ typedef struct {
     int group;                  /* fused group id, or KILN_GROUP_NONE */
     bool acc_into_grad;         /* GEMM writes straight into the grad buffer (beta = 1) */
     bool internal;              /* fused: only read inside its group, lives in registers */
+    int scope;                  /* kiln_op_set_scope() label when traced (model block) */
+    bool recomputed;            /* a copy made by the recompute pass */
 } kiln_value;
 
 typedef struct kiln_graph {
@@ -63,6 +65,7 @@ typedef struct kiln_graph {
     int n_outputs;
     int outputs[4];             /* values returned to the caller */
     int diff;                   /* the value differentiated, or -1 */
+    int n_forward;              /* values [0, n_forward) are the forward pass */
     int64_t arena_bytes;        /* after planning */
     int64_t unplanned_bytes;    /* sum of all buffers without reuse */
     int n_groups;               /* fused element-wise groups */
@@ -76,12 +79,17 @@ typedef struct kiln_graph {
 typedef kiln_status (*kiln_trace_fn)(void *user, kiln_tensor *const *inputs, kiln_tensor **out_report, int *n_report,
                                      kiln_tensor **out_diff);
 
+/* Activation recomputation: which blocks' activations backward recomputes
+ * from the block's input instead of keeping them from forward. */
+enum { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_ATTENTION = 1, KILN_RECOMPUTE_LAYER = 2 };
+
 typedef struct {
     bool backward;        /* build the joint forward+backward graph */
     bool rewrite_attention;
     bool rewrite_linear_ce;
     bool reuse_memory;    /* false: every buffer its own (to check the plan) */
     bool fuse;            /* group element-wise chains into single loops */
+    int recompute;        /* KILN_RECOMPUTE_*: activations recomputed in backward */
 } kiln_graph_options;
 void kiln_graph_options_default(kiln_graph_options *o);
 
@@ -98,6 +106,9 @@ int kiln_pass_dce(kiln_graph *g);                 /* returns nodes removed */
 int kiln_pass_cse(kiln_graph *g);                 /* returns nodes merged */
 int kiln_pass_acc_into_grad(kiln_graph *g);       /* GEMMs that accumulate in place */
 int kiln_pass_fuse(kiln_graph *g);                /* returns fused groups of 2+ ops */
+/* Rematerialisation: forward values of the chosen blocks that backward reads
+ * are recomputed just before their first backward use; returns copies made. */
+int kiln_pass_recompute(kiln_graph *g, int mode);
 /* Schedule position of value v: a fused member runs with its group's last. */
 int kiln_graph_exec_pos(const kiln_graph *g, int v);
 kiln_status kiln_pass_plan(kiln_graph *g, bool reuse);

@@ -141,6 +141,13 @@ typedef struct {
 kiln_dispatcher kiln_op_set_dispatcher(kiln_dispatcher d);
 kiln_dispatcher kiln_op_get_dispatcher(void);
 
+/* A scope label for the ops called from now on (thread-local; 0 = none).
+ * The model marks each block (attention of layer l: 2l+1, its MLP: 2l+2) so
+ * a tracer can tell which block a node belongs to, e.g. to recompute a
+ * block's activations in backward; eager ignores it. Returns the previous. */
+int kiln_op_set_scope(int scope);
+int kiln_op_get_scope(void);
+
 /* dst += src (same numel, f32), used to accumulate gradients. */
 kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src);
 

@@ -42,6 +42,7 @@ typedef struct {
     kiln_on_nan on_nan;
     uint64_t seed;
     char compile[32];    /* "off" (eager), "default", "reduce-overhead", "max-autotune", "interpret" */
+    char recompute[16];  /* "none", "attention", "layer": activations recomputed in backward (compiled) */
     char precision[8];   /* "fp32" (default) or "bf16": autocast, see kiln_autocast_set */
     int global_batch;    /* sequences per optimiser step; 0: batch x accum as given */
     char micro_batch[16]; /* with global_batch: "auto" (default: the largest that fits mem_budget) or a number */
@@ -49,6 +50,8 @@ typedef struct {
 } kiln_train_config;
 
 void kiln_train_config_default(kiln_train_config *c);
+/* The compiler options a run's settings ask for (compile mode, recompute). */
+kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_options *co);
 kiln_status kiln_train_config_validate(const kiln_train_config *c);
 /* Overlays keys from JSON text onto *c; unknown keys are an error. */
 kiln_status kiln_train_config_parse(const char *json, const char *source, kiln_train_config *c);

@@ -26,6 +26,7 @@ static const char *bench_help =
     "                      (default: eager,default,reduce-overhead,max-autotune)\n"
     "  --threads N         OpenMP threads (default: all cores)\n"
     "  --profile           print time per op (eager)\n"
+    "  --recompute R       none (default), attention or layer: compiled modes recompute activations\n"
     "  --precision P       fp32 (default) or bf16 (autocast: bf16 matrix products, fp32 accumulate;\n"
     "                      MFU then against the bf16 peak, taken as 2x the fp32 FMA peak)\n"
     "  --peak GFLOPS       fp32 FMA peak for MFU (default: measured at start)\n";
@@ -59,6 +60,7 @@ typedef struct {
     int steps, warmup;
     double flops;
     bool profile;
+    int recompute; /* KILN_RECOMPUTE_* for the compiled modes */
 } bench_ctx;
 
 static void print_profile(const kiln_op_profile *table, int steps) {
@@ -78,6 +80,7 @@ static result run_mode(bench_ctx *b, const char *mode) {
     kiln_compile_options co;
     kiln_compile_options_default(&co);
     bool eager = !strcmp(mode, "eager");
+    co.recompute = b->recompute;
     if (!eager && kiln_compile_mode_parse(mode, &co)) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
         return r;
@@ -134,9 +137,10 @@ static result run_mode(bench_ctx *b, const char *mode) {
         if (again && !kiln_compiled_run(again, b->in, rep)) r.warm_s = kiln_compiled_stats(again).build_seconds;
         (void)t0;
         kiln_compiled_free(again);
-        printf("  %s: %d nodes, %d fused groups (%d ops), arena %.0f MB (%.0f MB without reuse), %s%s\n", mode, s.nodes,
-               s.fused_groups, s.fused_ops, s.arena_bytes / 1e6, s.unplanned_bytes / 1e6,
-               s.interpreted ? "interpreted" : "generated: ", s.interpreted ? "" : s.source_path);
+        printf("  %s: %d nodes, %d fused groups (%d ops), arena %.0f MB (%.0f MB without reuse), %.1f GFLOP executed per step "
+               "(%.2fx the model's), %s%s\n",
+               mode, s.nodes, s.fused_groups, s.fused_ops, s.arena_bytes / 1e6, s.unplanned_bytes / 1e6, s.flops / 1e9,
+               s.flops / b->flops, s.interpreted ? "interpreted" : "generated: ", s.interpreted ? "" : s.source_path);
     }
     kiln_compiled_free(cs);
     return r;
@@ -151,7 +155,8 @@ int kiln_cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},   {"seq", 1, 0, 's'},
                                          {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},  {"threads", 1, 0, 't'},
                                          {"peak", 1, 0, 'p'},  {"help", 0, 0, 'h'},    {"profile", 0, 0, 'P'},
-                                         {"modes", 1, 0, 'M'}, {"precision", 1, 0, 'R'}, {0, 0, 0, 0}};
+                                         {"modes", 1, 0, 'M'}, {"precision", 1, 0, 'R'}, {"recompute", 1, 0, 'C'},
+                                         {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -165,6 +170,15 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 'p': peak = atof(optarg); break;
         case 'P': b.profile = true; break;
         case 'M': modes = optarg; break;
+        case 'C': {
+            kiln_compile_options tmp;
+            if (kiln_recompute_parse(optarg, &tmp)) {
+                fprintf(stderr, "kiln bench: --recompute: %s\n", kiln_last_error());
+                return 2;
+            }
+            b.recompute = tmp.recompute;
+            break;
+        }
         case 'R':
             if (kiln_precision_parse(optarg, &prec)) {
                 fprintf(stderr, "kiln bench: %s\n", kiln_last_error());

@@ -53,6 +53,14 @@ kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o) {
     return KILN_OK;
 }
 
+kiln_status kiln_recompute_parse(const char *s, kiln_compile_options *o) {
+    if (!strcmp(s, "none")) o->recompute = KILN_RECOMPUTE_NONE;
+    else if (!strcmp(s, "attention")) o->recompute = KILN_RECOMPUTE_ATTENTION;
+    else if (!strcmp(s, "layer")) o->recompute = KILN_RECOMPUTE_LAYER;
+    else return kiln_error(KILN_ERR_INVALID, "unknown recompute setting '%s' (none, attention, layer)", s);
+    return KILN_OK;
+}
+
 kiln_compiled *kiln_compile(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params, int n_inputs,
                             const kiln_compile_options *o) {
     if (n_inputs > MAX_IN) {
@@ -186,6 +194,7 @@ static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *
     go.backward = c->o.backward;
     go.rewrite_attention = go.rewrite_linear_ce = c->o.rewrites;
     go.reuse_memory = c->o.reuse_memory;
+    go.recompute = c->o.recompute;
     kiln_status st = kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &v->g);
     if (!st) st = kiln_interp_new(v->g, &v->r);
     if (st) {

@@ -122,7 +122,7 @@ static bool become(kiln_graph *g, int v, int op, int n_in, const int *in, kiln_a
     for (int i = 0; i < n_in; i++) im[i] = g->v[in[i]].meta;
     if (d->aux_shape && d->aux_shape(im, &attrs, am)) return false;
     for (int a = 0; a < d->n_aux; a++) {
-        kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {v}, .aux = a, .meta = am[a]};
+        kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {v}, .aux = a, .meta = am[a], .scope = g->v[v].scope};
         int id = kiln_graph_add(g, av);
         if (id < 0) return false;
         g->v[v].aux_of[a] = id;

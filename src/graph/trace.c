@@ -116,7 +116,7 @@ static kiln_tensor *trace_dispatch(void *ctx, int op, kiln_tensor *const *in, in
                                    const kiln_meta *out, kiln_tensor **aux) {
     tracer *t = ctx;
     const kiln_op_def *d = kiln_op_get(op);
-    kiln_value v = {.kind = KILN_V_OP, .op = op, .n_in = n_in, .attrs = *attrs, .meta = *out};
+    kiln_value v = {.kind = KILN_V_OP, .op = op, .n_in = n_in, .attrs = *attrs, .meta = *out, .scope = kiln_op_get_scope()};
     for (int i = 0; i < n_in; i++) {
         int id = map_get(t, in[i]);
         if (id < 0) {
@@ -141,7 +141,7 @@ static kiln_tensor *trace_dispatch(void *ctx, int op, kiln_tensor *const *in, in
             return NULL;
         }
         for (int a = 0; a < d->n_aux; a++) {
-            kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {id}, .aux = a, .meta = am[a]};
+            kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {id}, .aux = a, .meta = am[a], .scope = v.scope};
             int aid = kiln_graph_add(t->g, av);
             if (aid >= 0) t->g->v[id].aux_of[a] = aid;
             aux[a] = aid < 0 ? NULL : symbolic(&am[a]);
@@ -184,6 +184,8 @@ static kiln_status add_grad(tracer *t, int *gout, int target, kiln_tensor *gin) 
 static kiln_status autograd(tracer *t, int diff) {
     kiln_graph *g = t->g;
     int n_fwd = g->n;
+    g->n_forward = n_fwd;
+    int outer = kiln_op_set_scope(0); /* backward nodes belong to no block */
     int *gout = malloc(sizeof(int) * (size_t)n_fwd);
     if (!gout) return kiln_error(KILN_ERR_OOM, "out of memory");
     for (int i = 0; i < n_fwd; i++) gout[i] = -1;
@@ -219,6 +221,7 @@ static kiln_status autograd(tracer *t, int diff) {
         for (int i = 0; i < KILN_OP_MAX_IN; i++) kiln_tensor_release(gin[i]);
     }
     free(gout);
+    kiln_op_set_scope(outer);
     return st;
 }
 
@@ -280,6 +283,13 @@ kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params,
     kiln_pass_cse(g);
     kiln_pass_dce(g);
     kiln_pass_acc_into_grad(g);
+    if (o->backward && o->recompute) {
+        if (kiln_pass_recompute(g, o->recompute) < 0) {
+            st = kiln_last_status();
+            goto done;
+        }
+        kiln_pass_dce(g);
+    }
     if (o->fuse) kiln_pass_fuse(g);
     st = kiln_pass_plan(g, o->reuse_memory);
 done:

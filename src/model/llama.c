@@ -268,19 +268,23 @@ kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pa
     kiln_tensor *mask = kiln_attn_mask(pm, T);
     kiln_tensor_release(pm);
     kiln_tensor *h = kiln_embedding(m->embed_tokens, ids);
+    int outer = kiln_op_get_scope();
     for (int64_t l = 0; l < c->num_hidden_layers && h && mask; l++) {
         kiln_llama_layer *ly = &m->layers[l];
+        kiln_op_set_scope((int)(2 * l + 1)); /* the attention block */
         kiln_tensor *x = kiln_rmsnorm(h, ly->input_layernorm, c->rms_norm_eps);
         kiln_tensor *a = x ? attention(m, ly, l, x, mask, kc) : NULL;
         kiln_tensor_release(x);
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);
+        kiln_op_set_scope((int)(2 * l + 2)); /* the MLP block */
         x = kiln_rmsnorm(h, ly->post_attention_layernorm, c->rms_norm_eps);
         a = x ? mlp(ly, x) : NULL;
         kiln_tensor_release(x);
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);
     }
+    kiln_op_set_scope(outer);
     kiln_tensor_release(mask);
     if (kc && h) kc->len += T;
     NEXT(h, kiln_rmsnorm(h, m->norm, c->rms_norm_eps));

@@ -101,6 +101,14 @@ double kiln_op_bytes(int op, const kiln_meta *in, const kiln_attrs *a, const kil
 }
 
 static _Thread_local kiln_dispatcher current;
+static _Thread_local int scope;
+
+int kiln_op_set_scope(int s) {
+    int old = scope;
+    scope = s;
+    return old;
+}
+int kiln_op_get_scope(void) { return scope; }
 
 kiln_dispatcher kiln_op_set_dispatcher(kiln_dispatcher d) {
     kiln_dispatcher old = current;

@@ -25,6 +25,7 @@ static const field fields[] = {
     FLD(warmup, F_I64),       FLD(steps, F_I64),        FLD(epochs, F_I64),      FLD(eval_every, F_I64),
     FLD(eval_batches, F_I64), FLD(save_every, F_I64),   FLD(log_every, F_I64),   FLD(keep, F_INT),
     FLD(on_nan, F_NAN),       FLD(seed, F_U64),         FLD(compile, F_STR),     FLD(precision, F_STR),
+    FLD(recompute, F_STR),
     FLD(global_batch, F_INT), FLD(micro_batch, F_STR),  FLD(mem_budget, F_STR),
 };
 #define NF (sizeof fields / sizeof fields[0])
@@ -62,6 +63,7 @@ void kiln_train_config_default(kiln_train_config *c) {
     c->seed = 1234;
     snprintf(c->compile, sizeof c->compile, "off");
     snprintf(c->precision, sizeof c->precision, "fp32");
+    snprintf(c->recompute, sizeof c->recompute, "none");
 }
 
 kiln_status kiln_train_config_validate(const kiln_train_config *c) {
@@ -87,7 +89,7 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     NEED(c->data[0], "data must name a directory with train.bin");
     NEED(c->run_dir[0], "run_dir must be set");
     kiln_compile_options co;
-    if (kiln_compile_mode_parse(c->compile, &co)) return kiln_error(KILN_ERR_INVALID, "compile: %s", kiln_last_error());
+    if (kiln_train_compile_options(c, &co)) return KILN_ERR_INVALID;
     if (kiln_train_check_batch_settings(c)) return KILN_ERR_INVALID; /* precision, global/micro batch, budget */
 #undef NEED
     return KILN_OK;
@@ -191,4 +193,14 @@ char *kiln_train_config_to_json(const kiln_train_config *c) {
     char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17) | JSON_PRESERVE_ORDER);
     json_decref(o);
     return s;
+}
+
+kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_options *co) {
+    kiln_compile_options_default(co);
+    if (kiln_compile_mode_parse(c->compile, co)) return kiln_error(KILN_ERR_INVALID, "compile: %s", kiln_last_error());
+    if (kiln_recompute_parse(c->recompute[0] ? c->recompute : "none", co))
+        return kiln_error(KILN_ERR_INVALID, "recompute: %s", kiln_last_error());
+    if (co->recompute && co->mode == KILN_COMPILE_OFF)
+        return kiln_error(KILN_ERR_INVALID, "recompute: --recompute %s needs --compile (it is a compiler pass)", c->recompute);
+    return KILN_OK;
 }

@@ -145,8 +145,7 @@ kiln_status kiln_train_choose_batch(const kiln_train_config *c, kiln_llama *m, k
     int N = c->global_batch, fixed = micro_setting(c->micro_batch);
     out->global_batch = N;
     kiln_compile_options co;
-    kiln_compile_options_default(&co);
-    kiln_compile_mode_parse(c->compile, &co);
+    kiln_train_compile_options(c, &co); /* checked by the config's validation */
     if (co.mode == KILN_COMPILE_OFF && fixed == 0)
         return kiln_error(KILN_ERR_INVALID, "--micro-batch auto needs --compile: the memory estimate is the compiled plan's "
                                             "(eager memory is not planned); give --micro-batch B with eager");

@@ -222,8 +222,7 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
     }
     if (kiln_dist_rank() == 0 && ((st = mkdir_p(c->run_dir)) || (st = open_metrics(t, resume)))) goto fail;
     kiln_compile_options co;
-    kiln_compile_options_default(&co);
-    kiln_compile_mode_parse(c->compile, &co); /* validated above */
+    kiln_train_compile_options(c, &co); /* validated above */
     if (co.mode != KILN_COMPILE_OFF) {
         t->cs_train = kiln_train_compile(t->model, &co, true);
         t->cs_eval = kiln_train_compile(t->model, &co, false);

@@ -1,0 +1,158 @@
+/* Activation recomputation (rematerialisation). The model labels its blocks
+ * with scopes (attention of layer l: 2l+1, MLP: 2l+2). A recompute unit is a
+ * layer (both scopes) or only the attention block. Forward values of a unit
+ * that backward reads are not kept: just before the first backward node that
+ * needs any of them, the unit's forward nodes are copied (reading the unit's
+ * inputs, which are kept), and backward reads the copies. A unit's values read
+ * by another unit in forward (the residual stream between layers) are its
+ * checkpoints and stay. The rebuilt graph keeps the invariant that values
+ * are numbered in execution order. */
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+static int unit_of_scope(int scope, int mode) {
+    if (scope <= 0) return -1;
+    if (mode == KILN_RECOMPUTE_LAYER) return (scope + 1) / 2;
+    if (mode == KILN_RECOMPUTE_ATTENTION) return scope % 2 ? (scope + 1) / 2 : -1;
+    return -1;
+}
+
+typedef struct {
+    kiln_value *v;
+    int n, cap;
+} varr;
+
+static int push(varr *a, kiln_value x) {
+    if (a->n == a->cap) {
+        int cap = a->cap ? a->cap * 2 : 1024;
+        kiln_value *nv = realloc(a->v, sizeof *nv * (size_t)cap);
+        if (!nv) return -1;
+        a->v = nv;
+        a->cap = cap;
+    }
+    a->v[a->n] = x;
+    return a->n++;
+}
+
+typedef struct {
+    const kiln_graph *g;
+    const int *unit;
+    int nf;
+    varr out;
+    int *newid, *clone;
+    bool *done;
+    int copies;
+} rebuild;
+
+/* Copies every live forward node of unit u, in order, with its extra outputs. */
+static bool clone_unit(rebuild *r, int u) {
+    const kiln_graph *g = r->g;
+    r->done[u] = true;
+    for (int v = 0; v < r->nf; v++) {
+        const kiln_value *x = &g->v[v];
+        if (x->dead || x->kind != KILN_V_OP || r->unit[v] != u) continue;
+        kiln_value c = *x;
+        c.recomputed = true;
+        for (int j = 0; j < c.n_in; j++) {
+            int in = x->in[j];
+            c.in[j] = in < r->nf && r->unit[in] == u && r->clone[in] >= 0 ? r->clone[in] : r->newid[in];
+        }
+        int id = push(&r->out, c);
+        if (id < 0) return false;
+        r->clone[v] = id;
+        r->copies++;
+        for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) {
+            kiln_value av = g->v[x->aux_of[a]];
+            av.in[0] = id;
+            av.recomputed = true;
+            int aid = push(&r->out, av);
+            if (aid < 0) return false;
+            r->out.v[id].aux_of[a] = aid;
+            r->clone[x->aux_of[a]] = aid;
+        }
+    }
+    return true;
+}
+
+int kiln_pass_recompute(kiln_graph *g, int mode) {
+    int nf = g->n_forward;
+    if (mode == KILN_RECOMPUTE_NONE || nf <= 0) return 0;
+    int *unit = malloc(sizeof(int) * (size_t)g->n);
+    rebuild r = {.g = g, .unit = unit, .nf = nf};
+    r.newid = malloc(sizeof(int) * (size_t)g->n);
+    r.clone = malloc(sizeof(int) * (size_t)g->n);
+    r.done = calloc((size_t)g->n + 1, sizeof(bool));
+    if (!unit || !r.newid || !r.clone || !r.done) goto oom;
+    int max_unit = 0;
+    for (int v = 0; v < g->n; v++) {
+        const kiln_value *x = &g->v[v];
+        unit[v] = v < nf && !x->dead && (x->kind == KILN_V_OP || x->kind == KILN_V_AUX) ? unit_of_scope(x->scope, mode) : -1;
+        if (unit[v] > max_unit) max_unit = unit[v];
+        r.clone[v] = -1;
+    }
+    /* checkpoints: read across units in forward, or results of the graph */
+    for (int v = 0; v < nf; v++) {
+        const kiln_value *x = &g->v[v];
+        if (x->dead || x->kind == KILN_V_AUX) continue;
+        for (int j = 0; j < x->n_in; j++) {
+            int in = x->in[j];
+            if (unit[in] >= 0 && unit[in] != unit[v]) unit[in] = -1;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) unit[g->outputs[i]] = -1;
+    if (g->diff >= 0) unit[g->diff] = -1;
+    for (int v = 0; v < nf; v++) /* an op and its extra outputs go together */
+        if (!g->v[v].dead && g->v[v].kind == KILN_V_OP)
+            for (int a = 0; a < kiln_op_get(g->v[v].op)->n_aux; a++)
+                if (unit[v] < 0 || unit[g->v[v].aux_of[a]] < 0) {
+                    unit[v] = -1;
+                    unit[g->v[v].aux_of[a]] = -1;
+                }
+    for (int v = 0; v < nf; v++) {
+        if (push(&r.out, g->v[v]) < 0) goto oom;
+        r.newid[v] = v;
+    }
+    for (int b = nf; b < g->n; b++) {
+        kiln_value x = g->v[b];
+        if (!x.dead && x.kind != KILN_V_AUX)
+            for (int j = 0; j < x.n_in; j++) {
+                int in = x.in[j];
+                if (in < nf && unit[in] >= 0) {
+                    if (!r.done[unit[in]] && !clone_unit(&r, unit[in])) goto oom;
+                    x.in[j] = r.clone[in] >= 0 ? r.clone[in] : in;
+                } else {
+                    x.in[j] = r.newid[in];
+                }
+            }
+        else if (x.kind == KILN_V_AUX)
+            x.in[0] = r.newid[x.in[0]];
+        int id = push(&r.out, x);
+        if (id < 0) goto oom;
+        r.newid[b] = id;
+    }
+    /* extra outputs of the ops copied as they were (clones set their own) */
+    for (int i = 0; i < r.out.n; i++) {
+        kiln_value *x = &r.out.v[i];
+        if (x->dead || x->kind != KILN_V_OP || x->recomputed) continue;
+        for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) x->aux_of[a] = r.newid[x->aux_of[a]];
+    }
+    (void)max_unit;
+    free(g->v);
+    g->v = r.out.v;
+    g->n = r.out.n;
+    g->cap = r.out.cap;
+    free(unit);
+    free(r.newid);
+    free(r.clone);
+    free(r.done);
+    return r.copies;
+oom:
+    free(r.out.v);
+    free(unit);
+    free(r.newid);
+    free(r.clone);
+    free(r.done);
+    kiln_error(KILN_ERR_OOM, "out of memory recomputing activations");
+    return -1;
+}
