@@ -143,6 +143,17 @@ void kiln_rng_uniform(kiln_rng *rng, float *out, int64_t n, float lo, float hi);
 double kiln_rng_next_double(kiln_rng *rng); /* [0,1) */
 uint64_t kiln_rng_next_u64(kiln_rng *rng);
 
+/* ---- text ---------------------------------------------------------------- */
+/* A growing string for generated text (SVG, C source). Zero-initialise it;
+ * append with kiln_strbuf_printf; an allocation failure sets oom and later
+ * appends do nothing. Free b->s when done. */
+typedef struct {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} kiln_strbuf;
+void kiln_strbuf_printf(kiln_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ---- files ------------------------------------------------------------- */
 /* Writes `n` bytes atomically: temp file beside `path`, write, fsync, rename,
  * fsync of the directory. On any failure the old file at `path` is untouched

@@ -114,38 +114,8 @@ static kiln_status read_metrics(const char *run_dir, plot_run *r) {
 
 /* ---- SVG text ----------------------------------------------------------- */
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->s && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? b->cap : 8192;
-        while (cap <= b->n + (size_t)k) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) {
-            b->oom = true;
-            return;
-        }
-        b->s = s;
-        b->cap = cap;
-    }
-}
+typedef kiln_strbuf sbuf;
+#define sb_printf kiln_strbuf_printf
 
 static void sb_escaped(sbuf *b, const char *s) {
     for (; *s; s++) {

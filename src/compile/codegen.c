@@ -10,39 +10,8 @@
 #include <string.h>
 #include "codegen.h"
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->s && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 65536;
-        while (cap < b->n + (size_t)k + 1) cap *= 2;
-        char *ns = realloc(b->s, cap);
-        if (!ns) {
-            b->oom = true;
-            return;
-        }
-        b->s = ns;
-        b->cap = cap;
-    }
-}
+typedef kiln_strbuf sbuf;
+#define put kiln_strbuf_printf
 
 /* exp with a 2^k range reduction and a degree-6 polynomial: vectorises, and
  * agrees with expf to a few ulp over the range the kernels use */

@@ -1,6 +1,7 @@
 /* Errors (thread-local message + code) and logging. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "kiln/core.h"
@@ -70,4 +71,31 @@ void kiln_log(kiln_log_level level, const char *fmt, ...) {
         fprintf(stderr, "%s\n", msg);
     else
         fprintf(stderr, "kiln: %s: %s\n", tag[level], msg);
+}
+
+void kiln_strbuf_printf(kiln_strbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->s ? b->s + b->n : NULL, b->s ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->s && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 8192;
+        while (cap <= b->n + (size_t)k) cap *= 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) {
+            b->oom = true;
+            return;
+        }
+        b->s = ns;
+        b->cap = cap;
+    }
 }
