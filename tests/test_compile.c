@@ -231,6 +231,56 @@ static void load_after_compile(const char *dir) {
     kiln_llama_free(b);
 }
 
+/* The gradient-ready hook (data-parallel overlap) fires once per trained
+ * parameter in compiled steps too, after its gradient is complete. */
+typedef struct {
+    int calls, dup;
+    kiln_tensor *seen[64];
+    float snap[64];
+} ready_log;
+static void on_ready(kiln_tensor *p, void *user) {
+    ready_log *l = user;
+    for (int i = 0; i < l->calls; i++) l->dup += l->seen[i] == p;
+    if (l->calls < 64) {
+        l->snap[l->calls] = kiln_f32(p->grad)[0];
+        l->seen[l->calls++] = p;
+    }
+}
+
+static void grad_ready_hook(void) {
+    const char *modes[] = {"default", "reduce-overhead"};
+    for (int md = 0; md < 2; md++) {
+        kiln_llama_config mc = cfg();
+        kiln_llama *m = kiln_llama_new(&mc, 31);
+        kiln_llama_set_trainable(m, "model.norm.weight", false);
+        kiln_compile_options co;
+        kiln_compile_options_default(&co);
+        kiln_compile_mode_parse(modes[md], &co);
+        kiln_compiled *cs = kiln_train_compile(m, &co, true);
+        kiln_batch *b = kiln_batch_alloc(2, 24);
+        fill(b, 3);
+        int64_t s2[2] = {2, 24}, one = 1;
+        kiln_tensor *in[4] = {kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s2), kiln_tensor_wrap(b->targets, KILN_I32, 2, s2),
+                              kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s2), kiln_tensor_new(KILN_F32, 1, &one)};
+        kiln_f32(in[3])[0] = 0.01f;
+        ready_log log = {0};
+        kiln_set_grad_ready_hook(on_ready, &log);
+        float rep[1];
+        CHECK_OK(kiln_compiled_run(cs, in, rep));
+        kiln_set_grad_ready_hook(NULL, NULL);
+        int trained = 0, final_ok = 1;
+        for (int i = 0; i < m->n_params; i++) trained += m->params[i]->requires_grad;
+        for (int i = 0; i < log.calls; i++) final_ok &= log.snap[i] == kiln_f32(log.seen[i]->grad)[0];
+        CHECK(log.calls == trained && log.dup == 0 && final_ok,
+              "%s: hook called once per trained parameter with its final gradient (%d calls, %d trained)", modes[md],
+              log.calls, trained);
+        for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+        kiln_batch_free(b);
+        kiln_compiled_free(cs);
+        kiln_llama_free(m);
+    }
+}
+
 static void variants_and_cache(void) {
     kiln_llama_config mc = cfg();
     kiln_llama *m = kiln_llama_new(&mc, 21);
@@ -290,6 +340,7 @@ int main(void) {
     kiln_eager_enable();
     modes_vs_eager();
     recompute();
+    grad_ready_hook();
     load_after_compile(dir);
     variants_and_cache();
     char cmd[700];

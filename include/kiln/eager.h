@@ -31,13 +31,9 @@ bool kiln_grad_enabled(void);
 kiln_status kiln_backward(kiln_tensor *loss);
 /* Seeds with `grad` (same shape as `out`). */
 kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad);
-/* Called during kiln_backward on this thread once a parameter's gradient
- * is complete for that backward (its last accumulation on the tape), in the
- * order backward finishes them; parameters the tape never reaches get no
- * call. Data-parallel training starts communicating a bucket of gradients
- * from here while backward goes on. NULL removes the hook. */
-typedef void (*kiln_grad_ready_fn)(kiln_tensor *param, void *user);
-void kiln_set_grad_ready_hook(kiln_grad_ready_fn fn, void *user);
+/* kiln_backward calls the gradient-ready hook (kiln/ops.h) once a
+ * parameter's gradient is complete for that backward (its last accumulation
+ * on the tape), in the order backward finishes them. */
 /* How many ops the eager engine has run on this thread (for benchmarks). */
 uint64_t kiln_eager_op_count(void);
 /* Per-op wall time on this thread: pass a table of KILN_OP_COUNT entries

@@ -148,6 +148,16 @@ kiln_dispatcher kiln_op_get_dispatcher(void);
 int kiln_op_set_scope(int scope);
 int kiln_op_get_scope(void);
 
+/* Called (on this thread) once a parameter's gradient is complete for the
+ * backward pass under way, eager or compiled, in the order they complete;
+ * parameters backward never reaches get no call. Data-parallel training
+ * starts communicating a bucket of gradients from here while backward goes
+ * on. NULL removes the hook. */
+typedef void (*kiln_grad_ready_fn)(kiln_tensor *param, void *user);
+void kiln_set_grad_ready_hook(kiln_grad_ready_fn fn, void *user);
+void kiln_grad_ready(kiln_tensor *param); /* calls the hook, if any */
+bool kiln_grad_ready_hooked(void);
+
 /* dst += src (same numel, f32), used to accumulate gradients. */
 kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src);
 

@@ -214,7 +214,6 @@ char *kiln_codegen_step(const kiln_graph *g) {
             put(&b, "  }\n");
             continue;
         }
-        if (x->kind == KILN_V_GRAD_ACC && g->v[x->in[0]].acc_into_grad) continue;
         if (x->kind == KILN_V_OP && kiln_op_get(x->op)->is_view) {
             if (in_region) {
                 put(&b, "  }\n");

@@ -16,13 +16,6 @@ typedef struct node {
 static _Thread_local bool grad_off;
 static _Thread_local uint64_t op_count;
 static _Thread_local kiln_op_profile *profile; /* per-op time when profiling */
-static _Thread_local kiln_grad_ready_fn ready_fn;
-static _Thread_local void *ready_user;
-
-void kiln_set_grad_ready_hook(kiln_grad_ready_fn fn, void *user) {
-    ready_fn = fn;
-    ready_user = user;
-}
 
 static void free_saved(node *n) {
     for (int i = 0; i < KILN_OP_MAX_IN; i++) {
@@ -246,7 +239,7 @@ static void leaves_done(node *n, leaf_uses *u, int nu) {
     for (int j = 0; j < KILN_OP_MAX_IN; j++) {
         if (!n->leaf[j]) continue;
         leaf_uses key = {n->leaf[j], 0}, *hit = bsearch(&key, u, (size_t)nu, sizeof *u, cmp_leaf);
-        if (hit && --hit->left == 0) ready_fn(hit->p, ready_user);
+        if (hit && --hit->left == 0) kiln_grad_ready(hit->p);
     }
 }
 
@@ -258,7 +251,7 @@ kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad) {
     if (!out->node) {
         if (out->requires_grad) {
             kiln_status st = accumulate_leaf(out, grad);
-            if (!st && ready_fn) ready_fn(out, ready_user);
+            if (!st) kiln_grad_ready(out);
             return st;
         }
         return kiln_error(KILN_ERR_INVALID, "backward: the tensor does not depend on any parameter that requires a gradient");
@@ -268,7 +261,7 @@ kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad) {
     kiln_status st = collect((node *)out->node, &order, &count);
     if (st) return st;
     int n_uses = 0;
-    leaf_uses *uses = ready_fn ? count_leaf_uses(order, count, &n_uses) : NULL; /* NULL: no calls */
+    leaf_uses *uses = kiln_grad_ready_hooked() ? count_leaf_uses(order, count, &n_uses) : NULL; /* NULL: no calls */
     bool was = kiln_grad_set_enabled(false);
     node *root = (node *)out->node;
     root->gout = kiln_tensor_retain(grad);

@@ -14,6 +14,7 @@ struct kiln_interp {
     kiln_group_fn *groups; /* generated group kernels (NULL: chunk-wise loop) */
     int **group_args;
     kiln_step_fn step;    /* a generated whole step */
+    bool *ready_after;    /* GRAD_ACC sinks that complete their parameter's gradient */
     kiln_status step_status;
 };
 
@@ -63,8 +64,9 @@ kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
     r->ptrs = calloc((size_t)g->n, sizeof *r->ptrs);
     r->groups = calloc((size_t)g->n_groups + 1, sizeof *r->groups);
     r->group_args = calloc((size_t)g->n_groups + 1, sizeof *r->group_args);
+    r->ready_after = calloc((size_t)g->n + 1, sizeof *r->ready_after);
     r->arena = kiln_alloc((size_t)(g->arena_bytes ? g->arena_bytes : 64));
-    if (!r->t || !r->ptrs || !r->groups || !r->group_args || !r->arena) {
+    if (!r->t || !r->ptrs || !r->groups || !r->group_args || !r->ready_after || !r->arena) {
         kiln_interp_free(r);
         return kiln_error(KILN_ERR_OOM, "out of memory for a %lld-byte arena", (long long)g->arena_bytes);
     }
@@ -76,6 +78,15 @@ kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
         t->dtype = x->meta.dtype;
         t->refcount = 1;
         if (x->offset >= 0) set_data(r, i, (char *)r->arena + x->offset);
+    }
+    /* the last gradient sink of each parameter completes its gradient */
+    for (int i = g->n - 1; i >= 0; i--) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind != KILN_V_GRAD_ACC) continue;
+        bool later = false;
+        for (int j = i + 1; j < g->n && !later; j++)
+            later = !g->v[j].dead && g->v[j].kind == KILN_V_GRAD_ACC && g->v[j].index == x->index;
+        r->ready_after[i] = !later;
     }
     for (int k = 0; k < g->n_groups; k++) {
         int ids[KILN_OP_MAX_IN * 64];
@@ -98,6 +109,7 @@ void kiln_interp_free(kiln_interp *r) {
     for (int k = 0; r->group_args && k < r->g->n_groups; k++) free(r->group_args[k]);
     free(r->group_args);
     free(r->groups);
+    free(r->ready_after);
     free(r->ptrs);
     free(r->t);
     free(r);
@@ -204,7 +216,10 @@ static kiln_status run_position(kiln_interp *r, int i) {
         else if (kiln_graph_exec_pos(g, i) == i) st = run_group(r, x->group);
         break;
     case KILN_V_GRAD_ACC:
-        if (g->v[x->in[0]].acc_into_grad) break;
+        if (g->v[x->in[0]].acc_into_grad) { /* the GEMM already added into .grad */
+            if (r->ready_after[i]) kiln_grad_ready(g->params[x->index]);
+            break;
+        }
         st = grad_buffer(g->params[x->index]);
         if (st) break;
         if (x->n_in == 2) { /* grad += scalar * value */
@@ -217,6 +232,7 @@ static kiln_status run_position(kiln_interp *r, int i) {
         } else {
             st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
         }
+        if (!st && r->ready_after[i]) kiln_grad_ready(g->params[x->index]);
         break;
     }
     if (st) return kiln_error_context(st, "graph value %d (%s)", i, x->kind == KILN_V_OP ? kiln_op_name(x->op) : "sink");

@@ -110,6 +110,18 @@ int kiln_op_set_scope(int s) {
 }
 int kiln_op_get_scope(void) { return scope; }
 
+static _Thread_local kiln_grad_ready_fn ready_fn;
+static _Thread_local void *ready_user;
+
+void kiln_set_grad_ready_hook(kiln_grad_ready_fn fn, void *user) {
+    ready_fn = fn;
+    ready_user = user;
+}
+void kiln_grad_ready(kiln_tensor *param) {
+    if (ready_fn) ready_fn(param, ready_user);
+}
+bool kiln_grad_ready_hooked(void) { return ready_fn != NULL; }
+
 kiln_dispatcher kiln_op_set_dispatcher(kiln_dispatcher d) {
     kiln_dispatcher old = current;
     current = d;
