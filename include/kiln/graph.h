@@ -135,6 +135,8 @@ void kiln_interp_bind_step(kiln_interp *r, kiln_step_fn fn);
 /* For autotuning after a run: group k's current argument pointers (returns
  * their count), and zeroing the arena so timings see no stale NaNs. */
 int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap);
+/* Value v's header (its data is valid after a run). */
+const kiln_tensor *kiln_interp_tensor(const kiln_interp *r, int v);
 void kiln_interp_zero_arena(kiln_interp *r);
 
 /* Human-readable dump (for --explain). */

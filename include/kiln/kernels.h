@@ -48,6 +48,12 @@ void kiln_bf16_force_emulation(bool on);
 /* Convenience: single matrix, packed (ld = row length of the stored matrix). */
 kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                        float alpha, const float *A, const float *B, float beta, float *C);
+/* The same product through oneDNN's BLAS-style dnnl_sgemm, one call per
+ * batch matrix: faster than the matmul primitive on some shapes (measured
+ * by bench/gemm: the weight-gradient TN products), slower on others, so
+ * max-autotune times both per product and keeps the faster. */
+kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const float *B, float *C);
+enum { KILN_GEMM_PRIMITIVE = 0, KILN_GEMM_SGEMM = 1 };
 /* Which backend kiln_gemm uses, for the benchmark and --explain. */
 const char *kiln_gemm_backend(void);
 void kiln_gemm_cache_clear(void);

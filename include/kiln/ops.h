@@ -169,12 +169,18 @@ kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W);
 /* Runs a MATMUL (attrs as kiln_matmul's: i0 mode, i1 ta, i2 tb) into an
  * existing c with beta 0 or 1 (1 accumulates: gradients straight into .grad). */
 kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta);
+/* Times this MATMUL's product with each GEMM implementation (into scratch:
+ * nothing is written) and returns the faster one's id for attribute i4. */
+int kiln_matmul_fastest(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs);
 /* MATMUL modes:
  *  KILN_MM_BATCHED: a [P..., M, K], b [P..., K, N] (last two dims transposed
  *                   by ta/tb), same leading dims -> [P..., M, N]
  *  KILN_MM_ROWS:    a [R..., K], b [K, N] (or [N, K] with tb) -> [R..., N]
  *  KILN_MM_GRAD:    a [R..., M], b [R..., N] -> aᵀ·b = [M, N], summed over rows */
 enum { KILN_MM_BATCHED = 0, KILN_MM_ROWS = 1, KILN_MM_GRAD = 2 };
+/* Attribute i4: the GEMM implementation (KILN_GEMM_PRIMITIVE or
+ * KILN_GEMM_SGEMM, kiln/kernels.h), chosen by max-autotune; the numbers are
+ * the same product either way. */
 /* Attribute i3 = 1: bf16 operands, fp32 accumulation and output (the
  * kernel rounds both operands to bf16 in scratch; see kiln_bf16_path for
  * native vs emulated). The backward rule gives its gradient products the

@@ -16,6 +16,7 @@ typedef struct {
     kiln_interp *r;
     kiln_module *mod;
     bool tuned;
+    char tune_path[1100]; /* max-autotune's choices, kept beside the cached module */
 } variant;
 
 struct kiln_compiled {
@@ -136,6 +137,9 @@ static kiln_status generate(kiln_compiled *c, variant *v) {
     for (int i = 0; i < n_parts; i++) free(parts[i]);
     if (st) return st;
     c->stats.cc_seconds = info.seconds;
+    size_t pl = strlen(info.path);
+    if (!info.private_tmp && pl > 3 && !strcmp(info.path + pl - 3, ".so"))
+        snprintf(v->tune_path, sizeof v->tune_path, "%.*s.tune", (int)(pl - 3), info.path);
     c->stats.from_cache = info.from_cache;
     snprintf(c->stats.source_path, sizeof c->stats.source_path, "%s", info.src_path);
     char name[64];
@@ -153,11 +157,85 @@ static kiln_status generate(kiln_compiled *c, variant *v) {
     return KILN_OK;
 }
 
+/* Times each fp32 matrix product with the oneDNN matmul primitive and with
+ * dnnl_sgemm, into scratch (so accumulating products leave .grad alone), and
+ * records the faster in the node's attrs (i4). Returns products retuned. */
+static int tune_gemms(variant *v) {
+    kiln_graph *g = v->g;
+    int changed = 0;
+    for (int i = 0; i < g->n; i++) {
+        kiln_value *x = &g->v[i];
+        if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_MATMUL || x->attrs.i[3]) continue;
+        const kiln_tensor *a = kiln_interp_tensor(v->r, x->in[0]), *b = kiln_interp_tensor(v->r, x->in[1]);
+        if (!a->data || !b->data) continue;
+        int choice = kiln_matmul_fastest(a, b, &x->attrs);
+        changed += choice != x->attrs.i[4];
+        x->attrs.i[4] = choice;
+    }
+    return changed;
+}
+
+/* The choices as text: "g<k> 0|1" (fused kernel serial or threaded) and
+ * "m<value> 0|1" (GEMM implementation), one per line. */
+static void save_choices(const variant *v, const bool *threaded) {
+    if (!v->tune_path[0]) return;
+    kiln_strbuf b = {0};
+    for (int k = 0; k < v->g->n_groups; k++) kiln_strbuf_printf(&b, "g%d %d\n", k, threaded[k]);
+    for (int i = 0; i < v->g->n; i++) {
+        const kiln_value *x = &v->g->v[i];
+        if (!x->dead && x->kind == KILN_V_OP && x->op == KILN_OP_MATMUL) kiln_strbuf_printf(&b, "m%d %d\n", i, (int)x->attrs.i[4]);
+    }
+    if (!b.oom) kiln_write_file_atomic(v->tune_path, b.s, b.n);
+    free(b.s);
+    kiln_clear_error();
+}
+
+/* Applies saved choices; false (nothing applied) if the file is absent or
+ * does not fit this graph exactly. */
+static bool load_choices(variant *v) {
+    char *text = NULL;
+    size_t n = 0;
+    if (!v->tune_path[0] || kiln_read_file(v->tune_path, &text, &n)) {
+        kiln_clear_error();
+        return false;
+    }
+    kiln_graph *g = v->g;
+    int gsel[4096], ng = 0, mi[4096], msel[4096], nm = 0;
+    bool ok = true;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && ok; line = strtok_r(NULL, "\n", &save)) {
+        char kind;
+        int id, choice;
+        if (sscanf(line, "%c%d %d", &kind, &id, &choice) != 3 || choice < 0 || choice > 1) ok = false;
+        else if (kind == 'g' && id == ng && ng < 4096) gsel[ng++] = choice;
+        else if (kind == 'm' && id >= 0 && id < g->n && g->v[id].kind == KILN_V_OP && g->v[id].op == KILN_OP_MATMUL && nm < 4096)
+            mi[nm] = id, msel[nm++] = choice;
+        else ok = false;
+    }
+    free(text);
+    if (!ok || ng != g->n_groups) return false;
+    char name[64];
+    for (int k = 0; k < ng; k++) {
+        snprintf(name, sizeof name, gsel[k] ? "kiln_g%d_parallel" : "kiln_g%d_serial", k);
+        kiln_group_fn f = (kiln_group_fn)kiln_module_sym(v->mod, name);
+        if (!f) {
+            kiln_clear_error();
+            return false;
+        }
+        kiln_interp_bind_group(v->r, k, f);
+    }
+    for (int q = 0; q < nm; q++) g->v[mi[q]].attrs.i[4] = msel[q];
+    return true;
+}
+
 /* max-autotune: after a first run bound every pointer, time each fused
- * kernel serial and threaded and keep the faster. */
+ * kernel serial and threaded and each matrix product's two GEMM
+ * implementations, keep the faster, and save the choices with the module. */
 static void autotune(variant *v) {
     const kiln_graph *g = v->g;
+    if (load_choices(v)) return;
     kiln_interp_zero_arena(v->r);
+    tune_gemms(v);
+    bool *threaded = calloc((size_t)g->n_groups + 1, sizeof *threaded);
     char name[64];
     for (int k = 0; k < g->n_groups; k++) {
         void *args[512];
@@ -180,7 +258,10 @@ static void autotune(variant *v) {
             }
         }
         kiln_interp_bind_group(v->r, k, best[0] <= best[1] ? cand[0] : cand[1]);
+        if (threaded) threaded[k] = best[1] < best[0];
     }
+    if (threaded) save_choices(v, threaded);
+    free(threaded);
     kiln_clear_error();
 }
 

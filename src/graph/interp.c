@@ -54,6 +54,8 @@ int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap) {
     return n;
 }
 
+const kiln_tensor *kiln_interp_tensor(const kiln_interp *r, int v) { return &r->t[v]; }
+
 void kiln_interp_zero_arena(kiln_interp *r) { memset(r->arena, 0, (size_t)(r->g->arena_bytes ? r->g->arena_bytes : 64)); }
 
 kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {

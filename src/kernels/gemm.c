@@ -342,6 +342,20 @@ static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const
     return execute(e, A, B, C);
 }
 
+kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+    if (!d || d->M <= 0 || d->N <= 0 || d->K <= 0 || d->batch <= 0 || (d->beta != 0.0f && d->beta != 1.0f))
+        return kiln_gemm_f32(d, A, B, C); /* edge cases and checks: the primitive's path */
+    for (int64_t b = 0; b < d->batch; b++) {
+        dnnl_status_t s = dnnl_sgemm(d->transA ? 'T' : 'N', d->transB ? 'T' : 'N', d->M, d->N, d->K, d->alpha,
+                                     A + b * d->strideA, d->lda, B + b * d->strideB, d->ldb, d->beta,
+                                     C + b * d->strideC, d->ldc);
+        if (s != dnnl_success)
+            return kiln_error(dnnl_to_kiln(s), "dnnl_sgemm M=%lld N=%lld K=%lld: oneDNN status %d", (long long)d->M,
+                              (long long)d->N, (long long)d->K, (int)s);
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
     return gemm(DT_F32, d, A, B, C);
 }
