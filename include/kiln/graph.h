@@ -105,6 +105,11 @@ int kiln_pass_rewrite_linear_ce(kiln_graph *g);
 int kiln_pass_dce(kiln_graph *g);                 /* returns nodes removed */
 int kiln_pass_cse(kiln_graph *g);                 /* returns nodes merged */
 int kiln_pass_acc_into_grad(kiln_graph *g);       /* GEMMs that accumulate in place */
+/* bf16 products: each fp32 operand is cast to bf16 once, right after its
+ * producer (shared by every product that reads it, forward and backward),
+ * so fusion folds the cast into the producer's loop and backward keeps the
+ * half-size copy. Returns casts inserted. */
+int kiln_pass_cast_bf16(kiln_graph *g);
 int kiln_pass_fuse(kiln_graph *g);                /* returns fused groups of 2+ ops */
 /* Rematerialisation: forward values of the chosen blocks that backward reads
  * are recomputed just before their first backward use; returns copies made. */

@@ -59,6 +59,7 @@ typedef enum {
     KILN_OP_FLASH_ATTN_BWD, /* (q,k,v,pad,out,lse,dout) -> dq; aux dk, dv */
     KILN_OP_LINEAR_CE,      /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh i2=need_dW -> loss sum [1];
                                aux dh, dW (gradients of the sum, seed 1) */
+    KILN_OP_CAST_BF16,      /* (x f32) -> bf16, round to nearest even; the gradient passes through */
     KILN_OP_COUNT
 } kiln_op_id;
 
@@ -225,6 +226,7 @@ kiln_tensor *kiln_mean(kiln_tensor *x);
 kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
+kiln_tensor *kiln_cast_bf16(kiln_tensor *x);
 kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, double scale);
 kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index);
 

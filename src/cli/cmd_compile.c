@@ -16,6 +16,8 @@ static const char *compile_help =
     "  --batch N           rows per micro-batch (default 2)\n"
     "  --seq N             sequence length (default 32)\n"
     "  --mode MODE         default, reduce-overhead, max-autotune, interpret (default: default)\n"
+    "  --precision P       fp32 (default) or bf16 (autocast)\n"
+    "  --recompute R       none (default), attention or layer\n"
     "  --graph             also list every node before and after the passes\n";
 
 static void print_line(const char *text, void *user) {
@@ -55,11 +57,12 @@ static void groups(const kiln_graph *g) {
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
-    const char *model = "tiny", *mode = "default";
+    const char *model = "tiny", *mode = "default", *precision = "fp32", *recompute = "none";
     int64_t B = 2, T = 32;
     bool explain = false, list = false;
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},   {"seq", 1, 0, 's'}, {"mode", 1, 0, 'M'},
-                                         {"explain", 0, 0, 'e'}, {"graph", 0, 0, 'g'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                                         {"explain", 0, 0, 'e'}, {"graph", 0, 0, 'g'}, {"help", 0, 0, 'h'},
+                                         {"precision", 1, 0, 'p'}, {"recompute", 1, 0, 'r'}, {0, 0, 0, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -70,6 +73,8 @@ int kiln_cmd_compile(int argc, char **argv) {
         case 'M': mode = optarg; break;
         case 'e': explain = true; break;
         case 'g': list = true; break;
+        case 'p': precision = optarg; break;
+        case 'r': recompute = optarg; break;
         case 'h': fputs(compile_help, stdout); return 0;
         default: fputs(compile_help, stderr); return 2;
         }
@@ -83,11 +88,15 @@ int kiln_cmd_compile(int argc, char **argv) {
     kiln_compile_options co;
     kiln_compile_options_default(&co);
     if (!st) st = kiln_compile_mode_parse(mode, &co);
+    if (!st) st = kiln_recompute_parse(recompute, &co);
+    kiln_dtype prec = KILN_F32;
+    if (!st) st = kiln_precision_parse(precision, &prec);
     if (st) {
         fprintf(stderr, "kiln compile: %s\n", kiln_last_error());
         return 2;
     }
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
+    kiln_autocast_set(prec);
     kiln_llama *m = kiln_llama_new(&cfg, 1);
     int64_t shape[2] = {B, T}, one = 1;
     kiln_tensor *in[4] = {kiln_tensor_zeros(KILN_I32, 2, shape), kiln_tensor_zeros(KILN_I32, 2, shape),
@@ -102,7 +111,8 @@ int kiln_cmd_compile(int argc, char **argv) {
         fprintf(stderr, "kiln compile: %s\n", kiln_last_error());
         return 1;
     }
-    printf("model %s, micro-batch %lld x %lld, mode %s\n\n", model, (long long)B, (long long)T, mode);
+    printf("model %s, micro-batch %lld x %lld, mode %s, precision %s, recompute %s\n\n", model, (long long)B, (long long)T,
+           mode, precision, recompute);
     summary("joint graph before the rewrites and fusion", before);
     if (list) kiln_graph_print(before, print_line, NULL);
     kiln_compiled *cs = kiln_train_compile(m, &co, true);

@@ -30,6 +30,12 @@ static const char *prelude =
     "    return p * s;\n"
     "}\n"
     "static inline float k_silu(float x) { return x / (1.0f + k_exp(-x)); }\n"
+    "static inline uint16_t k_f2bf(float f) { /* round to nearest even, NaN kept quiet */\n"
+    "    uint32_t u;\n"
+    "    memcpy(&u, &f, 4);\n"
+    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);\n"
+    "    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "}\n"
     "static inline float k_silu_bwd(float x, float g) {\n"
     "    float s = 1.0f / (1.0f + k_exp(-x));\n"
     "    return g * s * (1.0f + x * (1.0f - s));\n"
@@ -75,7 +81,7 @@ static void emit_members(sbuf *b, const kiln_graph *g, int k, const int *ids, in
         if (!x->internal) {
             int q = 0;
             while (ids[q] != mem[s]) q++;
-            put(b, "%sa%d[i] = t%d;\n", indent, q, mem[s]);
+            put(b, x->meta.dtype == KILN_BF16 ? "%sa%d[i] = k_f2bf(t%d);\n" : "%sa%d[i] = t%d;\n", indent, q, mem[s]);
         }
     }
 }
@@ -87,7 +93,9 @@ static void emit_args(sbuf *b, const kiln_graph *g, int k, const int *ids, int n
         const kiln_value *x = &g->v[ids[q]];
         bool is_out = x->group == k;
         bool scalar = !is_out && kiln_meta_numel(&x->meta) == 1 && N != 1;
-        if (is_out)
+        if (is_out && x->meta.dtype == KILN_BF16)
+            put(b, "    uint16_t *restrict a%d = (uint16_t *)args[%d];\n", q, q);
+        else if (is_out)
             put(b, "    float *restrict a%d = (float *)args[%d];\n", q, q);
         else if (scalar)
             put(b, "    const float a%d = ((const float *)args[%d])[0];\n", q, q);
@@ -120,13 +128,13 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
     int ids[512];
     int na = kiln_graph_group_args(g, k, ids, 512);
     const int *mem = &g->group_members[g->group_start[k]];
-    int nm = g->group_start[k + 1] - g->group_start[k];
-    const kiln_value *norm = &g->v[mem[nm - 1]];
+    int nm = g->group_start[k + 1] - g->group_start[k], ni = 0;
+    while (g->v[mem[ni]].op != KILN_OP_RMSNORM) ni++; /* members after it: bf16 casts of its result */
+    const kiln_value *norm = &g->v[mem[ni]];
     int64_t N = kiln_meta_numel(&norm->meta), C = norm->meta.shape[norm->meta.ndim - 1], R = N / C;
-    int wq = 0, xq = -1, oq = 0;
+    int wq = 0, xq = -1;
     for (int q = 0; q < na; q++) {
         if (ids[q] == norm->in[1]) wq = q;
-        if (ids[q] == mem[nm - 1]) oq = q;
         if (ids[q] == norm->in[0]) xq = q;
     }
     emit_args(b, g, k, ids, na, N);
@@ -135,18 +143,28 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
         (long long)C);
     put(b, "#pragma omp simd reduction(+ : ss)\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
     put(b, "            const int64_t i = r * %lldLL + j;\n", (long long)C);
-    emit_members(b, g, k, ids, N, nm - 1, "            ");
+    emit_members(b, g, k, ids, N, ni, "            ");
     if (g->v[norm->in[0]].group == k) put(b, "            xr[j] = t%d;\n", norm->in[0]);
     else put(b, "            xr[j] = a%d[i];\n", xq);
     put(b, "            ss += xr[j] * xr[j];\n        }\n");
     put(b, "        const float rs = 1.0f / __builtin_sqrtf(ss / %.1ff + %.9ef);\n", (double)C, (double)(float)norm->attrs.f[0]);
-    put(b, "#pragma omp simd\n        for (int64_t j = 0; j < %lldLL; j++) a%d[r * %lldLL + j] = a%d[j] * (xr[j] * rs);\n",
-        (long long)C, oq, (long long)C, wq);
-    put(b, "    }\n");
+    put(b, "#pragma omp simd\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
+    put(b, "            const float y = a%d[j] * (xr[j] * rs);\n", wq);
+    for (int s = ni; s < nm; s++) {
+        const kiln_value *x = &g->v[mem[s]];
+        if (x->internal) continue;
+        int q = 0;
+        while (ids[q] != mem[s]) q++;
+        put(b, x->meta.dtype == KILN_BF16 ? "            a%d[r * %lldLL + j] = k_f2bf(y);\n" : "            a%d[r * %lldLL + j] = y;\n",
+            q, (long long)C);
+    }
+    put(b, "        }\n    }\n");
 }
 
 static bool is_row_group(const kiln_graph *g, int k) {
-    return g->v[g->group_members[g->group_start[k + 1] - 1]].op == KILN_OP_RMSNORM;
+    for (int m = g->group_start[k]; m < g->group_start[k + 1]; m++)
+        if (g->v[g->group_members[m]].op == KILN_OP_RMSNORM) return true;
+    return false;
 }
 
 static void any_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {

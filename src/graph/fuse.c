@@ -9,7 +9,8 @@
 
 static bool fusable(const kiln_graph *g, int v) {
     const kiln_value *x = &g->v[v];
-    if (x->dead || x->kind != KILN_V_OP || !kiln_op_get(x->op)->cexpr || x->meta.dtype != KILN_F32) return false;
+    if (x->dead || x->kind != KILN_V_OP || !kiln_op_get(x->op)->cexpr) return false;
+    if (x->meta.dtype != KILN_F32 && x->op != KILN_OP_CAST_BF16) return false;
     int64_t n = kiln_meta_numel(&x->meta);
     for (int j = 0; j < x->n_in; j++) {
         const kiln_value *in = &g->v[x->in[j]];
@@ -97,6 +98,14 @@ int kiln_pass_fuse(kiln_graph *g) {
             continue;
         }
         if (!fusable(g, v)) continue;
+        /* a bf16 cast of a row kernel's result joins it as its epilogue */
+        if (g->v[v].op == KILN_OP_CAST_BF16) {
+            int p = g->v[v].in[0];
+            if (grp[p] >= 0 && has_row[grp[p]] && row_op(g, p) && legal(g, &u, grp, grp[p], -1, v)) {
+                grp[v] = grp[p];
+                continue;
+            }
+        }
         int64_t n = kiln_meta_numel(&g->v[v].meta);
         int cand[KILN_OP_MAX_IN], nc = 0;
         for (int j = 0; j < g->v[v].n_in; j++) {

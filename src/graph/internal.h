@@ -5,6 +5,9 @@
 
 /* Appends a value; returns its id or -1 (error set). */
 int kiln_graph_add(kiln_graph *g, kiln_value v);
+/* Inserts v at position pos, renumbering every later value and every
+ * reference to them; returns pos or -1 (error set). */
+int kiln_graph_insert(kiln_graph *g, int pos, kiln_value v);
 /* Replaces every use of `from` by `to` in values after `from` and in outputs. */
 void kiln_graph_replace_uses(kiln_graph *g, int from, int to);
 /* Follows aliases to the value owning the buffer. */

@@ -162,9 +162,12 @@ static kiln_status run_group(kiln_interp *r, int k) {
     const int *mem = &g->group_members[g->group_start[k]];
     int nm = g->group_start[k + 1] - g->group_start[k];
     int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
-    /* a group ending in a row reduction works on whole rows */
-    const kiln_value *last = &g->v[mem[nm - 1]];
-    int64_t row = last->op == KILN_OP_RMSNORM ? last->meta.shape[last->meta.ndim - 1] : 1;
+    /* a group with a row reduction works on whole rows */
+    int64_t row = 1;
+    for (int s = 0; s < nm; s++) {
+        const kiln_value *x = &g->v[mem[s]];
+        if (x->op == KILN_OP_RMSNORM) row = x->meta.shape[x->meta.ndim - 1];
+    }
     int64_t ch = row >= CHUNK ? row : (CHUNK / row) * row, nchunks = (N + ch - 1) / ch;
     kiln_status st = KILN_OK;
 #pragma omp parallel if (nchunks > 1)
@@ -176,7 +179,7 @@ static kiln_status run_group(kiln_interp *r, int k) {
             int64_t off = c * ch, len = N - off < ch ? N - off : ch;
             for (int s = 0; s < nm; s++) {
                 const kiln_value *x = &g->v[mem[s]];
-                kiln_tensor hin[KILN_OP_MAX_IN], hout = {.ndim = 1, .shape = {len}, .dtype = KILN_F32, .refcount = 1};
+                kiln_tensor hin[KILN_OP_MAX_IN], hout = {.ndim = 1, .shape = {len}, .dtype = x->meta.dtype, .refcount = 1};
                 kiln_tensor *in[KILN_OP_MAX_IN];
                 for (int j = 0; j < x->n_in; j++) {
                     int src = x->in[j];
@@ -193,7 +196,8 @@ static kiln_status run_group(kiln_interp *r, int k) {
                     }
                     in[j] = &hin[j];
                 }
-                hout.data = x->internal ? scratch + (size_t)s * (size_t)ch : (float *)r->t[mem[s]].data + off;
+                hout.data = x->internal ? (void *)(scratch + (size_t)s * (size_t)ch)
+                                        : (void *)((char *)r->t[mem[s]].data + (size_t)off * kiln_dtype_size(x->meta.dtype));
                 kiln_op_get(x->op)->forward(in, &x->attrs, &hout);
             }
         }

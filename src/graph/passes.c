@@ -210,3 +210,52 @@ int kiln_pass_acc_into_grad(kiln_graph *g) {
     }
     return done;
 }
+
+int kiln_graph_insert(kiln_graph *g, int pos, kiln_value v) {
+    if (kiln_graph_add(g, v) < 0) return -1; /* grows the array; fixed up below */
+    kiln_value nv = g->v[g->n - 1];
+    memmove(&g->v[pos + 1], &g->v[pos], sizeof(kiln_value) * (size_t)(g->n - 1 - pos));
+    g->v[pos] = nv;
+#define SHIFT(x) ((x) >= pos ? (x) + 1 : (x))
+    for (int i = 0; i < g->n; i++) {
+        if (i == pos) continue;
+        kiln_value *x = &g->v[i];
+        for (int j = 0; j < x->n_in; j++) x->in[j] = SHIFT(x->in[j]);
+        if (x->kind == KILN_V_OP)
+            for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) x->aux_of[a] = SHIFT(x->aux_of[a]);
+    }
+    for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = SHIFT(g->outputs[i]);
+    if (g->diff >= 0) g->diff = SHIFT(g->diff);
+    if (pos < g->n_forward) g->n_forward++;
+#undef SHIFT
+    return pos;
+}
+
+static int cast_of(const kiln_graph *g, int p) {
+    for (int i = p + 1; i < g->n; i++)
+        if (!g->v[i].dead && is_op(g, i, KILN_OP_CAST_BF16) && g->v[i].in[0] == p) return i;
+    return -1;
+}
+
+int kiln_pass_cast_bf16(kiln_graph *g) {
+    int inserted = 0;
+    for (int i = 0; i < g->n; i++) {
+        if (!is_op(g, i, KILN_OP_MATMUL) || !g->v[i].attrs.i[3]) continue;
+        for (int j = 0; j < 2; j++) {
+            int p = g->v[i].in[j];
+            if (g->v[p].meta.dtype != KILN_F32) continue;
+            int c = cast_of(g, p);
+            if (c < 0) {
+                kiln_value cv = {.kind = KILN_V_OP, .op = KILN_OP_CAST_BF16, .n_in = 1, .in = {p}, .meta = g->v[p].meta,
+                                 .requires_grad = g->v[p].requires_grad, .scope = g->v[p].scope};
+                cv.meta.dtype = KILN_BF16;
+                if (kiln_graph_insert(g, p + 1, cv) < 0) return inserted;
+                c = p + 1;
+                i++; /* the product moved one place up */
+                inserted++;
+            }
+            g->v[i].in[j] = c;
+        }
+    }
+    return inserted;
+}

@@ -280,6 +280,7 @@ kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params,
     kiln_tensor_release(diff);
     if (st) goto done;
     kiln_pass_dce(g);
+    kiln_pass_cast_bf16(g);
     kiln_pass_cse(g);
     kiln_pass_dce(g);
     kiln_pass_acc_into_grad(g);

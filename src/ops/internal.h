@@ -13,7 +13,7 @@ extern const kiln_op_def kiln_opdef_embedding, kiln_opdef_embedding_bwd, kiln_op
     kiln_opdef_reshape, kiln_opdef_attn_mask, kiln_opdef_softmax, kiln_opdef_softmax_bwd,
     kiln_opdef_cross_entropy, kiln_opdef_cross_entropy_bwd, kiln_opdef_sum, kiln_opdef_mean,
     kiln_opdef_expand, kiln_opdef_sum_to, kiln_opdef_fill,
-    kiln_opdef_flash_attn, kiln_opdef_flash_attn_bwd, kiln_opdef_linear_ce;
+    kiln_opdef_flash_attn, kiln_opdef_flash_attn_bwd, kiln_opdef_linear_ce, kiln_opdef_cast_bf16;
 
 /* error naming the op and all input shapes */
 kiln_status kiln_op_shape_error(const char *op, const kiln_meta *in, int n_in, const char *fmt, ...)

@@ -55,8 +55,10 @@ static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_d
     int mode = (int)a->i[0];
     bool ta = a->i[1], tb = a->i[2];
     *d = (kiln_gemm_desc){.transA = ta, .transB = tb, .alpha = 1, .beta = 0, .batch = 1};
-    if (A->dtype != KILN_F32 || B->dtype != KILN_F32)
-        return kiln_op_shape_error("matmul", in, 2, "inputs must be f32");
+    /* bf16 operands (from the compiler's casts) only for a bf16 product */
+    bool ok_a = A->dtype == KILN_F32 || (a->i[3] && A->dtype == KILN_BF16);
+    bool ok_b = B->dtype == KILN_F32 || (a->i[3] && B->dtype == KILN_BF16);
+    if (!ok_a || !ok_b) return kiln_op_shape_error("matmul", in, 2, "inputs must be f32 (bf16 only with autocast)");
     if (mode == KILN_MM_BATCHED) {
         if (A->ndim < 2 || A->ndim != B->ndim)
             return kiln_op_shape_error("matmul", in, 2, "batched product needs equal ranks >= 2");
@@ -124,21 +126,36 @@ static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const ki
     if (!a->i[3])
         return a->i[4] == KILN_GEMM_SGEMM ? kiln_gemm_f32_sgemm(d, kiln_f32(A), kiln_f32(B), C)
                                           : kiln_gemm_f32(d, kiln_f32(A), kiln_f32(B), C);
-    int64_t na = kiln_tensor_numel(A), nb = kiln_tensor_numel(B);
+    /* each operand in the form the GEMM takes: bf16 (native) or
+     * bf16-rounded fp32 (emulated); bf16 inputs are used as they are */
     bool native = kiln_bf16_native();
-    size_t esz = native ? 2 : 4, off = ((size_t)na * esz + 63) & ~(size_t)63;
-    char *buf = kiln_alloc(off + (size_t)nb * esz + 64);
-    if (!buf) return kiln_last_status();
-    kiln_status st;
-    if (native) {
-        kiln_k_f32_to_bf16(kiln_f32(A), (uint16_t *)buf, na);
-        kiln_k_f32_to_bf16(kiln_f32(B), (uint16_t *)(buf + off), nb);
-        st = kiln_gemm_bf16(d, (const uint16_t *)buf, (const uint16_t *)(buf + off), C);
-    } else {
-        kiln_k_round_bf16(kiln_f32(A), (float *)buf, na);
-        kiln_k_round_bf16(kiln_f32(B), (float *)(buf + off), nb);
-        st = kiln_gemm_f32(d, (const float *)buf, (const float *)(buf + off), C);
+    const kiln_tensor *op[2] = {A, B};
+    const void *ptr[2];
+    size_t esz = native ? 2 : 4, off[3] = {0};
+    for (int i = 0; i < 2; i++) {
+        bool need = op[i]->dtype == KILN_F32 || !native;
+        off[i + 1] = off[i] + (need ? (((size_t)kiln_tensor_numel(op[i]) * esz + 63) & ~(size_t)63) : 0);
     }
+    char *buf = off[2] ? kiln_alloc(off[2]) : NULL;
+    if (off[2] && !buf) return kiln_last_status();
+    for (int i = 0; i < 2; i++) {
+        int64_t n = kiln_tensor_numel(op[i]);
+        char *dst = buf + off[i];
+        if (op[i]->dtype == KILN_BF16 && native) {
+            ptr[i] = op[i]->data;
+        } else if (op[i]->dtype == KILN_BF16) { /* emulated: widen exactly */
+            const uint16_t *s = op[i]->data;
+            for (int64_t j = 0; j < n; j++) ((float *)dst)[j] = kiln_bf16_to_f32(s[j]);
+            ptr[i] = dst;
+        } else if (native) {
+            kiln_k_f32_to_bf16(kiln_f32(op[i]), (uint16_t *)dst, n);
+            ptr[i] = dst;
+        } else {
+            kiln_k_round_bf16(kiln_f32(op[i]), (float *)dst, n);
+            ptr[i] = dst;
+        }
+    }
+    kiln_status st = native ? kiln_gemm_bf16(d, ptr[0], ptr[1], C) : kiln_gemm_f32(d, ptr[0], ptr[1], C);
     kiln_dealloc(buf);
     return st;
 }

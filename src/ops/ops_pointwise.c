@@ -262,6 +262,28 @@ static kiln_status fill_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_te
 }
 const kiln_op_def kiln_opdef_fill = {.name = "fill", .n_in = 0, .shape = fill_shape, .forward = fill_fwd};
 
+/* ---- bf16 cast (the compiler inserts it before bf16 products, so the
+ * operand is converted once, inside its producer's fused loop, and kept for
+ * backward at half the size) ----------------------------------------------- */
+static kiln_status cast_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    if (in[0].dtype != KILN_F32) return kiln_op_shape_error("cast_bf16", in, 1, "input must be f32");
+    *out = in[0];
+    out->dtype = KILN_BF16;
+    return KILN_OK;
+}
+static kiln_status cast_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
+    (void)a;
+    kiln_k_f32_to_bf16(kiln_f32(in[0]), out->data, kiln_tensor_numel(out));
+    return KILN_OK;
+}
+static kiln_status cast_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    gin[0] = kiln_tensor_retain(g); /* d cast(x) / dx = 1: the gradient stays fp32 */
+    return need_ok(c, gin);
+}
+const kiln_op_def kiln_opdef_cast_bf16 = {.name = "cast_bf16", .n_in = 1, .shape = cast_shape, .forward = cast_fwd,
+                                          .backward = cast_bw, .cexpr = "$0"};
+
 /* ---- reshape (a view) and transpose12 ------------------------------------ */
 static kiln_status reshape_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (a->i[0] < 0 || a->i[0] > KILN_MAX_DIMS) return kiln_op_shape_error("reshape", in, 1, "bad rank %lld", (long long)a->i[0]);
@@ -332,6 +354,7 @@ kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape) {
     kiln_attrs_set_shape(&a, ndim, shape);
     return call1(KILN_OP_SUM_TO, g, &a);
 }
+kiln_tensor *kiln_cast_bf16(kiln_tensor *x) { return call1(KILN_OP_CAST_BF16, x, NULL); }
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value) {
     kiln_attrs a = {.f = {value}};
     if (ndim < 0 || ndim > KILN_MAX_DIMS) {

@@ -34,6 +34,7 @@ static const kiln_op_def *const registry[KILN_OP_COUNT] = {
     [KILN_OP_FLASH_ATTN] = &kiln_opdef_flash_attn,
     [KILN_OP_FLASH_ATTN_BWD] = &kiln_opdef_flash_attn_bwd,
     [KILN_OP_LINEAR_CE] = &kiln_opdef_linear_ce,
+    [KILN_OP_CAST_BF16] = &kiln_opdef_cast_bf16,
 };
 
 const kiln_op_def *kiln_op_get(int op) { return op >= 0 && op < KILN_OP_COUNT ? registry[op] : NULL; }
