@@ -152,10 +152,54 @@ static void compare(const char *name, bool rewrites, bool freeze) {
     unload(&s);
 }
 
+/* With bf16 autocast, operands are cast once and the casts fuse into their
+ * producers: the fp32 RMSNorm output and SwiGLU product never reach memory. */
+static void bf16_casts(void) {
+    setup s = {0};
+    CHECK(load(&s, "tiny_gqa", false), "load: %s", kiln_last_error());
+    if (!s.m) return;
+    kiln_tensor *in[4] = {s.ids, s.labels, s.mask, s.scale};
+    kiln_dtype old = kiln_autocast_set(KILN_BF16);
+    kiln_graph_options o;
+    kiln_graph_options_default(&o);
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, in, 4, &o, &g));
+    kiln_autocast_set(old);
+    if (!g) return;
+    int norm_cast = 0, mul_cast = 0, casts = 0, shared = 0;
+    for (int k = 0; k < g->n_groups; k++) {
+        bool has_cast = false, norm_internal = false, mul_internal = false;
+        for (int m = g->group_start[k]; m < g->group_start[k + 1]; m++) {
+            const kiln_value *x = &g->v[g->group_members[m]];
+            has_cast |= x->op == KILN_OP_CAST_BF16;
+            norm_internal |= x->op == KILN_OP_RMSNORM && x->internal;
+            mul_internal |= x->op == KILN_OP_MUL && x->internal;
+        }
+        norm_cast += has_cast && norm_internal;
+        mul_cast += has_cast && mul_internal;
+    }
+    for (int i = 0; i < g->n; i++) {
+        if (g->v[i].dead || g->v[i].kind != KILN_V_OP || g->v[i].op != KILN_OP_CAST_BF16) continue;
+        casts++;
+        int readers = 0;
+        for (int j = i + 1; j < g->n; j++)
+            for (int q = 0; q < g->v[j].n_in; q++) readers += !g->v[j].dead && g->v[j].in[q] == i;
+        shared += readers > 1;
+    }
+    printf("bf16: %d casts (%d read by several products), %d add+rmsnorm+cast and %d silu*gate+cast kernels\n", casts, shared,
+           norm_cast, mul_cast);
+    int L = (int)s.m->cfg.num_hidden_layers;
+    CHECK(norm_cast >= 2 * L && mul_cast >= L, "casts fuse into RMSNorm and SwiGLU kernels (%d, %d)", norm_cast, mul_cast);
+    CHECK(shared > 0, "one cast serves several products (forward and backward)");
+    kiln_graph_free(g);
+    unload(&s);
+}
+
 int main(void) {
     compare("tiny_gqa", false, false);
     compare("tiny_gqa", true, false);
     compare("tiny_tied", true, false);
     compare("tiny_gqa", true, true);
+    bf16_casts();
     TEST_END();
 }
