@@ -141,6 +141,20 @@ static void recompute(void) {
         free(g1);
     }
     free(g0);
+    /* the same with bf16 autocast (casts are recomputed with their block) */
+    kiln_dtype old = kiln_autocast_set(KILN_BF16);
+    g0 = grads_with(KILN_RECOMPUTE_NONE, &n);
+    float *g2 = grads_with(KILN_RECOMPUTE_LAYER, &n);
+    kiln_autocast_set(old);
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)g2[i] - g0[i]));
+        s = fmax(s, fabs((double)g0[i]));
+    }
+    printf("  recompute layer, bf16: gradients max rel diff %.2e\n", d / s);
+    CHECK(d / s < 1e-4, "bf16 + recompute layer gives the same gradients (%.3g)", d / s);
+    free(g0);
+    free(g2);
     double l0[20], l1[20];
     kiln_llama *base = train20_ex("default", true, KILN_RECOMPUTE_NONE, l0);
     int64_t arena0 = last_arena;
