@@ -132,10 +132,8 @@ static result run_mode(bench_ctx *b, const char *mode) {
         r.interpreted = s.interpreted;
         /* warm start: a second compile of the same step loads from the cache */
         kiln_compiled *again = kiln_train_compile(b->m, &co, true);
-        double t0 = kiln_time_now();
         float rep[1];
         if (again && !kiln_compiled_run(again, b->in, rep)) r.warm_s = kiln_compiled_stats(again).build_seconds;
-        (void)t0;
         kiln_compiled_free(again);
         printf("  %s: %d nodes, %d fused groups (%d ops), arena %.0f MB (%.0f MB without reuse), %.1f GFLOP executed per step "
                "(%.2fx the model's), %s%s\n",

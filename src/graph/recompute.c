@@ -84,11 +84,9 @@ int kiln_pass_recompute(kiln_graph *g, int mode) {
     r.clone = malloc(sizeof(int) * (size_t)g->n);
     r.done = calloc((size_t)g->n + 1, sizeof(bool));
     if (!unit || !r.newid || !r.clone || !r.done) goto oom;
-    int max_unit = 0;
     for (int v = 0; v < g->n; v++) {
         const kiln_value *x = &g->v[v];
         unit[v] = v < nf && !x->dead && (x->kind == KILN_V_OP || x->kind == KILN_V_AUX) ? unit_of_scope(x->scope, mode) : -1;
-        if (unit[v] > max_unit) max_unit = unit[v];
         r.clone[v] = -1;
     }
     /* checkpoints: read across units in forward, or results of the graph */
@@ -137,7 +135,6 @@ int kiln_pass_recompute(kiln_graph *g, int mode) {
         if (x->dead || x->kind != KILN_V_OP || x->recomputed) continue;
         for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) x->aux_of[a] = r.newid[x->aux_of[a]];
     }
-    (void)max_unit;
     free(g->v);
     g->v = r.out.v;
     g->n = r.out.n;
