@@ -34,6 +34,8 @@ typedef enum {
 typedef struct {
     kiln_compile_mode mode;
     bool strict;        /* no compiler or a failed build is an error, not a fallback */
+    bool dynamic;       /* sizes are runtime values: a smaller shape with the same graph
+                           runs the built code and plan instead of building a variant */
     bool interpret;     /* skip code generation: run the planned graph in the interpreter */
     bool reuse_memory;  /* the memory plan's buffer reuse (off: to check the plan) */
     bool rewrites;      /* attention and linear + cross-entropy rewrites */

@@ -137,6 +137,12 @@ void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn);
  * not generated code; ptrs[v] is the data pointer of value v, kept current. */
 typedef void (*kiln_step_fn)(void *const *ptrs, int (*run_value)(void *r, int v), void *r);
 void kiln_interp_bind_step(kiln_interp *r, kiln_step_fn fn);
+/* Runtime sizes: generated group kernels get their element count as an
+ * extra argument after the pointers (code built with dynamic sizes). */
+void kiln_interp_set_dynamic(kiln_interp *r, bool on);
+/* An interpreter for g running in `owner`'s arena (g planned with owner's
+ * offsets, every buffer no larger): shapes that share one plan and code. */
+kiln_status kiln_interp_new_shared(const kiln_graph *g, kiln_interp *owner, kiln_interp **out);
 /* For autotuning after a run: group k's current argument pointers (returns
  * their count), and zeroing the arena so timings see no stale NaNs. */
 int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap);

@@ -43,6 +43,7 @@ typedef struct {
     uint64_t seed;
     char compile[32];    /* "off" (eager), "default", "reduce-overhead", "max-autotune", "interpret" */
     char recompute[16];  /* "none", "attention", "layer": activations recomputed in backward (compiled) */
+    bool compile_dynamic; /* compiled sizes are runtime values (smaller shapes reuse the built code) */
     char precision[8];   /* "fp32" (default) or "bf16": autocast, see kiln_autocast_set */
     int global_batch;    /* sequences per optimiser step; 0: batch x accum as given */
     char micro_batch[16]; /* with global_batch: "auto" (default: the largest that fits mem_budget) or a number */

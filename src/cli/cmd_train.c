@@ -56,6 +56,7 @@ static const flag_def flags[] = {
     F("seed", T_U64, seed, "N", "seed for initialisation and shuffling"),
     F("compile", T_STR, compile, "MODE", "off (eager), default, reduce-overhead, max-autotune, interpret, strict"),
     F("recompute", T_STR, recompute, "none|attention|layer", "recompute activations in backward (with --compile)"),
+    F("compile-dynamic", T_SET, compile_dynamic, NULL, "compiled sizes as runtime values: smaller batches reuse the code"),
     F("precision", T_STR, precision, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)"),
     F("global-batch", T_INT, global_batch, "N", "sequences per optimiser step: sets --batch and --accum (0: off)"),
     F("micro-batch", T_STR, micro_batch, "auto|N", "with --global-batch: auto = the largest divisor of N that fits"),

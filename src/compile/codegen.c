@@ -107,16 +107,24 @@ static void emit_args(sbuf *b, const kiln_graph *g, int k, const int *ids, int n
 /* The loop of group k reading args[]; `parallel` chooses an OpenMP loop
  * inside an existing parallel region ("for"), a standalone one
  * ("parallel for"), or none (serial). */
-static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
+/* With dynamic sizes the element count is a runtime argument after the
+ * pointers (args[na]); otherwise it is a constant of the source. */
+static void size_expr(sbuf *b, int na, int64_t N, bool dyn) {
+    if (dyn) put(b, "    const int64_t n = (int64_t)(intptr_t)args[%d];\n", na);
+    else put(b, "    const int64_t n = %lldLL;\n", (long long)N);
+}
+
+static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool dyn) {
     int ids[512];
     int na = kiln_graph_group_args(g, k, ids, 512);
     const int *mem = &g->group_members[g->group_start[k]];
     int nm = g->group_start[k + 1] - g->group_start[k];
     int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
     emit_args(b, g, k, ids, na, N);
+    size_expr(b, na, N, dyn);
     if (omp) put(b, "#pragma omp %s simd schedule(static)\n", omp);
     else put(b, "#pragma omp simd\n");
-    put(b, "    for (int64_t i = 0; i < %lldLL; i++) {\n", (long long)N);
+    put(b, "    for (int64_t i = 0; i < n; i++) {\n");
     emit_members(b, g, k, ids, N, nm, "        ");
     put(b, "    }\n");
 }
@@ -124,7 +132,7 @@ static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
 /* A group ending in RMSNorm: per row, the element-wise members feed the
  * row's values into a local array while the sum of squares accumulates,
  * then the normalised, weighted row is written: one pass over the inputs. */
-static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
+static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool dyn) {
     int ids[512];
     int na = kiln_graph_group_args(g, k, ids, 512);
     const int *mem = &g->group_members[g->group_start[k]];
@@ -138,8 +146,10 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
         if (ids[q] == norm->in[0]) xq = q;
     }
     emit_args(b, g, k, ids, na, N);
+    size_expr(b, na, N, dyn);
+    (void)R;
     if (omp) put(b, "#pragma omp %s schedule(static)\n", omp);
-    put(b, "    for (int64_t r = 0; r < %lldLL; r++) {\n        float xr[%lld];\n        float ss = 0.0f;\n", (long long)R,
+    put(b, "    for (int64_t r = 0; r < n / %lldLL; r++) {\n        float xr[%lld];\n        float ss = 0.0f;\n", (long long)C,
         (long long)C);
     put(b, "#pragma omp simd reduction(+ : ss)\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
     put(b, "            const int64_t i = r * %lldLL + j;\n", (long long)C);
@@ -167,16 +177,16 @@ static bool is_row_group(const kiln_graph *g, int k) {
     return false;
 }
 
-static void any_loop(sbuf *b, const kiln_graph *g, int k, const char *omp) {
-    if (is_row_group(g, k)) row_loop(b, g, k, omp ? (strcmp(omp, "for") ? "parallel for" : "for") : NULL);
-    else group_loop(b, g, k, omp);
+static void any_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool dyn) {
+    if (is_row_group(g, k)) row_loop(b, g, k, omp ? (strcmp(omp, "for") ? "parallel for" : "for") : NULL, dyn);
+    else group_loop(b, g, k, omp, dyn);
 }
 
 static bool parallel_worthwhile(const kiln_graph *g, int k) {
     return kiln_meta_numel(&g->v[g->group_members[g->group_start[k]]].meta) >= 16384;
 }
 
-char *kiln_codegen_groups(const kiln_graph *g, int part, int n_parts, bool serial_variants) {
+char *kiln_codegen_groups(const kiln_graph *g, int part, int n_parts, bool serial_variants, bool dynamic) {
     sbuf b = {0};
     put(&b, "/* kiln generated module: fused element-wise kernels, part %d of %d */\n", part, n_parts);
     put(&b, "%s", prelude);
@@ -186,14 +196,14 @@ char *kiln_codegen_groups(const kiln_graph *g, int part, int n_parts, bool seria
         int nm = g->group_start[k + 1] - g->group_start[k];
         put(&b, "\n/* group %d: %d op(s), %d argument(s) */\n", k, nm, na);
         put(&b, "void kiln_g%d(void *const *args) {\n", k);
-        any_loop(&b, g, k, parallel_worthwhile(g, k) ? "parallel for" : NULL);
+        any_loop(&b, g, k, parallel_worthwhile(g, k) ? "parallel for" : NULL, dynamic);
         put(&b, "}\n");
         if (serial_variants) {
             put(&b, "void kiln_g%d_serial(void *const *args) {\n", k);
-            any_loop(&b, g, k, NULL);
+            any_loop(&b, g, k, NULL, dynamic);
             put(&b, "}\n");
             put(&b, "void kiln_g%d_parallel(void *const *args) {\n", k);
-            any_loop(&b, g, k, "parallel for");
+            any_loop(&b, g, k, "parallel for", dynamic);
             put(&b, "}\n");
         }
     }
@@ -228,7 +238,7 @@ char *kiln_codegen_step(const kiln_graph *g) {
             for (int q = 0; q < na; q++) put(&b, "%sptrs[%d]", q ? ", " : "", ids[q]);
             if (!na) put(&b, "0");
             put(&b, "};\n");
-            any_loop(&b, g, k, "for");
+            any_loop(&b, g, k, "for", false);
             put(&b, "  }\n");
             continue;
         }

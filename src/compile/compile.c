@@ -17,6 +17,7 @@ typedef struct {
     kiln_module *mod;
     bool tuned;
     char tune_path[1100]; /* max-autotune's choices, kept beside the cached module */
+    int base;             /* -1: owns its code and arena; else the variant whose it runs (dynamic) */
 } variant;
 
 struct kiln_compiled {
@@ -26,7 +27,7 @@ struct kiln_compiled {
     int n_params, n_inputs;
     kiln_compile_options o;
     variant *v;
-    int n_v;
+    int n_v, cap_v, n_built; /* variants in use, slots, and those with their own code */
     int last;
     kiln_compile_stats stats;
     bool warned_fallback, warned_limit;
@@ -81,7 +82,8 @@ kiln_compiled *kiln_compile(kiln_trace_fn fn, void *user, kiln_tensor **params, 
     if (o) c->o = *o;
     else kiln_compile_options_default(&c->o);
     if (c->o.max_variants <= 0) c->o.max_variants = 8;
-    c->v = calloc((size_t)c->o.max_variants, sizeof *c->v);
+    c->cap_v = c->o.max_variants + (c->o.dynamic ? 64 : 0); /* dynamic shapes are cheap instances */
+    c->v = calloc((size_t)c->cap_v, sizeof *c->v);
     if (!c->v) {
         free(c);
         kiln_error(KILN_ERR_OOM, "out of memory");
@@ -93,7 +95,7 @@ kiln_compiled *kiln_compile(kiln_trace_fn fn, void *user, kiln_tensor **params, 
 
 static void variant_free(variant *v) {
     kiln_interp_free(v->r);
-    kiln_module_free(v->mod);
+    if (v->base < 0) kiln_module_free(v->mod); /* an instance borrows its base's */
     kiln_graph_free(v->g);
     memset(v, 0, sizeof *v);
 }
@@ -129,8 +131,12 @@ static kiln_status generate(kiln_compiled *c, variant *v) {
     bool tune = c->o.mode == KILN_COMPILE_MAX_AUTOTUNE;
     kiln_status st = KILN_OK;
     for (int p = 0; p < kparts && !st; p++)
-        if (!(parts[n_parts++] = kiln_codegen_groups(g, p, kparts, tune))) st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
-    if (!st && c->o.mode == KILN_COMPILE_REDUCE_OVERHEAD && !(parts[n_parts++] = kiln_codegen_step(g)))
+        if (!(parts[n_parts++] = kiln_codegen_groups(g, p, kparts, tune, c->o.dynamic)))
+            st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
+    /* the whole-step function has constant sizes: with dynamic sizes the
+     * runtime loop calls the (size-generic) kernels instead */
+    bool whole_step = c->o.mode == KILN_COMPILE_REDUCE_OVERHEAD && !c->o.dynamic;
+    if (!st && whole_step && !(parts[n_parts++] = kiln_codegen_step(g)))
         st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
     kiln_build_info info = {0};
     if (!st) st = kiln_module_build((const char *const *)parts, n_parts, &c->o.build, &v->mod, &info);
@@ -149,7 +155,8 @@ static kiln_status generate(kiln_compiled *c, variant *v) {
         if (!f) return kiln_last_status();
         kiln_interp_bind_group(v->r, k, f);
     }
-    if (c->o.mode == KILN_COMPILE_REDUCE_OVERHEAD) {
+    kiln_interp_set_dynamic(v->r, c->o.dynamic);
+    if (whole_step) {
         kiln_step_fn s = (kiln_step_fn)kiln_module_sym(v->mod, "kiln_step");
         if (!s) return kiln_last_status();
         kiln_interp_bind_step(v->r, s);
@@ -268,6 +275,7 @@ static void autotune(variant *v) {
 static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *out) {
     double t0 = kiln_time_now();
     variant *v = &c->v[c->n_v];
+    v->base = -1;
     v->n_in = c->n_inputs;
     for (int j = 0; j < c->n_inputs; j++) v->in[j] = kiln_meta_of(in[j]);
     kiln_graph_options go;
@@ -311,6 +319,7 @@ static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *
         }
     }
     *out = c->n_v++;
+    c->n_built++;
     const kiln_graph *g = v->g;
     c->stats.variants = c->n_v;
     c->stats.build_seconds = kiln_time_now() - t0;
@@ -327,10 +336,69 @@ static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *
     return KILN_OK;
 }
 
+/* Same nodes, inputs, fusion and plan decisions, and no buffer larger:
+ * b can run a's code in a's arena at a's offsets. */
+static bool same_structure(const kiln_graph *a, const kiln_graph *b) {
+    if (a->n != b->n || a->n_groups != b->n_groups || a->n_outputs != b->n_outputs) return false;
+    for (int i = 0; i < a->n; i++) {
+        const kiln_value *x = &a->v[i], *y = &b->v[i];
+        if (x->dead != y->dead || x->kind != y->kind || x->op != y->op || x->n_in != y->n_in || x->group != y->group ||
+            x->internal != y->internal || x->acc_into_grad != y->acc_into_grad || x->index != y->index ||
+            memcmp(x->in, y->in, sizeof(int) * (size_t)x->n_in) || x->meta.dtype != y->meta.dtype ||
+            kiln_meta_numel(&y->meta) > kiln_meta_numel(&x->meta))
+            return false;
+    }
+    return true;
+}
+
+/* --compile-dynamic: trace the new shape (milliseconds), and if its graph is
+ * the same as a built variant's with no larger buffer, run that variant's
+ * size-generic code in its arena with this shape's sizes. */
+static int dynamic_instance(kiln_compiled *c, kiln_tensor *const *in) {
+    if (!c->o.dynamic || c->n_v >= c->cap_v) return -1;
+    kiln_graph_options go;
+    kiln_graph_options_default(&go);
+    go.backward = c->o.backward;
+    go.rewrite_attention = go.rewrite_linear_ce = c->o.rewrites;
+    go.reuse_memory = c->o.reuse_memory;
+    go.recompute = c->o.recompute;
+    kiln_graph *g = NULL;
+    if (kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &g)) {
+        kiln_clear_error();
+        return -1;
+    }
+    for (int b = 0; b < c->n_v; b++) {
+        variant *base = &c->v[b];
+        if (base->base >= 0 || !base->mod || !same_structure(base->g, g)) continue;
+        for (int i = 0; i < g->n; i++) g->v[i].offset = base->g->v[i].offset;
+        g->arena_bytes = base->g->arena_bytes;
+        variant *v = &c->v[c->n_v];
+        memset(v, 0, sizeof *v);
+        v->base = b;
+        v->g = g;
+        v->mod = base->mod;
+        v->n_in = c->n_inputs;
+        for (int j = 0; j < c->n_inputs; j++) v->in[j] = kiln_meta_of(in[j]);
+        if (kiln_interp_new_shared(g, base->r, &v->r)) break;
+        kiln_interp_set_dynamic(v->r, true);
+        char name[64];
+        for (int k = 0; k < g->n_groups; k++) {
+            snprintf(name, sizeof name, "kiln_g%d", k);
+            kiln_interp_bind_group(v->r, k, (kiln_group_fn)kiln_module_sym(v->mod, name));
+        }
+        c->stats.variants = c->n_v + 1;
+        return c->n_v++;
+    }
+    kiln_graph_free(g);
+    kiln_clear_error();
+    return -1;
+}
+
 kiln_status kiln_compiled_run(kiln_compiled *c, kiln_tensor *const *in, float *report) {
     int i = find_variant(c, in);
+    if (i < 0) i = dynamic_instance(c, in);
     if (i < 0) {
-        if (c->n_v >= c->o.max_variants) {
+        if (c->n_built >= c->o.max_variants || c->n_v >= c->cap_v) {
             if (!c->warned_limit)
                 kiln_log(KILN_LOG_WARN, "compiled step: %d shape variants built (the limit); new shapes run eager",
                          c->o.max_variants);

@@ -16,6 +16,8 @@ struct kiln_interp {
     kiln_step_fn step;    /* a generated whole step */
     bool *ready_after;    /* GRAD_ACC sinks that complete their parameter's gradient */
     kiln_status step_status;
+    bool dynamic;         /* group kernels take their element count as a last argument */
+    bool shared_arena;    /* the arena belongs to another interpreter */
 };
 
 static void set_data(kiln_interp *r, int v, void *p) {
@@ -51,6 +53,8 @@ int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap) {
     const int *ids = r->group_args[k];
     int n = ids[0] < cap ? ids[0] : cap;
     for (int q = 0; q < n; q++) args[q] = r->ptrs[ids[q + 1]];
+    if (r->dynamic && n < cap)
+        args[n++] = (void *)(intptr_t)kiln_meta_numel(&r->g->v[r->g->group_members[r->g->group_start[k]]].meta);
     return n;
 }
 
@@ -58,16 +62,30 @@ const kiln_tensor *kiln_interp_tensor(const kiln_interp *r, int v) { return &r->
 
 void kiln_interp_zero_arena(kiln_interp *r) { memset(r->arena, 0, (size_t)(r->g->arena_bytes ? r->g->arena_bytes : 64)); }
 
-kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
+static kiln_status interp_init(const kiln_graph *g, kiln_interp *owner, kiln_interp **out);
+
+kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) { return interp_init(g, NULL, out); }
+
+kiln_status kiln_interp_new_shared(const kiln_graph *g, kiln_interp *owner, kiln_interp **out) {
+    if (g->arena_bytes > owner->g->arena_bytes)
+        return kiln_error(KILN_ERR_INVALID, "shared arena: %lld bytes needed, %lld available", (long long)g->arena_bytes,
+                          (long long)owner->g->arena_bytes);
+    return interp_init(g, owner, out);
+}
+
+void kiln_interp_set_dynamic(kiln_interp *r, bool on) { r->dynamic = on; }
+
+static kiln_status interp_init(const kiln_graph *g, kiln_interp *owner, kiln_interp **out) {
     kiln_interp *r = calloc(1, sizeof *r);
     if (!r) return kiln_error(KILN_ERR_OOM, "out of memory");
     r->g = g;
+    r->shared_arena = owner != NULL;
     r->t = calloc((size_t)g->n, sizeof *r->t);
     r->ptrs = calloc((size_t)g->n, sizeof *r->ptrs);
     r->groups = calloc((size_t)g->n_groups + 1, sizeof *r->groups);
     r->group_args = calloc((size_t)g->n_groups + 1, sizeof *r->group_args);
     r->ready_after = calloc((size_t)g->n + 1, sizeof *r->ready_after);
-    r->arena = kiln_alloc((size_t)(g->arena_bytes ? g->arena_bytes : 64));
+    r->arena = owner ? owner->arena : kiln_alloc((size_t)(g->arena_bytes ? g->arena_bytes : 64));
     if (!r->t || !r->ptrs || !r->groups || !r->group_args || !r->ready_after || !r->arena) {
         kiln_interp_free(r);
         return kiln_error(KILN_ERR_OOM, "out of memory for a %lld-byte arena", (long long)g->arena_bytes);
@@ -107,7 +125,7 @@ kiln_status kiln_interp_new(const kiln_graph *g, kiln_interp **out) {
 
 void kiln_interp_free(kiln_interp *r) {
     if (!r) return;
-    kiln_dealloc(r->arena);
+    if (!r->shared_arena) kiln_dealloc(r->arena);
     for (int k = 0; r->group_args && k < r->g->n_groups; k++) free(r->group_args[k]);
     free(r->group_args);
     free(r->groups);
@@ -156,6 +174,7 @@ static kiln_status run_group(kiln_interp *r, int k) {
         void *args[KILN_OP_MAX_IN * 64];
         const int *ids = r->group_args[k];
         for (int q = 0; q < ids[0]; q++) args[q] = r->ptrs[ids[q + 1]];
+        if (r->dynamic) args[ids[0]] = (void *)(intptr_t)kiln_meta_numel(&g->v[g->group_members[g->group_start[k]]].meta);
         r->groups[k](args);
         return KILN_OK;
     }

@@ -25,7 +25,7 @@ static const field fields[] = {
     FLD(warmup, F_I64),       FLD(steps, F_I64),        FLD(epochs, F_I64),      FLD(eval_every, F_I64),
     FLD(eval_batches, F_I64), FLD(save_every, F_I64),   FLD(log_every, F_I64),   FLD(keep, F_INT),
     FLD(on_nan, F_NAN),       FLD(seed, F_U64),         FLD(compile, F_STR),     FLD(precision, F_STR),
-    FLD(recompute, F_STR),
+    FLD(recompute, F_STR),    FLD(compile_dynamic, F_BOOL),
     FLD(global_batch, F_INT), FLD(micro_batch, F_STR),  FLD(mem_budget, F_STR),
 };
 #define NF (sizeof fields / sizeof fields[0])
@@ -200,6 +200,7 @@ kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_
     if (kiln_compile_mode_parse(c->compile, co)) return kiln_error(KILN_ERR_INVALID, "compile: %s", kiln_last_error());
     if (kiln_recompute_parse(c->recompute[0] ? c->recompute : "none", co))
         return kiln_error(KILN_ERR_INVALID, "recompute: %s", kiln_last_error());
+    co->dynamic = c->compile_dynamic;
     if (co->recompute && co->mode == KILN_COMPILE_OFF)
         return kiln_error(KILN_ERR_INVALID, "recompute: --recompute %s needs --compile (it is a compiler pass)", c->recompute);
     return KILN_OK;
