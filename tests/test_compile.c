@@ -7,15 +7,8 @@
 #include "kiln/eager.h"
 #include "kiln/train.h"
 #include "test.h"
+#include "test_models.h"
 
-static kiln_llama_config cfg(void) {
-    kiln_llama_config c;
-    kiln_llama_config_default(&c);
-    c.vocab_size = 61, c.hidden_size = 48, c.intermediate_size = 40, c.num_hidden_layers = 2;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-5;
-    return c;
-}
 
 static void fill(kiln_batch *b, uint64_t seed) {
     for (int r = 0; r < b->B; r++) {
@@ -32,28 +25,15 @@ static void fill(kiln_batch *b, uint64_t seed) {
         }
     }
     b->rows = b->B;
-    b->n_targets = 0;
-    for (int i = 0; i < b->B * b->T; i++) b->n_targets += b->targets[i] != KILN_IGNORE_INDEX;
+    test_count_targets(b);
 }
 
-static double weights_diff(const kiln_llama *a, const kiln_llama *b) {
-    double worst = 0;
-    for (int i = 0; i < a->n_params; i++) {
-        double d = 0, s = 0;
-        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++) {
-            d = fmax(d, fabs((double)kiln_f32(a->params[i])[j] - kiln_f32(b->params[i])[j]));
-            s = fmax(s, fabs((double)kiln_f32(b->params[i])[j]));
-        }
-        worst = fmax(worst, d / s);
-    }
-    return worst;
-}
 
 /* 20 steps of k = 3 micro-batches of 2 x 24; returns the final model */
 static int64_t last_arena; /* of the last train20 */
 
 static kiln_llama *train20_ex(const char *mode, bool reuse, int recompute, double *losses) {
-    kiln_llama_config mc = cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *m = kiln_llama_new(&mc, 3);
     kiln_llama_set_trainable(m, "model.layers.0.mlp.gate_proj.weight", false);
     kiln_train_config c;
@@ -95,7 +75,7 @@ static kiln_llama *train20(const char *mode, bool reuse, double *losses) { retur
 
 /* Gradients of one compiled micro-step with a recompute mode. */
 static float *grads_with(int recompute, int64_t *n) {
-    kiln_llama_config mc = cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *m = kiln_llama_new(&mc, 8);
     kiln_compile_options co;
     kiln_compile_options_default(&co);
@@ -162,10 +142,10 @@ static void recompute(void) {
     for (int r = 1; r <= 2; r++) {
         kiln_llama *m = train20_ex("default", true, r, l1);
         printf("  recompute %-9s arena %lld B vs %lld B without; weights max rel diff %.2e\n", names[r - 1],
-               (long long)last_arena, (long long)arena0, weights_diff(m, base));
+               (long long)last_arena, (long long)arena0, test_weights_diff(m, base));
         double worst = 0;
         for (int s = 0; s < 20; s++) worst = fmax(worst, t_rel(l0[s], l1[s]));
-        CHECK(worst < 1e-6 && weights_diff(m, base) < 1e-4, "recompute %s: losses (%.3g) and weights match", names[r - 1],
+        CHECK(worst < 1e-6 && test_weights_diff(m, base) < 1e-4, "recompute %s: losses (%.3g) and weights match", names[r - 1],
               worst);
         CHECK(last_arena < arena0, "recompute %s: smaller arena", names[r - 1]);
         kiln_llama_free(m);
@@ -181,7 +161,7 @@ static void modes_vs_eager(void) {
         kiln_llama *m = train20(modes[i], true, lc);
         double worst = 0;
         for (int s = 0; s < 20; s++) worst = fmax(worst, t_rel(lc[s], le[s]));
-        double wd = weights_diff(m, eager);
+        double wd = test_weights_diff(m, eager);
         printf("  %-16s vs eager over 20 steps: loss max rel diff %.2e, weights max rel diff %.2e\n", modes[i], worst, wd);
         CHECK(worst < 1e-5, "%s: losses match eager (%.3g)", modes[i], worst);
         CHECK(wd < 1e-3, "%s: weights match eager (%.3g)", modes[i], wd);
@@ -190,7 +170,7 @@ static void modes_vs_eager(void) {
               "%s: the frozen parameter is untouched", modes[i]);
         if (i == 0) {
             kiln_llama *noreuse = train20(modes[i], false, lr);
-            CHECK(memcmp(lr, lc, sizeof lr) == 0 && weights_diff(noreuse, m) == 0,
+            CHECK(memcmp(lr, lc, sizeof lr) == 0 && test_weights_diff(noreuse, m) == 0,
                   "memory reuse off gives identical losses and weights");
             kiln_llama_free(noreuse);
         }
@@ -206,7 +186,7 @@ static double eager_loss(kiln_llama *m, kiln_batch *b) {
 }
 
 static void load_after_compile(const char *dir) {
-    kiln_llama_config mc = cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *a = kiln_llama_new(&mc, 11), *b = kiln_llama_new(&mc, 12);
     kiln_compile_options co;
     kiln_compile_options_default(&co);
@@ -264,7 +244,7 @@ static void on_ready(kiln_tensor *p, void *user) {
 static void grad_ready_hook(void) {
     const char *modes[] = {"default", "reduce-overhead"};
     for (int md = 0; md < 2; md++) {
-        kiln_llama_config mc = cfg();
+        kiln_llama_config mc = test_tiny_config();
         kiln_llama *m = kiln_llama_new(&mc, 31);
         kiln_llama_set_trainable(m, "model.norm.weight", false);
         kiln_compile_options co;
@@ -298,7 +278,7 @@ static void grad_ready_hook(void) {
 /* --compile-dynamic: smaller shapes run the first variant's size-generic
  * code in its arena (no new build), with the right numbers. */
 static void dynamic_shapes(void) {
-    kiln_llama_config mc = cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *m = kiln_llama_new(&mc, 41);
     kiln_compile_options co;
     kiln_compile_options_default(&co);
@@ -356,7 +336,7 @@ static void dynamic_shapes(void) {
 }
 
 static void variants_and_cache(void) {
-    kiln_llama_config mc = cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *m = kiln_llama_new(&mc, 21);
     kiln_compile_options co;
     kiln_compile_options_default(&co);

@@ -8,15 +8,8 @@
 #include "kiln/eager.h"
 #include "kiln/train.h"
 #include "test.h"
+#include "test_models.h"
 
-static kiln_llama_config cfg(void) {
-    kiln_llama_config c;
-    kiln_llama_config_default(&c);
-    c.vocab_size = 61, c.hidden_size = 48, c.intermediate_size = 40, c.num_hidden_layers = 2;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-5;
-    return c;
-}
 
 static void parse_sizes(void) {
     struct { const char *s; int64_t v; } ok[] = {
@@ -193,7 +186,7 @@ int main(void) {
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
     kiln_eager_enable();
-    kiln_llama_config mc = cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *m = kiln_llama_new(&mc, 5);
     parse_sizes();
     estimate(m);

@@ -7,15 +7,8 @@
 #include "kiln/eager.h"
 #include "kiln/train.h"
 #include "test.h"
+#include "test_models.h"
 
-static kiln_llama_config tiny_cfg(void) {
-    kiln_llama_config c;
-    kiln_llama_config_default(&c);
-    c.vocab_size = 61, c.hidden_size = 48, c.intermediate_size = 40, c.num_hidden_layers = 2;
-    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 64;
-    c.rms_norm_eps = 1e-5;
-    return c;
-}
 
 /* row r of a batch: random ids, `pads` padding positions at the end */
 static void fill_row(kiln_batch *b, int r, int pads, uint64_t seed) {
@@ -30,23 +23,7 @@ static void fill_row(kiln_batch *b, int r, int pads, uint64_t seed) {
     }
 }
 
-static void count_targets(kiln_batch *b) {
-    b->n_targets = 0;
-    for (int i = 0; i < b->B * b->T; i++) b->n_targets += b->targets[i] != KILN_IGNORE_INDEX;
-}
 
-static double max_rel_diff(const kiln_llama *a, const kiln_llama *b) {
-    double worst = 0;
-    for (int i = 0; i < a->n_params; i++) {
-        double d = 0, s = 0;
-        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++) {
-            d = fmax(d, fabs((double)kiln_f32(a->params[i])[j] - kiln_f32(b->params[i])[j]));
-            s = fmax(s, fabs((double)kiln_f32(b->params[i])[j]));
-        }
-        worst = fmax(worst, d / s);
-    }
-    return worst;
-}
 
 /* k micro-batches of b rows vs one batch of k*b rows, 3 optimiser steps.
  * Weights are compared at 1e-4 (the PyTorch-match criterion): Adam divides
@@ -54,7 +31,7 @@ static double max_rel_diff(const kiln_llama *a, const kiln_llama *b) {
  * differences of ~1e-5; the gradient norm shows the gradients agree to ~1e-7. */
 static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) {
     const int k = 4, b = 2, T = 24;
-    kiln_llama_config mc = tiny_cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *A = kiln_llama_new(&mc, 5), *Bm = kiln_llama_new(&mc, 5);
     kiln_train_config c;
     kiln_train_config_default(&c);
@@ -72,9 +49,9 @@ static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) 
                 fill_row(mb[i], r, pads, seed);
                 fill_row(big, i * b + r, pads, seed);
             }
-            count_targets(mb[i]);
+            test_count_targets(mb[i]);
         }
-        count_targets(big);
+        test_count_targets(big);
         kiln_step_result ra, rb;
         CHECK_OK(kiln_train_window(A, oa, &c, mb, k, 1e-2, &ra));
         CHECK_OK(kiln_train_window(Bm, ob, &c, &big, 1, 1e-2, &rb));
@@ -84,7 +61,7 @@ static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) 
             CHECK(t_rel(ra.loss, rb.loss) < 1e-5, "window loss %.7f vs big batch %.7f", ra.loss, rb.loss);
         for (int i = 0; i < k; i++) kiln_batch_free(mb[i]);
     }
-    double d = max_rel_diff(A, Bm);
+    double d = test_weights_diff(A, Bm);
     kiln_batch_free(big);
     kiln_adamw_free(oa);
     kiln_adamw_free(ob);
@@ -115,7 +92,7 @@ static bool all_zero(const kiln_tensor *t) {
 }
 
 static void nan_skip(void) {
-    kiln_llama_config mc = tiny_cfg();
+    kiln_llama_config mc = test_tiny_config();
     kiln_llama *m = kiln_llama_new(&mc, 9);
     kiln_train_config c;
     kiln_train_config_default(&c);
@@ -124,7 +101,7 @@ static void nan_skip(void) {
     for (int i = 0; i < 2; i++) {
         fill_row(mb[i], 0, 0, 1 + i);
         fill_row(mb[i], 1, 2, 3 + i);
-        count_targets(mb[i]);
+        test_count_targets(mb[i]);
     }
     kiln_f32(m->lm_head)[5 * 48 + 1] = INFINITY; /* logits of token 5 become inf */
     size_t nb = kiln_tensor_nbytes(m->layers[0].q_proj);

@@ -1,0 +1,37 @@
+/* Helpers the model-level tests share: the tiny GQA configuration, target
+ * counting, and the parameter-wise relative difference of two models. */
+#ifndef KILN_TEST_MODELS_H
+#define KILN_TEST_MODELS_H
+#include <math.h>
+#include "kiln/data.h"
+#include "kiln/model.h"
+
+/* vocab 61, hidden 48, 4 heads over 2 kv heads (head dim 12), 2 layers */
+static inline kiln_llama_config test_tiny_config(void) {
+    kiln_llama_config c;
+    kiln_llama_config_default(&c);
+    c.vocab_size = 61, c.hidden_size = 48, c.intermediate_size = 40, c.num_hidden_layers = 2;
+    c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 12, c.max_position_embeddings = 64;
+    c.rms_norm_eps = 1e-5;
+    return c;
+}
+
+static inline void test_count_targets(kiln_batch *b) {
+    b->n_targets = 0;
+    for (int i = 0; i < b->B * b->T; i++) b->n_targets += b->targets[i] != KILN_IGNORE_INDEX;
+}
+
+/* the worst over parameters of max |a - b| / max |b| */
+static inline double test_weights_diff(const kiln_llama *a, const kiln_llama *b) {
+    double worst = 0;
+    for (int i = 0; i < a->n_params; i++) {
+        double d = 0, s = 0;
+        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++) {
+            d = fmax(d, fabs((double)kiln_f32(a->params[i])[j] - kiln_f32(b->params[i])[j]));
+            s = fmax(s, fabs((double)kiln_f32(b->params[i])[j]));
+        }
+        worst = fmax(worst, d / s);
+    }
+    return worst;
+}
+#endif
