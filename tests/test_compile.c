@@ -83,10 +83,8 @@ static float *grads_with(int recompute, int64_t *n) {
     kiln_compiled *cs = kiln_train_compile(m, &co, true);
     kiln_batch *b = kiln_batch_alloc(2, 24);
     fill(b, 77);
-    int64_t s2[2] = {2, 24}, one = 1;
-    kiln_tensor *in[4] = {kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s2), kiln_tensor_wrap(b->targets, KILN_I32, 2, s2),
-                          kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s2), kiln_tensor_new(KILN_F32, 1, &one)};
-    kiln_f32(in[3])[0] = 1.0f / (float)b->n_targets;
+    kiln_tensor *in[4];
+    test_step_inputs(b, 1.0f / (float)b->n_targets, in);
     float rep[1];
     CHECK_OK(kiln_compiled_run(cs, in, rep));
     *n = kiln_llama_num_params(m);
@@ -97,7 +95,7 @@ static float *grads_with(int recompute, int64_t *n) {
         if (m->params[i]->grad) memcpy(g + o, m->params[i]->grad->data, (size_t)k * sizeof(float));
         o += k;
     }
-    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    test_release_inputs(in);
     kiln_batch_free(b);
     kiln_compiled_free(cs);
     kiln_llama_free(m);
@@ -253,10 +251,8 @@ static void grad_ready_hook(void) {
         kiln_compiled *cs = kiln_train_compile(m, &co, true);
         kiln_batch *b = kiln_batch_alloc(2, 24);
         fill(b, 3);
-        int64_t s2[2] = {2, 24}, one = 1;
-        kiln_tensor *in[4] = {kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s2), kiln_tensor_wrap(b->targets, KILN_I32, 2, s2),
-                              kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s2), kiln_tensor_new(KILN_F32, 1, &one)};
-        kiln_f32(in[3])[0] = 0.01f;
+        kiln_tensor *in[4];
+        test_step_inputs(b, 0.01f, in);
         ready_log log = {0};
         kiln_set_grad_ready_hook(on_ready, &log);
         float rep[1];
@@ -268,7 +264,7 @@ static void grad_ready_hook(void) {
         CHECK(log.calls == trained && log.dup == 0 && final_ok,
               "%s: hook called once per trained parameter with its final gradient (%d calls, %d trained)", modes[md],
               log.calls, trained);
-        for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+        test_release_inputs(in);
         kiln_batch_free(b);
         kiln_compiled_free(cs);
         kiln_llama_free(m);
@@ -294,17 +290,15 @@ static void dynamic_shapes(void) {
     kiln_batch *small[2] = {b2, b3};
     for (int i = 0; i < 2; i++) {
         float rep[1];
-        int64_t s2[2] = {small[i]->B, small[i]->T}, one = 1;
-        kiln_tensor *in[4] = {kiln_tensor_wrap(small[i]->input_ids, KILN_I32, 2, s2),
-                              kiln_tensor_wrap(small[i]->targets, KILN_I32, 2, s2),
-                              kiln_tensor_wrap(small[i]->pad_mask, KILN_I32, 2, s2), kiln_tensor_zeros(KILN_F32, 1, &one)};
+        kiln_tensor *in[4];
+        test_step_inputs(small[i], 0.0f, in);
         kiln_status st = kiln_compiled_run(ev, in, rep); /* no eager fallback in between: must not hit the limit */
         CHECK(st == KILN_OK, "dynamic shape %d x %d runs compiled: %s", small[i]->B, small[i]->T, kiln_last_error());
         double eager = 0;
         CHECK_OK(kiln_evaluate(m, &small[i], 1, &eager, NULL));
         CHECK(t_rel(rep[0] / (double)small[i]->n_targets, eager) < 1e-5, "dynamic shape loss %.7f vs eager %.7f",
               rep[0] / (double)small[i]->n_targets, eager);
-        for (int q = 0; q < 4; q++) kiln_tensor_release(in[q]);
+        test_release_inputs(in);
     }
     kiln_compile_stats s = kiln_compiled_stats(ev);
     printf("  dynamic: %d shapes run from one build (%s)\n", s.variants, s.source_path);
@@ -353,13 +347,12 @@ static void variants_and_cache(void) {
     CHECK(kiln_compiled_stats(ev).variants == 2, "two variants");
     /* past the limit: the compiled call refuses, the trainer's path runs eager */
     float rep[1];
-    int64_t s2[2] = {1, 8}, one = 1;
-    kiln_tensor *in[4] = {kiln_tensor_wrap(b3->input_ids, KILN_I32, 2, s2), kiln_tensor_wrap(b3->targets, KILN_I32, 2, s2),
-                          kiln_tensor_wrap(b3->pad_mask, KILN_I32, 2, s2), kiln_tensor_zeros(KILN_F32, 1, &one)};
+    kiln_tensor *in[4];
+    test_step_inputs(b3, 0.0f, in);
     CHECK(kiln_compiled_run(ev, in, rep) == KILN_ERR_LIMIT, "variant limit refuses a third shape");
     CHECK_OK(kiln_evaluate_ex(m, &b3, 1, &l, NULL, ev));
     CHECK(t_rel(l, eager_loss(m, b3)) < 1e-6, "and the evaluation falls back to eager");
-    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    test_release_inputs(in);
     /* the same graph compiled again loads from the cache */
     kiln_compiled *again = kiln_train_compile(m, &co, false);
     CHECK_OK(kiln_evaluate_ex(m, &b1, 1, &l, NULL, again));

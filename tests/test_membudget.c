@@ -48,15 +48,13 @@ static void estimate(kiln_llama *m) {
     kiln_compiled *cs = kiln_train_compile(m, &co, true);
     kiln_batch *b = kiln_batch_alloc(2, 32);
     for (int i = 0; i < 64; i++) b->input_ids[i] = 3 + i % 50, b->targets[i] = 4 + i % 50, b->pad_mask[i] = 1;
-    int64_t s[2] = {2, 32}, one = 1;
-    kiln_tensor *in[4] = {kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s), kiln_tensor_wrap(b->targets, KILN_I32, 2, s),
-                          kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s), kiln_tensor_new(KILN_F32, 1, &one)};
-    kiln_f32(in[3])[0] = 1.0f / 64;
+    kiln_tensor *in[4];
+    test_step_inputs(b, 1.0f / 64, in);
     float rep[1];
     CHECK_OK(kiln_compiled_run(cs, in, rep));
     CHECK(kiln_compiled_stats(cs).arena_bytes == e2.arena_train, "estimate arena %lld == compiled arena %lld",
           (long long)e2.arena_train, (long long)kiln_compiled_stats(cs).arena_bytes);
-    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    test_release_inputs(in);
     kiln_batch_free(b);
     kiln_compiled_free(cs);
     co.interpret = false;

@@ -34,4 +34,18 @@ static inline double test_weights_diff(const kiln_llama *a, const kiln_llama *b)
     }
     return worst;
 }
+/* The training step's inputs for a batch (kiln_train_trace_step order):
+ * ids, targets, pad mask wrapped, and the loss scale; release with
+ * test_release_inputs. */
+static inline void test_step_inputs(const kiln_batch *b, float scale, kiln_tensor **in) {
+    int64_t s[2] = {b->B, b->T}, one = 1;
+    in[0] = kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s);
+    in[1] = kiln_tensor_wrap(b->targets, KILN_I32, 2, s);
+    in[2] = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s);
+    in[3] = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_f32(in[3])[0] = scale;
+}
+static inline void test_release_inputs(kiln_tensor **in) {
+    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+}
 #endif
