@@ -3,7 +3,7 @@
 # with ASan+UBSan) with -Wall -Wextra -Werror, and runs every test in both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh
+bash scripts/deps.sh --test
 jobs=$(nproc)
 make -j"$jobs" all
 make -j"$jobs" asan
