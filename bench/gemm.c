@@ -123,6 +123,7 @@ static void pack_a(const shape *s, int64_t ic, int64_t mc, int64_t pc, int64_t k
 }
 
 /* c (MR×NR, row stride ldc) = or += a-panel · b-panel */
+#if defined(__AVX512F__)
 static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc) {
     __m512 r[MR][2];
 #pragma GCC unroll 8
@@ -145,6 +146,22 @@ static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_
         _mm512_storeu_ps(c + i * ldc + 16, r[i][1]);
     }
 }
+#else
+/* Without AVX-512: the same blocking, the compiler vectorises the rows. */
+static void ukernel(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, bool acc) {
+    float r[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) r[i][j] = acc ? c[i * ldc + j] : 0.0f;
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < MR; i++) {
+            float ai = a[k * MR + i];
+#pragma omp simd
+            for (int j = 0; j < NR; j++) r[i][j] += ai * b[k * NR + j];
+        }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = r[i][j];
+}
+#endif
 
 static float *g_bpack;
 static void plain_gemm(const shape *s) {
@@ -289,6 +306,7 @@ static double report_one_thread(int c, int reps) {
 
 /* Measured peaks, to read the table against: independent FMA (fp32) and
  * vdpbf16ps (bf16 pairs, fp32 accumulate) chains on every thread. */
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 static double peak_gflops(bool bf16) {
     enum { CH = 12 };
     const long iters = 4000000;
@@ -316,6 +334,11 @@ static double peak_gflops(bool bf16) {
     }
     return best;
 }
+#else
+/* No AVX512-BF16 here: the fp32 peak from kiln's own probe; bf16 has no
+ * native peak to report (0 = not available on this CPU). */
+static double peak_gflops(bool bf16) { return bf16 ? 0.0 : kiln_fma_peak_gflops(0.5); }
+#endif
 
 /* Per-call cost of binding pointers: 3 memory objects created and destroyed
  * (what kiln_gemm does) against 3 set_data_handle calls on kept objects. */
