@@ -287,6 +287,29 @@ static void check_model(void) {
     fixture_close(&x);
 }
 
+/* The cast op (the compiler inserts it before bf16 products): each element
+ * rounds as the scalar conversion does, and the gradient passes through
+ * unchanged (straight-through), fp32. */
+static void check_cast_op(void) {
+    int64_t shape[2] = {7, 33};
+    kiln_tensor *x = kiln_tensor_new(KILN_F32, 2, shape), *R = kiln_tensor_new(KILN_F32, 2, shape);
+    kiln_rng r = {41, 0};
+    kiln_rng_uniform(&r, kiln_f32(x), 7 * 33, -3, 3);
+    kiln_rng_uniform(&r, kiln_f32(R), 7 * 33, -1, 1);
+    x->requires_grad = true;
+    kiln_tensor *y = kiln_cast_bf16(x);
+    CHECK(y && y->dtype == KILN_BF16, "cast_bf16 gives a bf16 tensor: %s", kiln_last_error());
+    int bad = 0;
+    for (int64_t i = 0; y && i < 7 * 33; i++) bad += ((uint16_t *)y->data)[i] != kiln_f32_to_bf16(kiln_f32(x)[i]);
+    CHECK(y && bad == 0, "cast_bf16: %d elements differ from the scalar rounding", bad);
+    CHECK_OK(kiln_backward_with(y, R));
+    CHECK(x->grad && x->grad->dtype == KILN_F32 && !memcmp(x->grad->data, R->data, kiln_tensor_nbytes(R)),
+          "cast_bf16 passes its gradient through unchanged");
+    kiln_tensor_release(y);
+    kiln_tensor_release(x);
+    kiln_tensor_release(R);
+}
+
 int main(void) {
     char dir[] = "/tmp/kiln_test_bf16_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -302,6 +325,7 @@ int main(void) {
     }
     CHECK(denorm > 0, "the conversion test met denormals");
     kiln_eager_enable();
+    check_cast_op();
     check_matmul(false);
     check_matmul(true);
     check_model();

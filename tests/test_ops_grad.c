@@ -8,6 +8,22 @@
 typedef kiln_tensor *(*op_fn)(kiln_tensor **in);
 static uint64_t seed_ctr = 1;
 
+/* Which ops each check covered: a dispatcher in front of eager's records
+ * the ops run by the checked forward (their backward rules are what the
+ * finite differences test) and by its backward (backward-only ops, whose
+ * results are the gradients compared). */
+enum { PHASE_NONE, PHASE_FWD, PHASE_BWD };
+static int phase;
+static bool fd_forward[KILN_OP_COUNT], fd_backward[KILN_OP_COUNT];
+static kiln_dispatcher inner;
+static kiln_tensor *recording(void *ctx, int op, kiln_tensor *const *in, int n_in, const kiln_attrs *a, const kiln_meta *out,
+                              kiln_tensor **aux) {
+    (void)ctx;
+    if (phase == PHASE_FWD) fd_forward[op] = true;
+    if (phase == PHASE_BWD) fd_backward[op] = true;
+    return inner.fn(inner.ctx, op, in, n_in, a, out, aux);
+}
+
 static kiln_tensor *rnd(int ndim, const int64_t *shape, float lo, float hi) {
     kiln_tensor *t = kiln_tensor_new(KILN_F32, ndim, shape);
     kiln_rng r = {seed_ctr++, 0};
@@ -31,11 +47,15 @@ static void gradcheck(const char *name, op_fn f, kiln_tensor **in, int n_in, uns
         kiln_tensor_release(in[i]->grad);
         in[i]->grad = NULL;
     }
+    phase = PHASE_FWD;
     kiln_tensor *out = f(in);
+    phase = PHASE_NONE;
     CHECK(out != NULL, "%s forward: %s", name, kiln_last_error());
     if (!out) return;
     kiln_tensor *R = rnd(out->ndim, out->shape, -1, 1);
+    phase = PHASE_BWD;
     CHECK_OK(kiln_backward_with(out, R));
+    phase = PHASE_NONE;
     kiln_tensor_release(out);
     bool was = kiln_grad_set_enabled(false);
     double worst = 0;
@@ -115,6 +135,8 @@ static kiln_tensor *f_masked_softmax(kiln_tensor **in) {
     kiln_tensor_release(s);
     return y;
 }
+static kiln_tensor *f_flash(kiln_tensor **in) { return kiln_flash_attn(in[0], in[1], in[2], in[3], 0.2); }
+static kiln_tensor *f_linear_ce(kiln_tensor **in) { return kiln_linear_cross_entropy(in[0], in[1], in[2], KILN_IGNORE_INDEX); }
 static kiln_tensor *f_ce(kiln_tensor **in) { return kiln_cross_entropy(in[0], in[1], KILN_IGNORE_INDEX); }
 static kiln_tensor *f_sum(kiln_tensor **in) { return kiln_sum(in[0]); }
 static kiln_tensor *f_mean(kiln_tensor **in) { return kiln_mean(in[0]); }
@@ -123,8 +145,52 @@ static kiln_tensor *f_expand(kiln_tensor **in) {
     return kiln_expand(in[0], 2, s);
 }
 
+/* Ops no finite-difference check here covers, and why. Every other op with
+ * a backward rule must be the forward of a check; every other op without
+ * one must run inside a checked backward. */
+static const struct {
+    int op;
+    const char *why;
+} exempt[] = {
+    {KILN_OP_ATTN_MASK, "made from an integer mask only: nothing to differentiate (it runs in the masked-softmax "
+                        "check; eager-vs-compiled tests compare it with flash attention's own masking)"},
+    {KILN_OP_FILL, "no inputs: it only seeds a traced graph's backward (checked by every eager-vs-compiled test)"},
+    {KILN_OP_CAST_BF16, "a rounding step: finite differences of it are 0 or spikes; its pass-through gradient is checked "
+                        "in test_bf16"},
+};
+
+static const char *exemption(int op) {
+    for (size_t i = 0; i < sizeof exempt / sizeof exempt[0]; i++)
+        if (exempt[i].op == op) return exempt[i].why;
+    return NULL;
+}
+
+/* Every op in the list has a complete registry entry and a check. */
+static void check_registry(void) {
+    int covered = 0;
+    for (int op = 0; op < KILN_OP_COUNT; op++) {
+        const kiln_op_def *d = kiln_op_get(op);
+        CHECK(d != NULL, "op %d has no registry entry", op);
+        if (!d) continue;
+        CHECK(d->name && d->shape, "op %d: entry without a name or shape rule", op);
+        CHECK(d->is_view || (d->n_aux ? d->forward_aux && d->aux_shape : d->forward != NULL), "op %s: no forward kernel",
+              d->name);
+        const char *why = exemption(op);
+        bool seen = d->backward ? fd_forward[op] : fd_backward[op];
+        CHECK(seen || why, "op %s: no finite-difference check %s and no stated exemption", d->name,
+              d->backward ? "of its backward rule" : "of the gradient it computes");
+        CHECK(!(seen && why), "op %s: exempt, yet checked: drop the exemption", d->name);
+        covered += seen;
+        if (why) printf("  %-28s exempt: %s\n", d->name, why);
+    }
+    printf("%d of %d ops covered by finite differences, %d exempt\n", covered, KILN_OP_COUNT,
+           (int)(sizeof exempt / sizeof exempt[0]));
+}
+
 int main(void) {
     kiln_eager_enable();
+    inner = kiln_op_get_dispatcher();
+    kiln_op_set_dispatcher((kiln_dispatcher){recording, NULL});
     printf("finite-difference check of every backward rule:\n");
     kiln_tensor *in[4];
 #define RUN(name, fn, n, diff, ...)                                          \
@@ -161,5 +227,13 @@ int main(void) {
     RUN("sum", f_sum, 1, 1, RND(-1, 1, 5, 37));
     RUN("mean", f_mean, 1, 1, RND(-1, 1, 5, 37));
     RUN("expand", f_expand, 1, 1, RND(-1, 1, 1));
+    {
+        kiln_tensor *pm = ids_tensor(2, 13, 1, false);
+        for (int64_t i = 0; i < 26; i++) kiln_i32(pm)[i] = i < 13 || (i % 13) >= 3; /* row 1: 3 left pads */
+        RUN("flash_attn (GQA, padding)", f_flash, 4, 7, RND(-1, 1, 2, 4, 9, 8), RND(-1, 1, 2, 2, 13, 8),
+            RND(-1, 1, 2, 2, 13, 8), pm);
+    }
+    RUN("linear_cross_entropy", f_linear_ce, 3, 3, RND(-1, 1, 2, 9, 24), RND(-1, 1, 29, 24), ids_tensor(2, 9, 29, true));
+    check_registry();
     TEST_END();
 }

@@ -26,40 +26,51 @@ extern "C" {
 #define KILN_OP_MAX_IN 8
 #define KILN_OP_MAX_AUX 2 /* extra outputs of a multi-output op */
 
+/* The op list, once: X(ID, sym) for every op, in id order. It generates the
+ * enum (KILN_OP_<ID>), the declarations of the registry entries
+ * (kiln_opdef_<sym>, defined in src/ops/) and the registry itself. A new op
+ * is one line here, its kiln_op_def and its kernels; tests/test_ops_grad.c
+ * then demands a finite-difference check of it or a stated exemption. */
+#define KILN_OP_LIST(X)                                                                              \
+    X(EMBEDDING, embedding)             /* (W[V,C], ids[...] i32) -> [..., C] */                     \
+    X(EMBEDDING_BWD, embedding_bwd)     /* (g[...,C], ids[...]) i0=V -> [V, C] */                    \
+    X(MATMUL, matmul)                   /* see kiln_matmul modes */                                  \
+    X(ADD, add)                         /* (a, b broadcast to a) -> a's shape */                     \
+    X(MUL, mul)                         /* (a, b) same shape */                                      \
+    X(SCALE, scale)                     /* (x) f0=c -> c*x */                                        \
+    X(SCALE_BY, scale_by)               /* (x, s[1]) -> s*x, s a runtime scalar */                   \
+    X(SILU, silu)                                                                                    \
+    X(SILU_BWD, silu_bwd)               /* (x, g) */                                                 \
+    X(RMSNORM, rmsnorm)                 /* (x[...,C], w[C]) f0=eps */                                \
+    X(RMSNORM_BWD_X, rmsnorm_bwd_x)     /* (x, w, g) f0=eps */                                       \
+    X(RMSNORM_BWD_W, rmsnorm_bwd_w)     /* (x, w, g) f0=eps -> [C] */                                \
+    X(ROPE, rope)                       /* (x[B,T,H,D]) f0=theta i0=pos0 i1=inverse */               \
+    X(REPEAT_KV, repeat_kv)             /* (x[B,Hkv,T,D]) i0=n_rep -> [B,Hkv*n_rep,T,D] */           \
+    X(REPEAT_KV_BWD, repeat_kv_bwd)     /* (g[B,H,T,D]) i0=n_rep -> [B,H/n_rep,T,D] */               \
+    X(TRANSPOSE12, transpose12)         /* [A,B,C,D] -> [A,C,B,D] */                                 \
+    X(RESHAPE, reshape)                 /* view; i0=ndim, i1..i4 = shape */                          \
+    X(ATTN_MASK, attn_mask)             /* (pad_mask[B,T] i32) i0=q_len -> [B,1,Tq,Tk] additive */   \
+    X(SOFTMAX, softmax)                 /* last dim */                                               \
+    X(SOFTMAX_BWD, softmax_bwd)         /* (y, g) */                                                 \
+    X(CROSS_ENTROPY, cross_entropy)     /* (logits[...,V], targets[...] i32) i0=ignore -> [1] sum */ \
+    X(CROSS_ENTROPY_BWD, cross_entropy_bwd) /* (logits, targets, g[1]) i0=ignore */                  \
+    X(SUM, sum)                         /* -> [1] */                                                 \
+    X(MEAN, mean)                       /* -> [1] */                                                 \
+    X(EXPAND, expand)                   /* (g[1]) i0=ndim, i1..i4=shape -> filled */                 \
+    X(SUM_TO, sum_to)                   /* (g) i0=ndim, i1..i4=shape: sum over broadcast dims */     \
+    X(FILL, fill)                       /* () i0=ndim, i1..i4=shape, f0=value (seeds backward) */    \
+    /* fused ops the compiler rewrites to (eager runs the model's decomposition) */                  \
+    X(FLASH_ATTN, flash_attn)           /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk]) f0=scale -> out; \
+                                           aux lse[B,H,T] */                                         \
+    X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout) -> dq; aux dk, dv */             \
+    X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh     \
+                                           i2=need_dW -> loss sum [1]; aux dh, dW (seed 1) */        \
+    X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */
+
 typedef enum {
-    KILN_OP_EMBEDDING,      /* (W[V,C], ids[...] i32) -> [..., C] */
-    KILN_OP_EMBEDDING_BWD,  /* (g[...,C], ids[...]) i0=V -> [V, C] */
-    KILN_OP_MATMUL,         /* see kiln_matmul modes */
-    KILN_OP_ADD,            /* (a, b broadcast to a) -> a's shape */
-    KILN_OP_MUL,            /* (a, b) same shape */
-    KILN_OP_SCALE,          /* (x) f0=c -> c*x */
-    KILN_OP_SCALE_BY,       /* (x, s[1]) -> s*x, s a runtime scalar */
-    KILN_OP_SILU,
-    KILN_OP_SILU_BWD,       /* (x, g) */
-    KILN_OP_RMSNORM,        /* (x[...,C], w[C]) f0=eps */
-    KILN_OP_RMSNORM_BWD_X,  /* (x, w, g) f0=eps */
-    KILN_OP_RMSNORM_BWD_W,  /* (x, w, g) f0=eps -> [C] */
-    KILN_OP_ROPE,           /* (x[B,T,H,D]) f0=theta i0=pos0 i1=inverse */
-    KILN_OP_REPEAT_KV,      /* (x[B,Hkv,T,D]) i0=n_rep -> [B,Hkv*n_rep,T,D] */
-    KILN_OP_REPEAT_KV_BWD,  /* (g[B,H,T,D]) i0=n_rep -> [B,H/n_rep,T,D] */
-    KILN_OP_TRANSPOSE12,    /* [A,B,C,D] -> [A,C,B,D] */
-    KILN_OP_RESHAPE,        /* view; i0=ndim, i1..i4 = shape */
-    KILN_OP_ATTN_MASK,      /* (pad_mask[B,T] i32) i0=q_len -> [B,1,Tq,Tk] additive causal+padding */
-    KILN_OP_SOFTMAX,        /* last dim */
-    KILN_OP_SOFTMAX_BWD,    /* (y, g) */
-    KILN_OP_CROSS_ENTROPY,  /* (logits[...,V], targets[...] i32) i0=ignore -> [1] sum */
-    KILN_OP_CROSS_ENTROPY_BWD, /* (logits, targets, g[1]) i0=ignore */
-    KILN_OP_SUM,            /* -> [1] */
-    KILN_OP_MEAN,           /* -> [1] */
-    KILN_OP_EXPAND,         /* (g[1]) i0=ndim, i1..i4=shape -> filled */
-    KILN_OP_SUM_TO,         /* (g) i0=ndim, i1..i4=shape: sum over broadcast dims */
-    KILN_OP_FILL,           /* () i0=ndim, i1..i4=shape, f0=value (seeds a graph's backward) */
-    /* fused ops the compiler rewrites to (eager runs the model's decomposition) */
-    KILN_OP_FLASH_ATTN,     /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk]) f0=scale -> out; aux lse[B,H,T] */
-    KILN_OP_FLASH_ATTN_BWD, /* (q,k,v,pad,out,lse,dout) -> dq; aux dk, dv */
-    KILN_OP_LINEAR_CE,      /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh i2=need_dW -> loss sum [1];
-                               aux dh, dW (gradients of the sum, seed 1) */
-    KILN_OP_CAST_BF16,      /* (x f32) -> bf16, round to nearest even; the gradient passes through */
+#define KILN_OP_ENUM_(id, sym) KILN_OP_##id,
+    KILN_OP_LIST(KILN_OP_ENUM_)
+#undef KILN_OP_ENUM_
     KILN_OP_COUNT
 } kiln_op_id;
 
@@ -92,6 +103,20 @@ typedef struct {
 /* Computes gin[i] (new references) for every i with c->needs[i]. */
 typedef kiln_status (*kiln_backward_fn)(const kiln_bw_ctx *c, kiln_tensor *gout, kiln_tensor **gin);
 
+/* A row reduction that can end a fused element-wise group (RMSNorm after
+ * the residual add): per row of input 0 (its last dim, length n) the group's
+ * element-wise members produce the row's values $x while `acc` is summed
+ * over the row (in float), `fin` turns that sum $s into one factor $r per
+ * row, and `out` gives each output element. $1.. are the other inputs'
+ * element j (each read whole, [n]); $n the row length; $f0 attribute f[0].
+ * Fusion, the interpreter and the code generator know such an op only by
+ * this property, and its own forward kernel must compute the same. */
+typedef struct {
+    const char *acc; /* "$x * $x" */
+    const char *fin; /* from $s and $n */
+    const char *out; /* from $x, $r and $1.. */
+} kiln_row_epilogue;
+
 typedef struct {
     const char *name;
     int n_in;
@@ -107,6 +132,8 @@ typedef struct {
      * the input elements and $f0 the attribute f[0] (code generation and
      * fusion use it; NULL: not fusable). */
     const char *cexpr;
+    /* Row reductions that can end a fused group (NULL: not one). */
+    const kiln_row_epilogue *row;
     /* Multi-output ops: n_aux extra outputs, never differentiated, whose
      * shapes come from aux_shape; forward_aux replaces forward. */
     int n_aux;

@@ -41,10 +41,21 @@ static const char *prelude =
     "    return g * s * (1.0f + x * (1.0f - s));\n"
     "}\n";
 
-/* Expands an op's C expression: $0..$7 -> operand names, $f0 -> attr. */
-static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_attrs *a) {
+/* The names a row epilogue's templates use besides operands and attrs. */
+typedef struct {
+    const char *x, *s, *r;
+    int64_t n;
+} row_names;
+
+/* Expands an op's C expression: $0..$7 -> operand names, $f0 -> attr; with
+ * `rn`, also a row epilogue's $x, $s, $r and $n. */
+static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_attrs *a, const row_names *rn) {
     for (const char *p = tmpl; *p; p++) {
-        if (p[0] == '$' && p[1] == 'f' && p[2] >= '0' && p[2] <= '1') {
+        if (rn && p[0] == '$' && (p[1] == 'x' || p[1] == 's' || p[1] == 'r' || p[1] == 'n')) {
+            if (p[1] == 'n') put(b, "%.1ff", (double)rn->n);
+            else put(b, "%s", p[1] == 'x' ? rn->x : p[1] == 's' ? rn->s : rn->r);
+            p += 1;
+        } else if (p[0] == '$' && p[1] == 'f' && p[2] >= '0' && p[2] <= '1') {
             put(b, "(%.9ef)", (double)(float)a->f[p[2] - '0']);
             p += 2;
         } else if (p[0] == '$' && p[1] >= '0' && p[1] <= '7') {
@@ -76,7 +87,7 @@ static void emit_members(sbuf *b, const kiln_graph *g, int k, const int *ids, in
             snprintf(ops[j], sizeof ops[j], scalar ? "a%d" : "a%d[i]", q);
         }
         put(b, "%sconst float t%d = ", indent, mem[s]);
-        expand(b, kiln_op_get(x->op)->cexpr, ops, &x->attrs);
+        expand(b, kiln_op_get(x->op)->cexpr, ops, &x->attrs, NULL);
         put(b, ";\n");
         if (!x->internal) {
             int q = 0;
@@ -129,25 +140,30 @@ static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, boo
     put(b, "    }\n");
 }
 
-/* A group ending in RMSNorm: per row, the element-wise members feed the
- * row's values into a local array while the sum of squares accumulates,
- * then the normalised, weighted row is written: one pass over the inputs. */
+static bool is_row_member(const kiln_graph *g, int v) { return g->v[v].kind == KILN_V_OP && kiln_op_get(g->v[v].op)->row; }
+
+/* A group ending in a row reduction (kiln_row_epilogue, e.g. RMSNorm): per
+ * row, the element-wise members feed the row's values into a local array
+ * while the reduction accumulates, then the row's output is written from
+ * the op's templates: one pass over the inputs. */
 static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool dyn) {
     int ids[512];
     int na = kiln_graph_group_args(g, k, ids, 512);
     const int *mem = &g->group_members[g->group_start[k]];
     int nm = g->group_start[k + 1] - g->group_start[k], ni = 0;
-    while (g->v[mem[ni]].op != KILN_OP_RMSNORM) ni++; /* members after it: bf16 casts of its result */
+    while (!is_row_member(g, mem[ni])) ni++; /* members after it: bf16 casts of its result */
     const kiln_value *norm = &g->v[mem[ni]];
-    int64_t N = kiln_meta_numel(&norm->meta), C = norm->meta.shape[norm->meta.ndim - 1], R = N / C;
-    int wq = 0, xq = -1;
+    const kiln_row_epilogue *ep = kiln_op_get(norm->op)->row;
+    int64_t N = kiln_meta_numel(&norm->meta), C = norm->meta.shape[norm->meta.ndim - 1];
+    int xq = -1;
+    char ops[KILN_OP_MAX_IN][24] = {{0}};
     for (int q = 0; q < na; q++) {
-        if (ids[q] == norm->in[1]) wq = q;
         if (ids[q] == norm->in[0]) xq = q;
+        for (int j = 1; j < norm->n_in; j++)
+            if (ids[q] == norm->in[j]) snprintf(ops[j], sizeof ops[j], "a%d[j]", q); /* read whole: element j */
     }
     emit_args(b, g, k, ids, na, N);
     size_expr(b, na, N, dyn);
-    (void)R;
     if (omp) put(b, "#pragma omp %s schedule(static)\n", omp);
     put(b, "    for (int64_t r = 0; r < n / %lldLL; r++) {\n        float xr[%lld];\n        float ss = 0.0f;\n", (long long)C,
         (long long)C);
@@ -156,10 +172,15 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool 
     emit_members(b, g, k, ids, N, ni, "            ");
     if (g->v[norm->in[0]].group == k) put(b, "            xr[j] = t%d;\n", norm->in[0]);
     else put(b, "            xr[j] = a%d[i];\n", xq);
-    put(b, "            ss += xr[j] * xr[j];\n        }\n");
-    put(b, "        const float rs = 1.0f / __builtin_sqrtf(ss / %.1ff + %.9ef);\n", (double)C, (double)(float)norm->attrs.f[0]);
-    put(b, "#pragma omp simd\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
-    put(b, "            const float y = a%d[j] * (xr[j] * rs);\n", wq);
+    row_names rn = {.x = "xr[j]", .s = "ss", .r = "rs", .n = C};
+    put(b, "            ss += ");
+    expand(b, ep->acc, ops, &norm->attrs, &rn);
+    put(b, ";\n        }\n        const float rs = ");
+    expand(b, ep->fin, ops, &norm->attrs, &rn);
+    put(b, ";\n#pragma omp simd\n        for (int64_t j = 0; j < %lldLL; j++) {\n", (long long)C);
+    put(b, "            const float y = ");
+    expand(b, ep->out, ops, &norm->attrs, &rn);
+    put(b, ";\n");
     for (int s = ni; s < nm; s++) {
         const kiln_value *x = &g->v[mem[s]];
         if (x->internal) continue;
@@ -173,7 +194,7 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool 
 
 static bool is_row_group(const kiln_graph *g, int k) {
     for (int m = g->group_start[k]; m < g->group_start[k + 1]; m++)
-        if (g->v[g->group_members[m]].op == KILN_OP_RMSNORM) return true;
+        if (is_row_member(g, g->group_members[m])) return true;
     return false;
 }
 

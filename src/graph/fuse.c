@@ -1,5 +1,5 @@
 /* Fusion of element-wise chains: ops with a C expression in the registry
- * (add, mul, scale, scale_by, silu, silu_backward) over the same number of
+ * (add, mul, scale, scale_by, silu, silu_backward, cast_bf16) over the same number of
  * elements join their producers' group when the group can still run at its
  * last member without any outside reader seeing a value too early. Members
  * read only inside the group become `internal`: they never reach memory. */
@@ -20,11 +20,12 @@ static bool fusable(const kiln_graph *g, int v) {
     return true;
 }
 
-/* A row reduction that can end a group: RMSNorm over the group's result
- * (the residual add + RMSNorm pattern); its weight is read whole. */
+/* A row reduction that can end a group (an op with a row epilogue, such as
+ * RMSNorm after the residual add) over the group's result; its other inputs
+ * are read whole. */
 static bool row_op(const kiln_graph *g, int v) {
     const kiln_value *x = &g->v[v];
-    return !x->dead && x->kind == KILN_V_OP && x->op == KILN_OP_RMSNORM && x->meta.dtype == KILN_F32;
+    return !x->dead && x->kind == KILN_V_OP && kiln_op_get(x->op)->row && x->meta.dtype == KILN_F32;
 }
 
 typedef struct {

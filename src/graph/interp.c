@@ -185,7 +185,7 @@ static kiln_status run_group(kiln_interp *r, int k) {
     int64_t row = 1;
     for (int s = 0; s < nm; s++) {
         const kiln_value *x = &g->v[mem[s]];
-        if (x->op == KILN_OP_RMSNORM) row = x->meta.shape[x->meta.ndim - 1];
+        if (kiln_op_get(x->op)->row) row = x->meta.shape[x->meta.ndim - 1];
     }
     int64_t ch = row >= CHUNK ? row : (CHUNK / row) * row, nchunks = (N + ch - 1) / ch;
     kiln_status st = KILN_OK;

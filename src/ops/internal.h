@@ -6,14 +6,10 @@
 #include "kiln/kernels.h"
 #include "kiln/ops.h"
 
-extern const kiln_op_def kiln_opdef_embedding, kiln_opdef_embedding_bwd, kiln_opdef_matmul,
-    kiln_opdef_add, kiln_opdef_mul, kiln_opdef_scale, kiln_opdef_scale_by, kiln_opdef_silu,
-    kiln_opdef_silu_bwd, kiln_opdef_rmsnorm, kiln_opdef_rmsnorm_bwd_x, kiln_opdef_rmsnorm_bwd_w,
-    kiln_opdef_rope, kiln_opdef_repeat_kv, kiln_opdef_repeat_kv_bwd, kiln_opdef_transpose12,
-    kiln_opdef_reshape, kiln_opdef_attn_mask, kiln_opdef_softmax, kiln_opdef_softmax_bwd,
-    kiln_opdef_cross_entropy, kiln_opdef_cross_entropy_bwd, kiln_opdef_sum, kiln_opdef_mean,
-    kiln_opdef_expand, kiln_opdef_sum_to, kiln_opdef_fill,
-    kiln_opdef_flash_attn, kiln_opdef_flash_attn_bwd, kiln_opdef_linear_ce, kiln_opdef_cast_bf16;
+/* the registry entries, one per line of KILN_OP_LIST */
+#define KILN_OPDEF_DECL_(id, sym) extern const kiln_op_def kiln_opdef_##sym;
+KILN_OP_LIST(KILN_OPDEF_DECL_)
+#undef KILN_OPDEF_DECL_
 
 /* error naming the op and all input shapes */
 kiln_status kiln_op_shape_error(const char *op, const kiln_meta *in, int n_in, const char *fmt, ...)

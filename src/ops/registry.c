@@ -4,37 +4,9 @@
 #include "internal.h"
 
 static const kiln_op_def *const registry[KILN_OP_COUNT] = {
-    [KILN_OP_EMBEDDING] = &kiln_opdef_embedding,
-    [KILN_OP_EMBEDDING_BWD] = &kiln_opdef_embedding_bwd,
-    [KILN_OP_MATMUL] = &kiln_opdef_matmul,
-    [KILN_OP_ADD] = &kiln_opdef_add,
-    [KILN_OP_MUL] = &kiln_opdef_mul,
-    [KILN_OP_SCALE] = &kiln_opdef_scale,
-    [KILN_OP_SCALE_BY] = &kiln_opdef_scale_by,
-    [KILN_OP_SILU] = &kiln_opdef_silu,
-    [KILN_OP_SILU_BWD] = &kiln_opdef_silu_bwd,
-    [KILN_OP_RMSNORM] = &kiln_opdef_rmsnorm,
-    [KILN_OP_RMSNORM_BWD_X] = &kiln_opdef_rmsnorm_bwd_x,
-    [KILN_OP_RMSNORM_BWD_W] = &kiln_opdef_rmsnorm_bwd_w,
-    [KILN_OP_ROPE] = &kiln_opdef_rope,
-    [KILN_OP_REPEAT_KV] = &kiln_opdef_repeat_kv,
-    [KILN_OP_REPEAT_KV_BWD] = &kiln_opdef_repeat_kv_bwd,
-    [KILN_OP_TRANSPOSE12] = &kiln_opdef_transpose12,
-    [KILN_OP_RESHAPE] = &kiln_opdef_reshape,
-    [KILN_OP_ATTN_MASK] = &kiln_opdef_attn_mask,
-    [KILN_OP_SOFTMAX] = &kiln_opdef_softmax,
-    [KILN_OP_SOFTMAX_BWD] = &kiln_opdef_softmax_bwd,
-    [KILN_OP_CROSS_ENTROPY] = &kiln_opdef_cross_entropy,
-    [KILN_OP_CROSS_ENTROPY_BWD] = &kiln_opdef_cross_entropy_bwd,
-    [KILN_OP_SUM] = &kiln_opdef_sum,
-    [KILN_OP_MEAN] = &kiln_opdef_mean,
-    [KILN_OP_EXPAND] = &kiln_opdef_expand,
-    [KILN_OP_SUM_TO] = &kiln_opdef_sum_to,
-    [KILN_OP_FILL] = &kiln_opdef_fill,
-    [KILN_OP_FLASH_ATTN] = &kiln_opdef_flash_attn,
-    [KILN_OP_FLASH_ATTN_BWD] = &kiln_opdef_flash_attn_bwd,
-    [KILN_OP_LINEAR_CE] = &kiln_opdef_linear_ce,
-    [KILN_OP_CAST_BF16] = &kiln_opdef_cast_bf16,
+#define KILN_OP_ENTRY_(id, sym) [KILN_OP_##id] = &kiln_opdef_##sym,
+    KILN_OP_LIST(KILN_OP_ENTRY_)
+#undef KILN_OP_ENTRY_
 };
 
 const kiln_op_def *kiln_op_get(int op) { return op >= 0 && op < KILN_OP_COUNT ? registry[op] : NULL; }
