@@ -56,7 +56,9 @@ void kiln_log_set_handler(kiln_log_fn fn, void *user); /* NULL: default (stderr)
 void kiln_log_set_level(kiln_log_level min_level);
 
 /* ---- dtypes ------------------------------------------------------------ */
-typedef enum { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2 } kiln_dtype;
+/* KILN_F16 is a storage type only (safetensors files people ship): weights
+ * in it are converted to the parameter dtype once on load; no op takes it. */
+typedef enum { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2, KILN_F16 = 3 } kiln_dtype;
 size_t kiln_dtype_size(kiln_dtype dt);
 const char *kiln_dtype_name(kiln_dtype dt);
 
@@ -69,6 +71,36 @@ static inline uint16_t kiln_f32_to_bf16(float f) {
 }
 static inline float kiln_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+/* IEEE binary16 <-> f32 (round to nearest even; overflow gives infinity,
+ * NaN stays NaN, subnormals both ways) */
+static inline uint16_t kiln_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t s = (v.u >> 16) & 0x8000u, a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN, kept quiet */
+    if (a >= 0x477ff000u) return (uint16_t)(s | 0x7c00u); /* >= 65520 rounds past 65504 */
+    if (a >= 0x38800000u) { /* normal half: rebias the exponent by 127 - 15 */
+        uint32_t r = a - 0x38000000u;
+        return (uint16_t)(s | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+    }
+    uint32_t e = a >> 23;
+    if (e < 101) return (uint16_t)s; /* below half the smallest subnormal */
+    uint32_t mant = (a & 0x7fffffu) | 0x800000u, shift = 126 - e, m = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (m & 1u))) m++;
+    return (uint16_t)(s | m);
+}
+static inline float kiln_f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    union { uint32_t u; float f; } v;
+    if (e == 0x1f) v.u = s | 0x7f800000u | (m << 13);
+    else if (e) v.u = s | ((e + 112) << 23) | (m << 13);
+    else {
+        v.f = (float)m * 0x1p-24f; /* subnormal (or zero): exact in f32 */
+        v.u |= s;
+    }
     return v.f;
 }
 

@@ -16,7 +16,9 @@
  *   KILN_ERR_FORMAT      truncated file, bad header length, bad JSON, bad
  *                        shape/dtype/offsets, data size that does not fit
  *   KILN_ERR_UNSUPPORTED a valid safetensors dtype kiln has no type for
- *                        (F16, I64, ...)
+ *                        (I64, F64, F8_*, ...)
+ * Supported dtypes: F32, F16, BF16, I32. Shapes whose byte size (or any
+ * partial product of dims) passes INT64_MAX are refused as FORMAT errors.
  *   KILN_ERR_INVALID     bad arguments to kiln_st_save
  *
  * Writing (kiln_st_save) is atomic: a temp file beside the target is written,
@@ -24,7 +26,7 @@
  * interrupted save leaves any previous file intact. Tensors are streamed from
  * the caller's memory; no buffer of the whole file is built. The layout
  * matches the Python `safetensors` library: tensors sorted by dtype (F32,
- * then I32, then BF16, following its dtype order, largest first) and then by
+ * then I32, then BF16, then F16, following its dtype order, largest first) and then by
  * name, packed without gaps; "__metadata__" first with keys sorted; compact
  * JSON padded with spaces to a multiple of 8 bytes. Saving over a file that
  * is open with kiln_st_open is safe (the mapping keeps the old contents).

@@ -15,6 +15,7 @@ size_t kiln_dtype_size(kiln_dtype dt) {
     case KILN_F32: return 4;
     case KILN_BF16: return 2;
     case KILN_I32: return 4;
+    case KILN_F16: return 2;
     }
     return 0;
 }
@@ -24,6 +25,7 @@ const char *kiln_dtype_name(kiln_dtype dt) {
     case KILN_F32: return "f32";
     case KILN_BF16: return "bf16";
     case KILN_I32: return "i32";
+    case KILN_F16: return "f16";
     }
     return "?";
 }

@@ -40,7 +40,7 @@ static const struct {
 } st_dtypes[] = {
     {"BOOL", -1, 0},  {"F4", -1, 1},       {"F6_E2M3", -1, 2}, {"F6_E3M2", -1, 3},
     {"U8", -1, 4},    {"I8", -1, 5},       {"F8_E5M2", -1, 6}, {"F8_E4M3", -1, 7},
-    {"F8_E8M0", -1, 8}, {"I16", -1, 9},    {"U16", -1, 10},    {"F16", -1, 11},
+    {"F8_E8M0", -1, 8}, {"I16", -1, 9},    {"U16", -1, 10},    {"F16", KILN_F16, 11},
     {"BF16", KILN_BF16, 12}, {"I32", KILN_I32, 13}, {"U32", -1, 14},
     {"F32", KILN_F32, 15}, {"F64", -1, 16}, {"I64", -1, 17},  {"U64", -1, 18},
     {"C64", -1, 19},
@@ -58,18 +58,22 @@ static size_t st_elem_size(kiln_dtype dt) {
     case KILN_F32: return 4;
     case KILN_BF16: return 2;
     case KILN_I32: return 4;
+    case KILN_F16: return 2;
     }
     return 0;
 }
 
-/* numel of a shape, or -1 on overflow past SIZE_MAX / elem */
+/* Bytes of a shape (elem x every dim), or -1 when a dim is negative or any
+ * partial product passes INT64_MAX: callers (and kiln_tensor_numel) work in
+ * int64_t, so no product of a file's dims may wrap there either. */
 static int shape_nbytes(int ndim, const int64_t *shape, size_t elem, size_t *out) {
-    size_t n = elem;
+    uint64_t n = elem;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0) return -1;
-        if (__builtin_mul_overflow(n, (size_t)shape[d], &n)) return -1;
+        if (__builtin_mul_overflow(n, (uint64_t)shape[d], &n) || n > (uint64_t)INT64_MAX) return -1;
     }
-    *out = n;
+    if (n > SIZE_MAX) return -1;
+    *out = (size_t)n;
     return 0;
 }
 
@@ -195,6 +199,14 @@ static kiln_status check_layout(const kiln_st_file *f, const char *base, uint64_
     return KILN_OK;
 }
 
+typedef struct {
+    char *key, *val;
+} meta_pair;
+
+static int cmp_meta_pair(const void *a, const void *b) {
+    return strcmp(((const meta_pair *)a)->key, ((const meta_pair *)b)->key);
+}
+
 static kiln_status parse_metadata(kiln_st_file *f, json_t *m) {
     if (!json_is_object(m))
         return kiln_error(KILN_ERR_FORMAT, "%s: __metadata__ is not an object", f->path);
@@ -218,15 +230,16 @@ static kiln_status parse_metadata(kiln_st_file *f, json_t *m) {
         }
         f->n_meta++;
     }
-    /* sort keys, carrying values along */
-    for (int i = 1; i < f->n_meta; i++)
-        for (int j = i; j > 0 && strcmp(f->meta_keys[j - 1], f->meta_keys[j]) > 0; j--) {
-            char *tk = f->meta_keys[j], *tv = f->meta_vals[j];
-            f->meta_keys[j] = f->meta_keys[j - 1];
-            f->meta_vals[j] = f->meta_vals[j - 1];
-            f->meta_keys[j - 1] = tk;
-            f->meta_vals[j - 1] = tv;
-        }
+    /* sort keys, carrying values along: one O(n log n) sort of index pairs
+     * (an insertion sort here made a 200,000-key header take minutes) */
+    if (f->n_meta > 1) {
+        meta_pair *pairs = malloc((size_t)f->n_meta * sizeof *pairs);
+        if (!pairs) return kiln_error(KILN_ERR_OOM, "%s: out of memory", f->path);
+        for (int i = 0; i < f->n_meta; i++) pairs[i] = (meta_pair){f->meta_keys[i], f->meta_vals[i]};
+        qsort(pairs, (size_t)f->n_meta, sizeof *pairs, cmp_meta_pair);
+        for (int i = 0; i < f->n_meta; i++) f->meta_keys[i] = pairs[i].key, f->meta_vals[i] = pairs[i].val;
+        free(pairs);
+    }
     return KILN_OK;
 }
 
@@ -394,8 +407,14 @@ const char *kiln_st_path(const kiln_st_file *f) { return f ? f->path : NULL; }
 
 const char *kiln_st_metadata(const kiln_st_file *f, const char *key) {
     if (!f || !key) return NULL;
-    for (int i = 0; i < f->n_meta; i++)
-        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_vals[i];
+    int lo = 0, hi = f->n_meta - 1; /* keys are sorted */
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(key, f->meta_keys[mid]);
+        if (c == 0) return f->meta_vals[mid];
+        if (c < 0) hi = mid - 1;
+        else lo = mid + 1;
+    }
     return NULL;
 }
 
@@ -625,6 +644,12 @@ static kiln_status build_header(const char *path, const st_item *it, int n, cons
     if (meta) json_object_set_new(root, "__metadata__", meta); /* first, as the Rust writer does */
     uint64_t pos = 0;
     for (int i = 0; i < n && !st; i++) {
+        uint64_t end;
+        if (__builtin_add_overflow(pos, (uint64_t)it[i].t->nbytes, &end) || end > (uint64_t)INT64_MAX) {
+            st = kiln_error(KILN_ERR_INVALID, "cannot save %s: tensors total more than 2^63 bytes (at '%s')", path,
+                            it[i].t->name);
+            break;
+        }
         json_t *o = tensor_json(it[i].t, pos);
         if (!o || json_object_set_new(root, it[i].t->name, o) != 0)
             st = kiln_error(KILN_ERR_INVALID, "cannot save %s: tensor '%s' (name not valid UTF-8?)", path,
