@@ -1,5 +1,6 @@
 /* Checkpoints: weights/optimiser/trainer-state round trips, refusal of bad
  * files, and the directory protocol under SIGKILL, a full disk and rotation. */
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
 #include <signal.h>
@@ -12,6 +13,8 @@
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"
+
+#define CKPT_PREFIX_T "checkpoint-"
 
 static char root[256];
 
@@ -367,6 +370,147 @@ static void test_rotation(void) {
     kiln_llama_free(m);
 }
 
+static int count_entries(const char *dir, const char *skip_prefix, char *first, size_t n) {
+    DIR *d = opendir(dir);
+    int k = 0;
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (skip_prefix && !strncmp(e->d_name, skip_prefix, strlen(skip_prefix))) continue;
+        if (!k && first) snprintf(first, n, "%s", e->d_name);
+        k++;
+    }
+    closedir(d);
+    return k;
+}
+
+/* pid of a process that has exited (for names of temporaries left by it) */
+static long dead_pid(void) {
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    waitpid(p, NULL, 0);
+    return (long)p;
+}
+
+/* Checkpoints that lost files (a rotation by an older kiln killed halfway,
+ * a truncated file) are not complete: they are neither listed as the
+ * newest nor resolved for eval, and the next rotation removes them. */
+static void test_partial_checkpoints(void) {
+    const char *run = at("partial");
+    kiln_llama_config c = tiny_cfg(false);
+    kiln_llama *m = kiln_llama_new(&c, 1);
+    kiln_train_config tc;
+    kiln_train_config_default(&tc);
+    kiln_adamw *o = kiln_adamw_new(m, &tc);
+    kiln_llama *models[4];
+    for (int64_t step = 1; step <= 3; step++) {
+        models[step] = kiln_llama_new(&c, (uint64_t)(100 + step));
+        kiln_trainer_state s = state_at(step);
+        CHECK_OK(kiln_checkpoint_save(run, models[step], o, &s, &tc, 0));
+    }
+    char dir[512], p[600];
+    CHECK(latest_equals(run, models[3], 3), "step 3 is the newest");
+    /* step 1 half deleted by an older rotation: marker left, weights gone */
+    snprintf(p, sizeof p, "%s/checkpoint-00000001/model.safetensors", run);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/checkpoint-00000001/optimizer.safetensors", run);
+    unlink(p);
+    /* step 3: its optimiser file lost its tail */
+    snprintf(p, sizeof p, "%s/checkpoint-00000003/optimizer.safetensors", run);
+    CHECK(truncate(p, 100) == 0, "truncate %s", p);
+    CHECK(latest_equals(run, models[2], 2), "a truncated newest checkpoint is passed over for step 2");
+    CHECK_OK(kiln_model_dir_resolve(run, dir, sizeof dir));
+    CHECK(contains(dir, "checkpoint-00000002"), "resolve gives step 2: %s", dir);
+    /* step 2 loses its model file too: nothing complete is left */
+    snprintf(p, sizeof p, "%s/checkpoint-00000002/model.safetensors", run);
+    char *keep = NULL;
+    size_t keep_n = 0;
+    CHECK_OK(kiln_read_file(p, &keep, &keep_n));
+    unlink(p);
+    CHECK(kiln_checkpoint_latest(run, dir, sizeof dir) != KILN_OK && contains(kiln_last_error(), "no complete"),
+          "no complete checkpoint: %s", kiln_last_error());
+    CHECK(kiln_model_dir_resolve(run, dir, sizeof dir) != KILN_OK, "a run dir without a complete checkpoint is no model dir");
+    CHECK_OK(kiln_write_file_atomic(p, keep, keep_n));
+    free(keep);
+    /* a marker written before the file list (older kiln) still needs the model */
+    kiln_trainer_state s1 = state_at(1);
+    snprintf(p, sizeof p, "%s/checkpoint-00000001/trainer_state.json", run);
+    CHECK_OK(kiln_trainer_state_save(p, &s1));
+    CHECK(latest_equals(run, models[2], 2), "legacy marker without model.safetensors is incomplete");
+    /* a save with --keep 1 removes the partial ones older than itself */
+    kiln_trainer_state s4 = state_at(4);
+    CHECK_OK(kiln_checkpoint_save(run, m, o, &s4, &tc, 1));
+    for (int step = 1; step <= 4; step++) {
+        snprintf(p, sizeof p, "%s/checkpoint-%08d", run, step);
+        CHECK(dir_exists(p) == (step == 4), "after keep=1: %s exists=%d", p, dir_exists(p));
+    }
+    CHECK(latest_equals(run, m, 4), "step 4 loads");
+    /* the model directory case: a directory of weights, no checkpoints */
+    CHECK_OK(kiln_model_dir_resolve(at("mdir"), dir, sizeof dir));
+    CHECK(!strcmp(dir, at("mdir")), "a model dir resolves to itself: %s", dir);
+    kiln_adamw_free(o);
+    for (int i = 1; i <= 3; i++) kiln_llama_free(models[i]);
+    kiln_llama_free(m);
+}
+
+/* Temporaries a killed save leaves (link temporaries, moved-aside and
+ * half-written directories, file temporaries) go at the next save, except
+ * those of a process still running. eval resolves the newest complete
+ * checkpoint even when the run dir's links lag behind. */
+static void test_strays_and_resolve(void) {
+    const char *run = at("strays");
+    kiln_llama_config c = tiny_cfg(false);
+    kiln_llama *m1 = kiln_llama_new(&c, 1), *m2 = kiln_llama_new(&c, 2);
+    kiln_trainer_state s1 = state_at(1), s2 = state_at(2);
+    CHECK_OK(kiln_checkpoint_save(run, m1, NULL, &s1, NULL, 0));
+    long dead = dead_pid(), live = (long)getppid();
+    char p[600];
+    const char *strays[] = {".config.json.link.%ld", ".model.safetensors.link.%ld", ".trainer_state.json.link.%ld"};
+    for (int i = 0; i < 3; i++) {
+        char nm[128];
+        snprintf(nm, sizeof nm, strays[i], dead);
+        snprintf(p, sizeof p, "%s/%s", run, nm);
+        CHECK(symlink("checkpoint-00000001/config.json", p) == 0, "symlink %s", p);
+    }
+    snprintf(p, sizeof p, "%s/.config.json.link.%ld", run, live);
+    CHECK(symlink("checkpoint-00000001/config.json", p) == 0, "symlink %s", p);
+    snprintf(p, sizeof p, "%s/checkpoint-00000007.tmp", run);
+    mkdir(p, 0777);
+    snprintf(p, sizeof p, "%s/checkpoint-00000007.tmp/model.safetensors", run);
+    write_bytes(p, "partial", 7);
+    snprintf(p, sizeof p, "%s/checkpoint-00000001.old.%ld", run, dead);
+    mkdir(p, 0777);
+    snprintf(p, sizeof p, "%s/.checkpoint-00000000.del.%ld", run, dead);
+    mkdir(p, 0777);
+    snprintf(p, sizeof p, "%s/train_config.json.tmp.%ld", run, dead);
+    write_bytes(p, "{", 1);
+    CHECK_OK(kiln_checkpoint_save(run, m2, NULL, &s2, NULL, 0));
+    char first[256] = "";
+    int left = count_entries(run, CKPT_PREFIX_T, first, sizeof first);
+    /* the 3 links of a save without tokenizer, plus the live process's temporary */
+    CHECK(left == 4, "%d entries besides checkpoints left in %s (first: %s)", left, run, first);
+    snprintf(p, sizeof p, "%s/.config.json.link.%ld", run, live);
+    struct stat sb;
+    CHECK(lstat(p, &sb) == 0, "the temporary of a running process was removed");
+    unlink(p);
+    snprintf(p, sizeof p, "%s/checkpoint-00000007.tmp", run);
+    CHECK(!dir_exists(p), "half-written %s left", p);
+
+    /* links that lag (a kill after the rename, before the links moved) */
+    snprintf(p, sizeof p, "%s/model.safetensors", run);
+    unlink(p);
+    CHECK(symlink("checkpoint-00000001/model.safetensors", p) == 0, "re-point %s", p);
+    char dir[512];
+    CHECK_OK(kiln_model_dir_resolve(run, dir, sizeof dir));
+    CHECK(contains(dir, "checkpoint-00000002"), "eval resolves the newest complete checkpoint, not the links: %s", dir);
+    kiln_llama *back = NULL;
+    CHECK_OK(kiln_load_model_dir(dir, &back));
+    CHECK(back && same_params(back, m2), "resolved checkpoint holds step 2's weights");
+    kiln_llama_free(back);
+    kiln_llama_free(m1);
+    kiln_llama_free(m2);
+}
+
 /* A child saving step 2 of a big model is killed at various moments; the
  * newest complete checkpoint is always step 1 or a whole step 2. */
 static void test_sigkill(void) {
@@ -416,6 +560,48 @@ static void test_sigkill(void) {
     }
     printf("  SIGKILL: latest was step 1 %d times, step 2 %d times (%d the new one), %d bad\n", saw_step1, saw_step2,
            saw_new, bad);
+
+    /* killed while rotating (--keep 1, each save deletes the one before):
+     * whatever is listed as the newest checkpoint loads whole */
+    const char *rrun = at("killrot");
+    int64_t base = 0;
+    bad = 0;
+    for (int i = 0; i < (int)(sizeof delays_us / sizeof delays_us[0]); i += 2) {
+        kiln_trainer_state s0 = state_at(base + 1);
+        CHECK_OK(kiln_checkpoint_save(rrun, big, NULL, &s0, NULL, 1));
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0) {
+            for (int k = 2; k < 200; k++) {
+                kiln_trainer_state sk = state_at(base + k);
+                kiln_checkpoint_save(rrun, big, NULL, &sk, NULL, 1);
+            }
+            _exit(0);
+        }
+        usleep((useconds_t)delays_us[i] * 4);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        char dir[512], ts[600];
+        kiln_llama *back = NULL;
+        kiln_trainer_state got;
+        bool ok = !kiln_checkpoint_latest(rrun, dir, sizeof dir) && !kiln_load_model_dir(dir, &back) &&
+                  same_params(back, big) && snprintf(ts, sizeof ts, "%s/trainer_state.json", dir) > 0 &&
+                  !kiln_trainer_state_load(ts, &got);
+        CHECK(ok, "killed rotation at %d us: newest %s does not load: %s", delays_us[i] * 4, dir, kiln_last_error());
+        bad += !ok;
+        kiln_llama_free(back);
+        base += 1000;
+    }
+    /* one more save cleans whatever the kills left: only checkpoint
+     * directories and the run's links remain */
+    kiln_trainer_state sz = state_at(base + 1);
+    CHECK_OK(kiln_checkpoint_save(rrun, big, NULL, &sz, NULL, 1));
+    char first[256] = "";
+    int left = count_entries(rrun, CKPT_PREFIX_T, first, sizeof first);
+    int ck = count_entries(rrun, NULL, NULL, 0) - left;
+    CHECK(left == 3 && ck == 1, "after killed rotations and one save: %d checkpoints, %d other entries (%s)", ck, left,
+          first);
+    printf("  SIGKILL during rotation: %d bad\n", bad);
     kiln_llama_free(big);
     kiln_llama_free(small);
     kiln_llama_free(old2);
@@ -480,6 +666,8 @@ int main(void) {
     test_bad_files();
     test_optimizer_and_state();
     test_rotation();
+    test_partial_checkpoints();
+    test_strays_and_resolve();
     test_disk_full();
     test_sigkill();
     printf("  %.2f s\n", kiln_time_now() - t0);

@@ -194,11 +194,24 @@ const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t);
  * tokenizer.json). It is written as checkpoint-<step>.tmp and renamed when
  * complete, so a crash mid-save leaves the earlier checkpoints intact. The
  * run_dir's model.safetensors, config.json and tokenizer.json are symlinks to
- * the newest. keep > 0 deletes the oldest beyond `keep`, never the newest. */
+ * the newest. keep > 0 deletes the oldest beyond `keep`, never the newest;
+ * each is renamed out of the listing before its files go, so a kill during
+ * rotation never leaves a partial checkpoint that looks complete. */
 kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
                                  const kiln_trainer_state *st, const kiln_train_config *c, int keep);
-/* The newest complete checkpoint directory of run_dir (into out). */
+/* The newest complete checkpoint directory of run_dir (into out): its
+ * trainer_state.json (written last) lists every file of the checkpoint with
+ * its size and each is there, whole. What --resume loads. */
 kiln_status kiln_checkpoint_latest(const char *run_dir, char *out, size_t n);
+/* The model directory `dir` stands for: the newest complete checkpoint
+ * (as kiln_checkpoint_latest) when dir is a run directory (it has
+ * checkpoint-* directories or a trainer_state.json), else dir itself (a
+ * model directory: config.json and weights). */
+kiln_status kiln_model_dir_resolve(const char *dir, char *out, size_t n);
+/* Removes what interrupted saves leave in run_dir (checkpoint-*.tmp/,
+ * directories moved aside, .<file>.link.<pid> and <file>.tmp.<pid>
+ * temporaries of processes no longer running). Every save does it first. */
+kiln_status kiln_checkpoint_clean(const char *run_dir);
 /* Loads weights by Hugging Face name into an existing model, checking names,
  * shapes and dtypes against it. */
 kiln_status kiln_load_weights(const char *safetensors_path, kiln_llama *m);

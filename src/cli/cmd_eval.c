@@ -1,5 +1,6 @@
-/* `kiln eval RUN_DIR`: loss and perplexity of a run's newest checkpoint on
- * DIR/val.bin. */
+/* `kiln eval RUN_DIR`: loss and perplexity of the checkpoint `kiln train
+ * --resume` would continue from (the newest complete one; the run
+ * directory's links can lag one behind after a kill) on DIR/val.bin. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +13,9 @@
 static const char *eval_usage =
     "usage: kiln eval RUN_DIR [--data DIR] [--batches N] [--batch B] [--seq-len T]\n"
     "\n"
-    "Loads the newest checkpoint of RUN_DIR and prints its mean token loss and\n"
+    "Loads the checkpoint `kiln train --resume RUN_DIR` would continue from (the\n"
+    "newest complete checkpoint-*/ of RUN_DIR; RUN_DIR may also be a model\n"
+    "directory with config.json and weights) and prints its mean token loss and\n"
     "perplexity on DIR/val.bin (packed rows, in order).\n"
     "\n"
     "options:\n"
@@ -75,17 +78,13 @@ static int parse_args(int argc, char **argv, eval_args *a) {
     return 0;
 }
 
-/* The run's settings (data dir, batch, seq_len): RUN_DIR/train_config.json or
- * its newest checkpoint's copy. */
-static kiln_status run_config(const char *run_dir, kiln_train_config *c) {
-    char path[1200], ck[1024];
+/* The run's settings (data dir, batch, seq_len): the loaded checkpoint's
+ * train_config.json, else RUN_DIR's. */
+static kiln_status run_config(const char *run_dir, const char *model_dir, kiln_train_config *c) {
+    char path[1200];
     kiln_train_config_default(c);
-    snprintf(path, sizeof path, "%s/train_config.json", run_dir);
-    if (access(path, R_OK) != 0) {
-        kiln_status st = kiln_checkpoint_latest(run_dir, ck, sizeof ck);
-        if (st) return st;
-        snprintf(path, sizeof path, "%s/train_config.json", ck);
-    }
+    snprintf(path, sizeof path, "%s/train_config.json", model_dir);
+    if (access(path, R_OK) != 0) snprintf(path, sizeof path, "%s/train_config.json", run_dir);
     char *text = NULL;
     size_t n = 0;
     kiln_status st = kiln_read_file(path, &text, &n);
@@ -98,15 +97,20 @@ int kiln_cmd_eval(int argc, char **argv) {
     eval_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    char dir[1024];
+    if (kiln_model_dir_resolve(a.run_dir, dir, sizeof dir)) {
+        fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
+        return 1;
+    }
     kiln_train_config c;
-    kiln_status cst = run_config(a.run_dir, &c);
+    kiln_status cst = run_config(a.run_dir, dir, &c);
     if (cst && !a.data) {
         fprintf(stderr, "kiln eval: no --data given and the run's settings are unreadable: %s\n", kiln_last_error());
         return 1;
     }
     if (cst) kiln_train_config_default(&c);
     kiln_llama *m = NULL;
-    if (kiln_load_model_dir(a.run_dir, &m)) {
+    if (kiln_load_model_dir(dir, &m)) {
         fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
         return 1;
     }
@@ -148,8 +152,8 @@ int kiln_cmd_eval(int argc, char **argv) {
         goto done;
     }
     double loss = sum / (double)tokens, dt = kiln_time_now() - t0;
-    printf("val loss %.4f  perplexity %.3f  (%lld tokens, %lld batches of %dx%d, %s, %.1fs)\n", loss, exp(loss),
-           (long long)tokens, (long long)n, lc.batch_size, T, val, dt);
+    printf("val loss %#.6g  perplexity %#.6g  (%lld tokens, %lld batches of %dx%d, %s, model %s, %.1fs)\n", loss,
+           exp(loss), (long long)tokens, (long long)n, lc.batch_size, T, val, dir, dt);
 done:
     kiln_batch_free(b);
     kiln_loader_close(l);

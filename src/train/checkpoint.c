@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,8 +348,7 @@ static json_t *real_json(double v) {
     return json_real(v);
 }
 
-kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st) {
-    if (!path || !st) return kiln_error(KILN_ERR_INVALID, "kiln_trainer_state_save: NULL argument");
+static json_t *state_json(const kiln_trainer_state *st) {
     json_t *o = json_object();
     char seed[32];
     snprintf(seed, sizeof seed, "%" PRIu64, st->seed);
@@ -360,11 +360,26 @@ kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *
 #undef PUT_INT
 #undef PUT_REAL
     bad |= o && json_object_set_new(o, "seed", json_string(seed));
-    char *text = bad ? NULL : json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
-    json_decref(o);
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static kiln_status save_json(const char *path, json_t *o) {
+    char *text = o ? json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
     if (!text) return kiln_error(KILN_ERR_OOM, "out of memory saving %s", path);
     kiln_status s = kiln_write_file_atomic(path, text, strlen(text));
     free(text);
+    return s;
+}
+
+kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st) {
+    if (!path || !st) return kiln_error(KILN_ERR_INVALID, "kiln_trainer_state_save: NULL argument");
+    json_t *o = state_json(st);
+    kiln_status s = save_json(path, o);
+    json_decref(o);
     return s;
 }
 
@@ -435,8 +450,82 @@ kiln_status kiln_trainer_state_load(const char *path, kiln_trainer_state *out) {
 
 /* ---- checkpoint directories --------------------------------------------------- */
 
-/* Writes every file of one checkpoint into `dir` (trainer_state.json last:
- * its presence marks a complete checkpoint) and syncs the directory. */
+/* trainer_state.json, written last, is the completeness marker. It lists
+ * every other file of the checkpoint with its size ("checkpoint_files"), so
+ * loading can tell a whole checkpoint from one that lost files (a deletion
+ * cut short, a copy that stopped, a disk that filled). */
+static kiln_status write_marker(const char *dir, const kiln_trainer_state *ts) {
+    char path[PATH_CAP];
+    kiln_status st = KILN_OK;
+    json_t *o = state_json(ts), *files = json_object();
+    DIR *d = opendir(dir);
+    if (!o || !files) st = kiln_error(KILN_ERR_OOM, "out of memory saving %s/trainer_state.json", dir);
+    else if (!d) st = kiln_error(KILN_ERR_IO, "cannot read %s: %s", dir, strerror(errno));
+    for (struct dirent *e; !st && (e = readdir(d));) {
+        struct stat sb;
+        if (e->d_name[0] == '.' || !strcmp(e->d_name, "trainer_state.json")) continue;
+        if ((st = join(path, dir, e->d_name))) break;
+        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
+        if (json_object_set_new(files, e->d_name, json_integer((json_int_t)sb.st_size)))
+            st = kiln_error(KILN_ERR_OOM, "out of memory saving %s/trainer_state.json", dir);
+    }
+    if (d) closedir(d);
+    if (!st && json_object_set(o, "checkpoint_files", files)) st = kiln_error(KILN_ERR_OOM, "out of memory");
+    if (!st) st = join(path, dir, "trainer_state.json");
+    if (!st) st = save_json(path, o);
+    json_decref(files);
+    json_decref(o);
+    return st;
+}
+
+/* Why `dir` is not a complete checkpoint (into why), or "" when it is: its
+ * marker parses and every file the marker lists is there with its size.
+ * A marker from before the manifest needs config.json and the weights. */
+static bool ckpt_complete(const char *dir, char *why, size_t n) {
+    char path[PATH_CAP];
+    why[0] = 0;
+    if (join(path, dir, "trainer_state.json") || !is_file(path)) {
+        snprintf(why, n, "no trainer_state.json");
+        return false;
+    }
+    json_error_t je;
+    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(o)) {
+        snprintf(why, n, "trainer_state.json is unreadable (%s)", o ? "not an object" : je.text);
+        json_decref(o);
+        return false;
+    }
+    json_t *files = json_object_get(o, "checkpoint_files");
+    if (files) {
+        const char *name;
+        json_t *size;
+        json_object_foreach(files, name, size) {
+            struct stat sb;
+            if (!json_is_integer(size) || strchr(name, '/') || !strcmp(name, "..") || join(path, dir, name)) {
+                snprintf(why, n, "trainer_state.json lists '%.200s' oddly", name);
+                break;
+            }
+            if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+                snprintf(why, n, "%.200s is missing", name);
+                break;
+            }
+            if ((json_int_t)sb.st_size != json_integer_value(size)) {
+                snprintf(why, n, "%.200s has %lld bytes, %lld were written", name, (long long)sb.st_size,
+                         (long long)json_integer_value(size));
+                break;
+            }
+        }
+    } else {
+        static const char *const need[] = {"config.json", "model.safetensors"};
+        for (int i = 0; i < 2 && !why[0]; i++)
+            if (join(path, dir, need[i]) || !is_file(path)) snprintf(why, n, "%s is missing", need[i]);
+    }
+    json_decref(o);
+    return why[0] == 0;
+}
+
+/* Writes every file of one checkpoint into `dir` (the marker last) and syncs
+ * the directory. */
 static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, const kiln_adamw *opt,
                                           const kiln_trainer_state *ts, const kiln_train_config *c) {
     char path[PATH_CAP];
@@ -464,8 +553,7 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
                      dir);
         }
     }
-    if (!st) st = join(path, dir, "trainer_state.json");
-    if (!st) st = kiln_trainer_state_save(path, ts);
+    if (!st) st = write_marker(dir, ts);
     if (!st) st = fsync_dir(dir);
     return st;
 }
@@ -533,6 +621,7 @@ static kiln_status update_link(const char *run_dir, const char *ckpt, const char
 
 typedef struct {
     int64_t step;
+    bool complete;
     char name[64];
 } ckpt_entry;
 
@@ -541,7 +630,8 @@ static int cmp_entry(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Complete checkpoints of run_dir sorted by step (malloc'd into *out). */
+/* Every checkpoint-<step> directory of run_dir sorted by step, each with
+ * whether it is complete (malloc'd into *out). */
 static kiln_status list_checkpoints(const char *run_dir, ckpt_entry **out, int *count) {
     *out = NULL;
     *count = 0;
@@ -552,10 +642,9 @@ static kiln_status list_checkpoints(const char *run_dir, ckpt_entry **out, int *
     kiln_status st = KILN_OK;
     for (struct dirent *e; !st && (e = readdir(d));) {
         int64_t step = ckpt_step(e->d_name);
-        char dir[PATH_CAP], state[PATH_CAP];
+        char dir[PATH_CAP], why[256];
         if (step < 0 || strlen(e->d_name) >= sizeof list->name) continue;
-        if (join(dir, run_dir, e->d_name) || join(state, dir, "trainer_state.json")) continue;
-        if (!is_dir(dir) || !is_file(state)) continue;
+        if (join(dir, run_dir, e->d_name) || !is_dir(dir)) continue;
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             ckpt_entry *grown = realloc(list, (size_t)cap * sizeof *list);
@@ -566,6 +655,7 @@ static kiln_status list_checkpoints(const char *run_dir, ckpt_entry **out, int *
             list = grown;
         }
         list[n].step = step;
+        list[n].complete = ckpt_complete(dir, why, sizeof why);
         memcpy(list[n].name, e->d_name, strlen(e->d_name) + 1); /* length checked above */
         n++;
     }
@@ -586,15 +676,103 @@ kiln_status kiln_checkpoint_latest(const char *run_dir, char *out, size_t n) {
     int count = 0;
     kiln_status st = list_checkpoints(run_dir, &list, &count);
     if (st) return st;
-    if (!count) st = kiln_error(KILN_ERR_IO, "no complete checkpoint (checkpoint-*/trainer_state.json) in %s", run_dir);
-    else if (snprintf(out, n, "%s/%s", run_dir, list[count - 1].name) >= (int)n)
-        st = kiln_error(KILN_ERR_INVALID, "checkpoint path %s/%s does not fit the buffer", run_dir, list[count - 1].name);
+    int i = count - 1;
+    for (; i >= 0 && !list[i].complete; i--) { /* newer but incomplete: say why it is passed over */
+        char dir[PATH_CAP], why[256];
+        if (!join(dir, run_dir, list[i].name) && !ckpt_complete(dir, why, sizeof why))
+            kiln_log(KILN_LOG_WARN, "%s is not a complete checkpoint (%s); using an older one", dir, why);
+    }
+    if (i < 0) st = kiln_error(KILN_ERR_IO, "no complete checkpoint (checkpoint-*/ with all its files) in %s", run_dir);
+    else if (snprintf(out, n, "%s/%s", run_dir, list[i].name) >= (int)n)
+        st = kiln_error(KILN_ERR_INVALID, "checkpoint path %s/%s does not fit the buffer", run_dir, list[i].name);
     free(list);
     return st;
 }
 
-/* Deletes the oldest complete checkpoints beyond `keep`; never `newest`.
- * Failures only warn: the new checkpoint is already safe. */
+kiln_status kiln_model_dir_resolve(const char *dir, char *out, size_t n) {
+    if (!dir || !out || !n) return kiln_error(KILN_ERR_INVALID, "kiln_model_dir_resolve: NULL argument");
+    ckpt_entry *list = NULL;
+    int count = 0;
+    kiln_status st = list_checkpoints(dir, &list, &count);
+    free(list);
+    if (st) return st;
+    char marker[PATH_CAP];
+    struct stat sb;
+    bool run = count > 0 || (!join(marker, dir, "trainer_state.json") && lstat(marker, &sb) == 0);
+    if (run) return kiln_checkpoint_latest(dir, out, n); /* exactly what --resume loads */
+    if (snprintf(out, n, "%s", dir) >= (int)n) return kiln_error(KILN_ERR_INVALID, "path too long: %s", dir);
+    return KILN_OK;
+}
+
+/* pid named in a temporary's name is running (so its file is in use) */
+static bool pid_alive(const char *digits) {
+    char *end;
+    long pid = strtol(digits, &end, 10);
+    if (end == digits || pid <= 0) return false;
+    if (pid == (long)getpid()) return false; /* ours: nothing of ours is in flight between saves */
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* "<prefix><pid>[.<rest>]" with a run-time pid: where the pid starts, or NULL */
+static const char *after(const char *name, const char *prefix) {
+    const char *p = strstr(name, prefix);
+    if (!p) return NULL;
+    p += strlen(prefix);
+    return *p >= '0' && *p <= '9' ? p : NULL;
+}
+
+/* Removes what an interrupted save can leave in run_dir: half-written
+ * checkpoint-<step>.tmp/ directories, directories a rotation or a re-save
+ * moved aside (.checkpoint-<step>.del.<pid>, checkpoint-<step>.old.<pid>),
+ * link temporaries (.config.json.link.<pid>, ...) and file temporaries
+ * (<name>.tmp.<pid>...). Ones whose process is still running are left. */
+kiln_status kiln_checkpoint_clean(const char *run_dir) {
+    if (!run_dir) return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_clean: NULL argument");
+    DIR *d = opendir(run_dir);
+    if (!d) return errno == ENOENT ? KILN_OK : kiln_error(KILN_ERR_IO, "cannot read run directory %s: %s", run_dir, strerror(errno));
+    kiln_status st = KILN_OK;
+    size_t lp = strlen(CKPT_PREFIX);
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *nm = e->d_name, *pid;
+        char path[PATH_CAP];
+        struct stat sb;
+        if (!strcmp(nm, ".") || !strcmp(nm, "..") || join(path, run_dir, nm) || lstat(path, &sb) != 0) continue;
+        bool ckpt = !strncmp(nm, CKPT_PREFIX, lp), hidden_ckpt = nm[0] == '.' && !strncmp(nm + 1, CKPT_PREFIX, lp);
+        size_t len = strlen(nm);
+        bool stray = false;
+        if (ckpt && len > 4 && !strcmp(nm + len - 4, ".tmp") && S_ISDIR(sb.st_mode)) stray = true;
+        else if (ckpt && (pid = after(nm, ".old.")) && S_ISDIR(sb.st_mode)) stray = !pid_alive(pid);
+        else if (hidden_ckpt && (pid = after(nm, ".del.")) && S_ISDIR(sb.st_mode)) stray = !pid_alive(pid);
+        else if (nm[0] == '.' && (pid = after(nm, ".link.")) && S_ISLNK(sb.st_mode)) stray = !pid_alive(pid);
+        else if ((pid = after(nm, ".tmp.")) && S_ISREG(sb.st_mode)) stray = !pid_alive(pid);
+        if (!stray) continue;
+        kiln_log(KILN_LOG_INFO, "removing %s, left by an interrupted save", path);
+        kiln_status r = rm_rf(path);
+        if (r && !st) st = r;
+    }
+    closedir(d);
+    return st;
+}
+
+/* Deletes a checkpoint so that no instant shows it as complete but partial:
+ * the directory is first renamed to a name no listing matches, the rename
+ * made durable, then the tree removed (a kill in between leaves only a
+ * .checkpoint-<step>.del.<pid> that the next save cleans). */
+static kiln_status remove_checkpoint(const char *run_dir, const char *name) {
+    char dir[PATH_CAP], gone[PATH_CAP], hidden[128];
+    snprintf(hidden, sizeof hidden, ".%s.del.%ld", name, (long)getpid());
+    kiln_status st = join(dir, run_dir, name);
+    if (!st) st = join(gone, run_dir, hidden);
+    if (st) return st;
+    rm_rf(gone);
+    if (rename(dir, gone) != 0) return kiln_error(KILN_ERR_IO, "cannot move %s aside: %s", dir, strerror(errno));
+    if ((st = fsync_dir(run_dir))) return st;
+    return rm_rf(gone);
+}
+
+/* Deletes the oldest complete checkpoints beyond `keep`, and incomplete
+ * ones older than the newest; never `newest`. Failures only warn: the new
+ * checkpoint is already safe. */
 static void rotate(const char *run_dir, const char *newest, int keep) {
     ckpt_entry *list = NULL;
     int count = 0;
@@ -602,10 +780,16 @@ static void rotate(const char *run_dir, const char *newest, int keep) {
         kiln_log(KILN_LOG_WARN, "not rotating checkpoints: %s", kiln_last_error());
         return;
     }
-    for (int i = 0; i < count - keep; i++) {
-        char dir[PATH_CAP];
-        if (!strcmp(list[i].name, newest) || join(dir, run_dir, list[i].name)) continue;
-        if (rm_rf(dir)) kiln_log(KILN_LOG_WARN, "rotating checkpoints: %s", kiln_last_error());
+    int complete = 0;
+    for (int i = 0; i < count; i++) complete += list[i].complete;
+    int64_t newest_step = ckpt_step(newest);
+    for (int i = 0; i < count; i++) {
+        if (!strcmp(list[i].name, newest)) continue;
+        bool drop = list[i].complete ? complete > keep : list[i].step < newest_step;
+        if (!drop) continue;
+        if (list[i].complete) complete--;
+        if (remove_checkpoint(run_dir, list[i].name))
+            kiln_log(KILN_LOG_WARN, "rotating checkpoints: %s", kiln_last_error());
     }
     free(list);
 }
@@ -618,9 +802,11 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
     snprintf(name, sizeof name, CKPT_PREFIX "%08lld", (long long)ts->step);
     snprintf(tmp_name, sizeof tmp_name, "%s.tmp", name);
     kiln_status st = mkdir_p(run_dir);
+    if (!st && kiln_checkpoint_clean(run_dir))
+        kiln_log(KILN_LOG_WARN, "cleaning %s: %s", run_dir, kiln_last_error()); /* not fatal: the save goes on */
     if (!st) st = join(final, run_dir, name);
     if (!st) st = join(tmp, run_dir, tmp_name);
-    if (!st) st = rm_rf(tmp); /* left by a crash */
+    if (!st) st = rm_rf(tmp); /* left by a crash (if cleaning it above failed) */
     if (!st && mkdir(tmp, 0777) != 0) st = kiln_error(KILN_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     if (st) return kiln_error_context(st, "saving checkpoint %s", final);
     st = write_checkpoint_files(tmp, m, opt, ts, c);
