@@ -147,7 +147,12 @@ static void bad_inputs(void) {
     char *js = kiln_llama_config_to_json(&c);
     kiln_llama_config c2;
     CHECK_OK(kiln_llama_config_parse(js, "roundtrip", &c2));
-    CHECK(memcmp(&c, &c2, sizeof c) == 0, "config survives a JSON round trip");
+    /* compared through the text: the struct has padding that no parser writes */
+    char *js2 = kiln_llama_config_to_json(&c2);
+    CHECK(strcmp(js, js2) == 0 && c.hidden_size == c2.hidden_size && c.rms_norm_eps == c2.rms_norm_eps &&
+              c.num_key_value_heads == c2.num_key_value_heads && c.tie_word_embeddings == c2.tie_word_embeddings,
+          "config survives a JSON round trip:\n%s\n%s", js, js2);
+    free(js2);
     free(js);
 
     kiln_llama *m = kiln_llama_new(&c, 7);

@@ -360,8 +360,42 @@ kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *
     return gemm(DT_F32, d, A, B, C);
 }
 
+/* Elements spanned by one operand of d: rows x cols stored with leading
+ * dimension ld (transposed: cols x rows), over the batch. 0 on overflow. */
+static size_t operand_span(int64_t rows, int64_t cols, int64_t ld, bool trans, int64_t batch, int64_t stride) {
+    int64_t outer = trans ? cols : rows, inner = trans ? rows : cols, span, last;
+    if (outer <= 0 || inner <= 0) return 0;
+    if (__builtin_mul_overflow(outer - 1, ld, &span) || __builtin_add_overflow(span, inner, &span)) return 0;
+    if (batch > 1 && (__builtin_mul_overflow(batch - 1, stride, &last) || __builtin_add_overflow(span, last, &span)))
+        return 0;
+    return (size_t)span;
+}
+
+static float *widen_bf16(const uint16_t *x, size_t n) {
+    float *y = n <= SIZE_MAX / sizeof(float) ? malloc(n * sizeof(float)) : NULL;
+    if (!y) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)x[i] << 16;
+        memcpy(&y[i], &u, sizeof u);
+    }
+    return y;
+}
+
+/* Without a native bf16 matmul (oneDNN has none on AVX2-only CPUs) the
+ * operands are widened exactly and multiplied in fp32: the same products of
+ * bf16 values, fp32 accumulation, no speed-up. */
 kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uint16_t *B, float *C) {
-    return gemm(DT_BF16, d, A, B, C);
+    if (!d || kiln_cpu_has_avx512bf16() || d->M <= 0 || d->N <= 0 || d->K <= 0 || d->batch <= 0)
+        return gemm(DT_BF16, d, A, B, C);
+    size_t na = operand_span(d->M, d->K, d->lda, d->transA, d->batch, d->strideA);
+    size_t nb = operand_span(d->K, d->N, d->ldb, d->transB, d->batch, d->strideB);
+    if (!na || !nb) return gemm(DT_BF16, d, A, B, C); /* its checks name the bad size */
+    float *a = widen_bf16(A, na), *b = a ? widen_bf16(B, nb) : NULL;
+    kiln_status st = a && b ? gemm(DT_F32, d, a, b, C)
+                            : kiln_error(KILN_ERR_OOM, "gemm bf16 (emulated): cannot allocate %zu floats", na + nb);
+    free(a);
+    free(b);
+    return st;
 }
 
 kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha,
