@@ -190,6 +190,105 @@ static void bad_inputs(void) {
     kiln_llama_free(m);
 }
 
+/* A config.json with one field replaced: base fields of a tiny model, then
+ * `extra` (", \"k\": v") which overrides by coming last (jansson keeps the
+ * last duplicate key). */
+static void check_bad_value(const char *extra, const char *field, const char *value) {
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"vocab_size\": 10, \"hidden_size\": 64, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
+             " \"num_attention_heads\": 4%s}",
+             extra);
+    kiln_llama_config c;
+    kiln_status st = kiln_llama_config_parse(json, "crafted/config.json", &c);
+    const char *e = kiln_last_error();
+    CHECK(st != KILN_OK && strstr(e, "crafted/config.json") && strstr(e, field) && strstr(e, value),
+          "%s: refused naming the file, %s and %s; got %d: %s", extra, field, value, st, e);
+}
+
+/* Issue 10 items 2 and 10: integers given as huge or fractional reals are
+ * refused before any float->int conversion (no UB), and float fields are
+ * checked in float32, the precision they are used in. */
+static void hostile_numbers(void) {
+    check_bad_value(", \"hidden_size\": 5e121", "hidden_size", "5e+121");
+    check_bad_value(", \"num_hidden_layers\": 1e300", "num_hidden_layers", "1e+300");
+    check_bad_value(", \"vocab_size\": -1e300", "vocab_size", "-1e+300");
+    check_bad_value(", \"intermediate_size\": 1.5", "intermediate_size", "1.5");
+    check_bad_value(", \"num_key_value_heads\": -1", "num_key_value_heads", "-1");
+    check_bad_value(", \"max_position_embeddings\": 9223372036854775807", "max_position_embeddings", "9223372036854775807");
+    check_bad_value(", \"head_dim\": \"16\"", "head_dim", "\"16\"");
+    check_bad_value(", \"eos_token_id\": true", "eos_token_id", "true");
+    check_bad_value(", \"rms_norm_eps\": 1e300", "rms_norm_eps", "1e+300");
+    check_bad_value(", \"rms_norm_eps\": 1e-50", "rms_norm_eps", "1e-50"); /* 0 as a float */
+    check_bad_value(", \"rms_norm_eps\": -0.5", "rms_norm_eps", "-0.5");
+    check_bad_value(", \"rope_theta\": 3.5e38", "rope_theta", "3.5e+38"); /* above FLT_MAX */
+    check_bad_value(", \"rope_theta\": \"big\"", "rope_theta", "\"big\"");
+    /* integral reals are integers; float fields that fit are kept */
+    kiln_llama_config c;
+    CHECK_OK(kiln_llama_config_parse("{\"vocab_size\": 10.0, \"hidden_size\": 64, \"intermediate_size\": 8e0,"
+                                     " \"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"rms_norm_eps\": 1e-30}",
+                                     "ok.json", &c));
+    CHECK(c.vocab_size == 10 && c.intermediate_size == 8 && c.rms_norm_eps == 1e-30, "integral reals read as integers");
+}
+
+/* Issue 10 item 1: hidden_size 2^31 with 2 heads of head_dim 2^30 made
+ * q_proj's byte size wrap to 0; a tiny block was allocated and the
+ * initialisation wrote past it. Now the size is checked before anything is
+ * allocated, through the file and through a config built in code. */
+static void oversized_models(void) {
+    const char *crafted = "{\"vocab_size\": 32000, \"hidden_size\": 2147483648, \"intermediate_size\": 8,"
+                          " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"head_dim\": 1073741824}";
+    kiln_llama_config c;
+    kiln_status st = kiln_llama_config_parse(crafted, "crafted/config.json", &c);
+    CHECK(st == KILN_ERR_RANGE && strstr(kiln_last_error(), "crafted/config.json") && strstr(kiln_last_error(), "q_proj") &&
+              strstr(kiln_last_error(), "2147483648"),
+          "crafted config refused at parse, naming the file and the parameter: %d %s", st, kiln_last_error());
+    kiln_llama_config_default(&c);
+    c.vocab_size = 32000, c.hidden_size = 2147483648LL, c.intermediate_size = 8, c.num_hidden_layers = 1;
+    c.num_attention_heads = 2, c.num_key_value_heads = 2, c.head_dim = 1073741824LL;
+    kiln_llama *m = kiln_llama_new(&c, 1);
+    CHECK(m == NULL && kiln_last_status() == KILN_ERR_RANGE && strstr(kiln_last_error(), "too large"),
+          "the same config built in code is refused by kiln_llama_new: %s", kiln_last_error());
+    kiln_llama_free(m);
+    uint64_t bytes = 0;
+    CHECK(kiln_llama_param_bytes(&c, &bytes) == KILN_ERR_RANGE, "param bytes overflow reported");
+
+    /* no overflow, but far beyond any machine: refused before allocating,
+     * naming the bytes needed and what is available */
+    c.hidden_size = 65536, c.num_attention_heads = 512, c.num_key_value_heads = 512, c.head_dim = 128;
+    c.intermediate_size = 1 << 20, c.num_hidden_layers = 4096;
+    CHECK_OK(kiln_llama_param_bytes(&c, &bytes));
+    uint64_t per_layer = 4ull * (2 * 65536 + 4ull * 65536 * 65536 + 3ull * 65536 * (1 << 20));
+    CHECK(bytes == per_layer * 4096 + 4ull * (2ull * 32000 * 65536 + 65536), "param bytes %llu", (unsigned long long)bytes);
+    const char *how;
+    uint64_t avail = kiln_mem_available_bytes(&how);
+    CHECK(avail > 0 && avail < bytes, "MemAvailable known (%llu bytes from %s)", (unsigned long long)avail, how);
+    char need[32];
+    snprintf(need, sizeof need, "%llu bytes", (unsigned long long)bytes);
+    m = kiln_llama_new(&c, 1);
+    CHECK(m == NULL && kiln_last_status() == KILN_ERR_OOM && strstr(kiln_last_error(), need) &&
+              strstr(kiln_last_error(), "available"),
+          "a model beyond memory is refused naming %s and what is available: %s", need, kiln_last_error());
+    kiln_llama_free(m);
+
+    /* and kiln_llama_param_bytes agrees with what a model allocates */
+    CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &c));
+    m = kiln_llama_new(&c, 1);
+    uint64_t sum = 0;
+    for (int i = 0; m && i < m->n_params; i++) sum += kiln_tensor_nbytes(m->params[i]);
+    CHECK_OK(kiln_llama_param_bytes(&c, &bytes));
+    CHECK(m && bytes == sum, "param bytes %llu = allocated %llu", (unsigned long long)bytes, (unsigned long long)sum);
+    kiln_llama_free(m);
+
+    /* the tensor layer itself refuses a wrapping shape */
+    int64_t huge[2] = {INT64_C(1) << 32, INT64_C(1) << 31};
+    kiln_tensor *t = kiln_tensor_new(KILN_F32, 2, huge);
+    CHECK(t == NULL && kiln_last_status() == KILN_ERR_RANGE && strstr(kiln_last_error(), "4294967296, 2147483648"),
+          "tensor_new refuses a shape whose bytes overflow: %s", kiln_last_error());
+    t = kiln_tensor_wrap(NULL, KILN_F32, 2, huge);
+    CHECK(t == NULL, "tensor_wrap too");
+}
+
 static void init_stats(void) {
     kiln_llama_config c;
     CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &c));
@@ -214,6 +313,8 @@ int main(void) {
     check_fixture("tiny_gqa");
     check_fixture("tiny_tied");
     bad_inputs();
+    hostile_numbers();
+    oversized_models();
     init_stats();
     TEST_END();
 }

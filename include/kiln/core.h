@@ -154,7 +154,18 @@ kiln_tensor *kiln_tensor_wrap(void *data, kiln_dtype dt, int ndim, const int64_t
 kiln_tensor *kiln_tensor_view(kiln_tensor *t, int ndim, const int64_t *shape);
 kiln_tensor *kiln_tensor_retain(kiln_tensor *t);
 void kiln_tensor_release(kiln_tensor *t); /* NULL ok */
+/* Every tensor constructor checks its shape with this, so numel and
+ * nbytes of a tensor that exists never overflow. */
 int64_t kiln_tensor_numel(const kiln_tensor *t);
+/* Checked element count and bytes of a shape: KILN_ERR_RANGE (naming the
+ * shape) when the bytes overflow 64 bits or exceed PTRDIFF_MAX. Either out
+ * may be NULL. */
+kiln_status kiln_shape_bytes(kiln_dtype dt, int ndim, const int64_t *shape, int64_t *numel, size_t *nbytes);
+/* Bytes of memory this process could still take: the smaller of
+ * MemAvailable (/proc/meminfo; sysconf's available pages where that is
+ * missing) and the room left under a cgroup v2 memory.max. 0 when unknown;
+ * *source (may be NULL) names where the number came from. */
+uint64_t kiln_mem_available_bytes(const char **source);
 size_t kiln_tensor_nbytes(const kiln_tensor *t);
 bool kiln_tensor_same_shape(const kiln_tensor *a, const kiln_tensor *b);
 /* "[2, 3, 4] f32" into buf */

@@ -57,6 +57,11 @@ typedef struct {
 /* Parameters initialised as HF does: normal(0, 0.02), norms at one. The
  * same seed gives the same weights on any thread count. */
 kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed);
+/* Bytes of all parameters (f32), computed with overflow checks:
+ * KILN_ERR_RANGE naming the parameter when they do not fit in 64 bits.
+ * kiln_llama_new refuses a model whose parameters exceed
+ * kiln_mem_available_bytes() before allocating anything. */
+kiln_status kiln_llama_param_bytes(const kiln_llama_config *c, uint64_t *bytes);
 void kiln_llama_free(kiln_llama *m);
 kiln_tensor *kiln_llama_param(const kiln_llama *m, const char *name);
 int64_t kiln_llama_num_params(const kiln_llama *m);

@@ -98,6 +98,10 @@ int kiln_cmd_compile(int argc, char **argv) {
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
     kiln_autocast_set(prec);
     kiln_llama *m = kiln_llama_new(&cfg, 1);
+    if (!m) {
+        fprintf(stderr, "kiln compile: --model %s: %s\n", model, kiln_last_error());
+        return 1;
+    }
     int64_t shape[2] = {B, T}, one = 1;
     kiln_tensor *in[4] = {kiln_tensor_zeros(KILN_I32, 2, shape), kiln_tensor_zeros(KILN_I32, 2, shape),
                           kiln_tensor_new(KILN_I32, 2, shape), kiln_tensor_zeros(KILN_F32, 1, &one)};

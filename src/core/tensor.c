@@ -1,4 +1,5 @@
 /* Reference-counted tensors over shared, refcounted storage. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,16 +31,41 @@ const char *kiln_dtype_name(kiln_dtype dt) {
     return "?";
 }
 
-static kiln_status check_shape(int ndim, const int64_t *shape) {
+/* Element count and byte size of a shape, refusing anything whose bytes do
+ * not fit in ptrdiff_t: shapes come from files (config.json, safetensors,
+ * shards), and a product that wraps would allocate a tiny block that the
+ * caller then writes past. */
+kiln_status kiln_shape_bytes(kiln_dtype dt, int ndim, const int64_t *shape, int64_t *numel, size_t *nbytes) {
     if (ndim < 0 || ndim > KILN_MAX_DIMS)
         return kiln_error(KILN_ERR_SHAPE, "tensor with %d dims (at most %d)", ndim, KILN_MAX_DIMS);
-    for (int i = 0; i < ndim; i++)
+    int64_t n = 1;
+    bool wrapped = false;
+    for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return kiln_error(KILN_ERR_SHAPE, "negative size %lld in dim %d", (long long)shape[i], i);
+        wrapped |= __builtin_mul_overflow(n, shape[i], &n);
+    }
+    int64_t b = 0;
+    wrapped |= __builtin_mul_overflow(n, (int64_t)kiln_dtype_size(dt), &b);
+    if (wrapped || (uint64_t)b > (uint64_t)PTRDIFF_MAX) {
+        char buf[160];
+        size_t o = 0;
+        for (int i = 0; i < ndim && o < sizeof buf; i++)
+            o += (size_t)snprintf(buf + o, sizeof buf - o, i ? ", %lld" : "%lld", (long long)shape[i]);
+        if (!ndim) buf[0] = 0;
+        return kiln_error(KILN_ERR_RANGE, "tensor [%s] %s is too large: its size in bytes overflows 64 bits", buf,
+                          kiln_dtype_name(dt));
+    }
+    if (numel) *numel = n;
+    if (nbytes) *nbytes = (size_t)b;
     return KILN_OK;
 }
 
+static kiln_status check_shape(kiln_dtype dt, int ndim, const int64_t *shape) {
+    return kiln_shape_bytes(dt, ndim, shape, NULL, NULL);
+}
+
 static kiln_tensor *tensor_header(kiln_dtype dt, int ndim, const int64_t *shape) {
-    if (check_shape(ndim, shape)) return NULL;
+    if (check_shape(dt, ndim, shape)) return NULL;
     kiln_tensor *t = calloc(1, sizeof *t);
     if (!t) {
         kiln_error(KILN_ERR_OOM, "out of memory (tensor header)");

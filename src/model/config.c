@@ -1,4 +1,5 @@
 /* LlamaConfig <-> config.json, with Hugging Face field names. */
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +57,9 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
             return kiln_error(KILN_ERR_INVALID, "config: %s must be a positive integer below 2^31, got %lld", pos[i].name,
                               (long long)pos[i].v);
     if (c->vocab_size > INT32_MAX) return kiln_error(KILN_ERR_INVALID, "config: vocab_size too large");
+    if (c->num_hidden_layers > 65536) /* the parameter list is indexed by int */
+        return kiln_error(KILN_ERR_INVALID, "config: num_hidden_layers %lld is above kiln's limit of 65536",
+                          (long long)c->num_hidden_layers);
     if (c->head_dim * c->num_attention_heads != c->hidden_size)
         return kiln_error(KILN_ERR_INVALID,
                           "config: hidden_size %lld is not num_attention_heads %lld x head_dim %lld (kiln needs them equal)",
@@ -64,17 +68,56 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
         return kiln_error(KILN_ERR_INVALID, "config: num_key_value_heads %lld does not divide num_attention_heads %lld",
                           (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
     if (c->head_dim % 2) return kiln_error(KILN_ERR_INVALID, "config: head_dim %lld must be even for rotary embeddings", (long long)c->head_dim);
-    if (!(c->rms_norm_eps > 0) || !isfinite(c->rms_norm_eps))
-        return kiln_error(KILN_ERR_INVALID, "config: rms_norm_eps must be > 0, got %g", c->rms_norm_eps);
-    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta))
-        return kiln_error(KILN_ERR_INVALID, "config: rope_theta must be > 0, got %g", c->rope_theta);
+    struct { const char *name; double v; } fl[] = {{"rms_norm_eps", c->rms_norm_eps}, {"rope_theta", c->rope_theta}};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) /* used as float32: positive and finite there too */
+        if (!isfinite(fl[i].v) || !(fl[i].v > 0) || fl[i].v > FLT_MAX || !((float)fl[i].v > 0))
+            return kiln_error(KILN_ERR_INVALID, "config: %s must be a positive number representable as a float32, got %.17g",
+                              fl[i].name, fl[i].v);
     int64_t ids[3] = {c->bos_token_id, c->eos_token_id, c->pad_token_id};
     const char *idn[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
     for (int i = 0; i < 3; i++)
         if (ids[i] < -1 || ids[i] >= c->vocab_size)
             return kiln_error(KILN_ERR_INVALID, "config: %s %lld is outside the vocabulary (%lld)", idn[i], (long long)ids[i],
                               (long long)c->vocab_size);
-    return KILN_OK;
+    uint64_t bytes;
+    kiln_status st = kiln_llama_param_bytes(c, &bytes);
+    return st ? kiln_error_context(st, "config") : KILN_OK;
+}
+
+/* A JSON number as written, for messages: integers exactly, reals in the
+ * shortest form that reads back ("5e+121", "1.5"). */
+static const char *num_str(json_t *v, char *buf, size_t n) {
+    if (json_is_integer(v)) snprintf(buf, n, "%lld", (long long)json_integer_value(v));
+    else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        for (int prec = 6; prec <= 17; prec++) {
+            snprintf(buf, n, "%.*g", prec, d);
+            if (strtod(buf, NULL) == d) break;
+        }
+    } else if (json_is_string(v)) snprintf(buf, n, "\"%.60s\"", json_string_value(v));
+    else snprintf(buf, n, "%s", json_is_true(v) ? "true" : json_is_false(v) ? "false" : json_is_null(v) ? "null" : "an object or array");
+    return buf;
+}
+
+/* Integer fields: a JSON integer, or a real with an integral value inside
+ * +-2^53 (where doubles still count exactly: "64.0" is fine, "5e121" and
+ * "1.5" are not). Checked before any conversion, so nothing out of range is
+ * ever cast. */
+static kiln_status json_int(json_t *v, const char *src, const char *key, int64_t *out) {
+    char b[64];
+    if (json_is_integer(v)) {
+        *out = (int64_t)json_integer_value(v);
+        return KILN_OK;
+    }
+    if (json_is_real(v)) {
+        double d = json_real_value(v);
+        if (isfinite(d) && d == floor(d) && fabs(d) <= 9007199254740992.0) {
+            *out = (int64_t)d;
+            return KILN_OK;
+        }
+        return kiln_error(KILN_ERR_INVALID, "%s: field %s must be an integer, got %s", src, key, num_str(v, b, sizeof b));
+    }
+    return kiln_error(KILN_ERR_INVALID, "%s: field %s must be an integer, got %s", src, key, num_str(v, b, sizeof b));
 }
 
 static kiln_status get_int(json_t *root, const char *src, const char *key, bool required, int64_t *out) {
@@ -82,21 +125,28 @@ static kiln_status get_int(json_t *root, const char *src, const char *key, bool 
     if (!v || json_is_null(v)) {
         return required ? kiln_error(KILN_ERR_INVALID, "%s: missing field %s", src, key) : KILN_OK;
     }
-    if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
-        *out = (int64_t)json_real_value(v);
-        return KILN_OK;
-    }
-    if (!json_is_integer(v)) return kiln_error(KILN_ERR_INVALID, "%s: field %s must be an integer", src, key);
-    *out = (int64_t)json_integer_value(v);
+    return json_int(v, src, key, out);
+}
+
+/* Float fields are used as float32 (the kernels' and the generated code's
+ * type): the value must be finite and positive both as written and once
+ * rounded to float, so 1e300 (inf as a float) and 1e-50 (0 as a float) are
+ * refused here with the file and field named, not turned into inf/0 later. */
+static kiln_status json_pos_float(json_t *v, const char *src, const char *key, double *out) {
+    char b[64];
+    if (!json_is_number(v)) return kiln_error(KILN_ERR_INVALID, "%s: field %s must be a number, got %s", src, key, num_str(v, b, sizeof b));
+    double d = json_number_value(v);
+    if (!isfinite(d) || !(d > 0) || d > FLT_MAX || !((float)d > 0))
+        return kiln_error(KILN_ERR_INVALID, "%s: field %s must be a positive number representable as a float32, got %s", src, key,
+                          num_str(v, b, sizeof b));
+    *out = d;
     return KILN_OK;
 }
 
 static kiln_status get_num(json_t *root, const char *src, const char *key, double *out) {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) return KILN_OK;
-    if (!json_is_number(v)) return kiln_error(KILN_ERR_INVALID, "%s: field %s must be a number", src, key);
-    *out = json_number_value(v);
-    return KILN_OK;
+    return json_pos_float(v, src, key, out);
 }
 
 kiln_status kiln_llama_config_parse(const char *text, const char *src, kiln_llama_config *c) {

@@ -11,13 +11,94 @@ struct kiln_llama_cache {
     kiln_tensor **k, **v; /* per layer [B, Hkv, max_len, D] */
 };
 
-static kiln_tensor *new_param(kiln_llama *m, const char *name, int ndim, const int64_t *shape, float std, uint64_t seed) {
-    kiln_tensor *t = kiln_tensor_new(KILN_F32, ndim, shape);
+/* One parameter: its Hugging Face name, shape, initialisation and where the
+ * model keeps it. The same list sizes the model (kiln_llama_param_bytes)
+ * and builds it, so the check before allocation covers what is allocated. */
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    enum { INIT_NORMAL, INIT_ONES } init;
+    kiln_tensor **slot;
+} pspec;
+
+#define PSPEC_MAX 16
+
+/* The parameters of layer l (ly may be NULL when only sizes are wanted). */
+static int layer_specs(const kiln_llama_config *c, kiln_llama_layer *ly, int64_t l, pspec *o) {
+    int64_t C = c->hidden_size, I = c->intermediate_size;
+    int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
+    int n = 0;
+#define S(field, part, ini, nd, d0, d1)                                                                  \
+    do {                                                                                              \
+        snprintf(o[n].name, sizeof o[n].name, "model.layers.%lld.%s.weight", (long long)l, part);       \
+        o[n].ndim = nd, o[n].shape[0] = d0, o[n].shape[1] = d1, o[n].init = ini;                      \
+        o[n].slot = ly ? &ly->field : NULL;                                                           \
+        n++;                                                                                          \
+    } while (0)
+    S(input_layernorm, "input_layernorm", INIT_ONES, 1, C, 0);
+    S(q_proj, "self_attn.q_proj", INIT_NORMAL, 2, qd, C);
+    S(k_proj, "self_attn.k_proj", INIT_NORMAL, 2, kd, C);
+    S(v_proj, "self_attn.v_proj", INIT_NORMAL, 2, kd, C);
+    S(o_proj, "self_attn.o_proj", INIT_NORMAL, 2, C, qd);
+    S(post_attention_layernorm, "post_attention_layernorm", INIT_ONES, 1, C, 0);
+    S(gate_proj, "mlp.gate_proj", INIT_NORMAL, 2, I, C);
+    S(up_proj, "mlp.up_proj", INIT_NORMAL, 2, I, C);
+    S(down_proj, "mlp.down_proj", INIT_NORMAL, 2, C, I);
+#undef S
+    return n;
+}
+
+/* The parameters outside the layers, in the order they are created. */
+static int outer_specs(const kiln_llama_config *c, kiln_llama *m, pspec *o) {
+    int64_t C = c->hidden_size, V = c->vocab_size;
+    int n = 0;
+    o[n] = (pspec){"model.embed_tokens.weight", 2, {V, C}, INIT_NORMAL, m ? &m->embed_tokens : NULL};
+    n++;
+    o[n] = (pspec){"model.norm.weight", 1, {C, 0}, INIT_ONES, m ? &m->norm : NULL};
+    n++;
+    if (!c->tie_word_embeddings) {
+        o[n] = (pspec){"lm_head.weight", 2, {V, C}, INIT_NORMAL, m ? &m->lm_head : NULL};
+        n++;
+    }
+    return n;
+}
+
+/* Sum of bytes of a spec list, checked: a shape from a hostile config.json
+ * must not wrap to a small size. */
+static kiln_status specs_bytes(const pspec *o, int n, uint64_t *out) {
+    uint64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        size_t nb;
+        kiln_status st = kiln_shape_bytes(KILN_F32, o[i].ndim, o[i].shape, NULL, &nb);
+        if (st) return kiln_error_context(st, "parameter %s", o[i].name);
+        if (__builtin_add_overflow(sum, (uint64_t)nb, &sum))
+            return kiln_error(KILN_ERR_RANGE, "the model's parameters need more than 2^64 bytes (at %s)", o[i].name);
+    }
+    *out = sum;
+    return KILN_OK;
+}
+
+kiln_status kiln_llama_param_bytes(const kiln_llama_config *c, uint64_t *bytes) {
+    pspec sp[PSPEC_MAX];
+    uint64_t layer = 0, outer = 0, total = 0;
+    kiln_status st = specs_bytes(sp, layer_specs(c, NULL, 0, sp), &layer);
+    if (!st) st = specs_bytes(sp, outer_specs(c, NULL, sp), &outer);
+    if (st) return st;
+    if (__builtin_mul_overflow(layer, (uint64_t)c->num_hidden_layers, &total) || __builtin_add_overflow(total, outer, &total))
+        return kiln_error(KILN_ERR_RANGE, "the model's parameters need more than 2^64 bytes (%lld layers of %llu bytes)",
+                          (long long)c->num_hidden_layers, (unsigned long long)layer);
+    *bytes = total;
+    return KILN_OK;
+}
+
+static kiln_tensor *new_param(kiln_llama *m, const pspec *p, float std, uint64_t seed) {
+    kiln_tensor *t = kiln_tensor_new(KILN_F32, p->ndim, p->shape);
     if (!t) return NULL;
-    kiln_tensor_set_name(t, name);
+    kiln_tensor_set_name(t, p->name);
     t->requires_grad = true;
     int64_t n = kiln_tensor_numel(t);
-    if (std > 0) { /* std 0 means a norm weight: ones */
+    if (p->init == INIT_NORMAL) {
         /* each parameter draws from its own counter range: adding a layer
          * does not shift the values of the others */
         kiln_rng rng = {seed, (uint64_t)m->n_params << 40};
@@ -26,45 +107,49 @@ static kiln_tensor *new_param(kiln_llama *m, const char *name, int ndim, const i
         for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = 1.0f;
     }
     m->params[m->n_params++] = t;
+    *p->slot = t;
     return t;
+}
+
+static const char *gib(uint64_t b, char *buf, size_t n) {
+    snprintf(buf, n, "%.2f GiB", (double)b / (1024.0 * 1024 * 1024));
+    return buf;
 }
 
 kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
     if (kiln_llama_config_validate(c)) return NULL;
+    /* sized and checked against the machine before anything is allocated */
+    uint64_t need;
+    if (kiln_llama_param_bytes(c, &need)) return NULL;
+    const char *how;
+    uint64_t avail = kiln_mem_available_bytes(&how);
+    if (avail && need > avail) {
+        char b1[32], b2[32];
+        kiln_error(KILN_ERR_OOM, "model too large: its parameters need %llu bytes (%s) but %llu bytes (%s) are available (%s)",
+                   (unsigned long long)need, gib(need, b1, sizeof b1), (unsigned long long)avail, gib(avail, b2, sizeof b2), how);
+        return NULL;
+    }
     kiln_llama *m = calloc(1, sizeof *m);
     if (!m) goto oom;
     m->cfg = *c;
-    int64_t L = c->num_hidden_layers, C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
-    int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
+    int64_t L = c->num_hidden_layers;
+    pspec sp[PSPEC_MAX];
     m->layers = calloc((size_t)L, sizeof *m->layers);
-    m->params = calloc((size_t)(L * 9 + 3), sizeof *m->params);
+    m->params = calloc((size_t)L * PSPEC_MAX + PSPEC_MAX, sizeof *m->params);
     if (!m->layers || !m->params) goto oom;
     const float s = 0.02f;
-    char name[96];
-    m->embed_tokens = new_param(m, "model.embed_tokens.weight", 2, (int64_t[]){V, C}, s, seed);
+    /* creation order = the params order: embedding, layers, norm, lm_head */
+    int no = outer_specs(c, m, sp);
+    if (!new_param(m, &sp[0], s, seed)) goto oom;
     for (int64_t l = 0; l < L; l++) {
-        kiln_llama_layer *ly = &m->layers[l];
-#define P(field, part, std, nd, ...)                                                       \
-    snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, part);        \
-    ly->field = new_param(m, name, nd, (int64_t[]){__VA_ARGS__}, std, seed);               \
-    if (!ly->field) goto oom;
-        P(input_layernorm, "input_layernorm", 0, 1, C);
-        P(q_proj, "self_attn.q_proj", s, 2, qd, C);
-        P(k_proj, "self_attn.k_proj", s, 2, kd, C);
-        P(v_proj, "self_attn.v_proj", s, 2, kd, C);
-        P(o_proj, "self_attn.o_proj", s, 2, C, qd);
-        P(post_attention_layernorm, "post_attention_layernorm", 0, 1, C);
-        P(gate_proj, "mlp.gate_proj", s, 2, I, C);
-        P(up_proj, "mlp.up_proj", s, 2, I, C);
-        P(down_proj, "mlp.down_proj", s, 2, C, I);
-#undef P
+        int nl = layer_specs(c, &m->layers[l], l, sp);
+        for (int i = 0; i < nl; i++)
+            if (!new_param(m, &sp[i], s, seed)) goto oom;
     }
-    m->norm = new_param(m, "model.norm.weight", 1, (int64_t[]){C}, 0, seed);
-    if (c->tie_word_embeddings)
-        m->lm_head = m->embed_tokens;
-    else
-        m->lm_head = new_param(m, "lm_head.weight", 2, (int64_t[]){V, C}, s, seed);
-    if (!m->embed_tokens || !m->norm || !m->lm_head) goto oom;
+    no = outer_specs(c, m, sp);
+    for (int i = 1; i < no; i++)
+        if (!new_param(m, &sp[i], s, seed)) goto oom;
+    if (c->tie_word_embeddings) m->lm_head = m->embed_tokens;
     return m;
 oom:
     kiln_llama_free(m);

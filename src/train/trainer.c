@@ -71,7 +71,7 @@ static kiln_status build_model(kiln_trainer *t, const kiln_shard_info *info) {
         if (mc.max_position_embeddings < c->seq_len) mc.max_position_embeddings = c->seq_len;
     }
     t->model = kiln_llama_new(&mc, c->seed);
-    return t->model ? KILN_OK : kiln_last_status();
+    return t->model ? KILN_OK : kiln_error_context(kiln_last_status(), "--model %s", c->model);
 }
 
 static kiln_status open_loaders(kiln_trainer *t) {
