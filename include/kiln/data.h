@@ -93,6 +93,26 @@ kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *tok, const char *te
 kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids, size_t n,
                                   char **out, size_t *len);
 
+/* ---- chat templates: a Jinja subset --------------------------------------
+ * Parses and renders the Jinja of Hugging Face chat templates as
+ * transformers does (Jinja2 with trim_blocks and lstrip_blocks, its
+ * raise_exception, tojson and strftime_now, the loopcontrols extension and
+ * {% generation %}): if/elif/else, for (loop.*, else, filters), set (also
+ * block set and namespace attributes), macro, break/continue; Python
+ * operators, literals, subscripts and slices, the filters, tests and str /
+ * dict methods chat templates use. Anything outside the subset is an error
+ * "NAME:LINE:COLUMN: ...", never a different rendering. Variables come from
+ * a jansson object (messages, add_generation_prompt, bos_token, ...). */
+typedef struct kiln_template kiln_template;
+struct json_t;
+kiln_status kiln_template_parse(const char *src, size_t len, const char *name, kiln_template **out);
+void kiln_template_free(kiln_template *t);
+/* *out is malloc'd and NUL-terminated (*len excludes the NUL; len may be
+ * NULL). gen_spans (may be NULL): the byte ranges [s, e) of the output
+ * written inside {% generation %} blocks, 2 * *n_gen values, malloc'd. */
+kiln_status kiln_template_render(const kiln_template *t, const struct json_t *vars, char **out, size_t *len,
+                                 size_t **gen_spans, size_t *n_gen);
+
 /* ---- token shards --------------------------------------------------------
  * File layout (little endian), 64-byte header then the tokens:
  *   0  "KILNTOK1"          8  u32 version (1)     12 u32 token width (2 or 4)

@@ -1,0 +1,1184 @@
+/* The Jinja subset for chat templates: lexer and parser.
+ *
+ * The lexer follows Jinja2's (3.x) rules as Hugging Face configures them:
+ * trim_blocks (a block or comment tag eats one newline after it),
+ * lstrip_blocks (spaces before a block or comment tag at the start of a line
+ * go), `{%-`/`-%}` (all whitespace before/after goes), `{%+` (no lstrip),
+ * newlines normalised to "\n" and one trailing newline dropped
+ * (keep_trailing_newline=False). The parser builds the tree in jinja_impl.h
+ * with Jinja2's operator precedence; a statement, operator or literal kiln
+ * does not implement is an error naming its line and column. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "jinja_impl.h"
+
+/* ---- nodes and buffers ---- */
+
+jnode *jn_new(jn_kind kind, int line, int col) {
+    jnode *n = calloc(1, sizeof *n);
+    if (n) {
+        n->kind = kind;
+        n->line = line;
+        n->col = col;
+    }
+    return n;
+}
+
+bool jn_add(jnode *n, jnode *kid, const char *name) {
+    jnode **k = realloc(n->kids, (size_t)(n->n_kids + 1) * sizeof *k);
+    if (!k) return false;
+    n->kids = k;
+    char **nm = realloc(n->names, (size_t)(n->n_kids + 1) * sizeof *nm);
+    if (!nm) return false;
+    n->names = nm;
+    nm[n->n_kids] = name ? strdup(name) : NULL;
+    k[n->n_kids++] = kid;
+    return true;
+}
+
+void jn_free(jnode *n) {
+    if (!n) return;
+    for (int i = 0; i < n->n_kids; i++) {
+        jn_free(n->kids[i]);
+        if (n->names) free(n->names[i]);
+    }
+    free(n->kids);
+    free(n->names);
+    free(n->ops);
+    free(n->name);
+    free(n->text);
+    json_decref(n->value);
+    free(n);
+}
+
+void jb_put(jbuf *b, const char *s, size_t n) {
+    if (b->oom || n == 0) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *p = realloc(b->s, c);
+        if (!p) {
+            b->oom = true;
+            return;
+        }
+        b->s = p;
+        b->cap = c;
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+
+void jb_putc(jbuf *b, char c) { jb_put(b, &c, 1); }
+
+/* ---- lexer ---- */
+
+typedef enum {
+    T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP, T_EOF
+} tkind;
+
+typedef struct {
+    tkind kind;
+    int line, col;
+    char *s; /* data, name, unescaped string, operator */
+    size_t n;
+    long long i;
+    double f;
+} token;
+
+typedef struct {
+    const char *name;
+    const char *src;
+    size_t n;
+    size_t pos;
+    int line, col;
+    token *toks;
+    size_t n_toks, cap;
+    size_t cur; /* parser position */
+} lexer;
+
+static kiln_status jerr(const lexer *L, int line, int col, const char *fmt, const char *a, const char *b) {
+    char msg[512];
+    snprintf(msg, sizeof msg, fmt, a ? a : "", b ? b : "");
+    return kiln_error(KILN_ERR_FORMAT, "%s:%d:%d: %s", L->name, line, col, msg);
+}
+
+/* Advances the position over n bytes, counting lines and code points. */
+static void adv(lexer *L, size_t n) {
+    for (size_t i = 0; i < n && L->pos < L->n; i++) {
+        unsigned char c = (unsigned char)L->src[L->pos++];
+        if (c == '\n') {
+            L->line++;
+            L->col = 1;
+        } else if ((c & 0xC0) != 0x80) {
+            L->col++;
+        }
+    }
+}
+
+static bool push(lexer *L, tkind k, int line, int col, const char *s, size_t n) {
+    if (L->n_toks == L->cap) {
+        size_t c = L->cap ? L->cap * 2 : 256;
+        token *t = realloc(L->toks, c * sizeof *t);
+        if (!t) return false;
+        L->toks = t;
+        L->cap = c;
+    }
+    token *t = &L->toks[L->n_toks];
+    memset(t, 0, sizeof *t);
+    t->kind = k;
+    t->line = line;
+    t->col = col;
+    if (s) {
+        t->s = malloc(n + 1);
+        if (!t->s) return false;
+        memcpy(t->s, s, n);
+        t->s[n] = 0;
+        t->n = n;
+    }
+    L->n_toks++;
+    return true;
+}
+
+/* Length of the whitespace run at s (Python's \s, Unicode). */
+static size_t ws_run(const char *s, size_t n) {
+    size_t i = 0, l;
+    while (i < n && jl_space_at(s + i, n - i, &l)) i += l;
+    return i;
+}
+
+/* Python's text.rstrip(): the length kept. */
+static size_t rstrip_len(const char *s, size_t n) {
+    size_t b, e;
+    jl_strip(s, n, NULL, 0, false, true, &b, &e);
+    return e;
+}
+
+static const char *const ops3[] = {"//", "**", "==", "!=", ">=", "<=", NULL};
+static const char single_ops[] = "+-/*%~[](){}<>=.:|,;";
+
+/* Unescapes a Python string literal body (what Jinja2 does with
+ * "unicode-escape"); appends to b. */
+static kiln_status unescape(lexer *L, int line, int col, const char *s, size_t n, jbuf *b) {
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\\' || i + 1 == n) {
+            jb_putc(b, s[i]);
+            continue;
+        }
+        char c = s[++i];
+        unsigned cp = 0;
+        int hex = 0;
+        switch (c) {
+        case 'n': jb_putc(b, '\n'); continue;
+        case 't': jb_putc(b, '\t'); continue;
+        case 'r': jb_putc(b, '\r'); continue;
+        case '\\': jb_putc(b, '\\'); continue;
+        case '\'': jb_putc(b, '\''); continue;
+        case '"': jb_putc(b, '"'); continue;
+        case 'a': jb_putc(b, '\a'); continue;
+        case 'b': jb_putc(b, '\b'); continue;
+        case 'f': jb_putc(b, '\f'); continue;
+        case 'v': jb_putc(b, '\v'); continue;
+        case '\n': continue;
+        case 'x': hex = 2; break;
+        case 'u': hex = 4; break;
+        case 'U': hex = 8; break;
+        default:
+            if (c >= '0' && c <= '7')
+                return jerr(L, line, col, "octal escape \\%c in a string literal is outside kiln's Jinja subset",
+                            (char[]){c, 0}, NULL);
+            jb_putc(b, '\\');
+            jb_putc(b, c);
+            continue;
+        }
+        for (int k = 0; k < hex; k++) {
+            char h = ++i < n ? s[i] : 0;
+            int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) return jerr(L, line, col, "truncated \\%s escape in a string literal", (char[]){c, 0}, NULL);
+            cp = cp * 16 + (unsigned)d;
+        }
+        if (cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000))
+            return jerr(L, line, col, "escape to an invalid code point in a string literal", NULL, NULL);
+        char u[4];
+        size_t k = 0;
+        if (cp < 0x80) u[k++] = (char)cp;
+        else if (cp < 0x800) u[k++] = (char)(0xC0 | (cp >> 6)), u[k++] = (char)(0x80 | (cp & 0x3F));
+        else if (cp < 0x10000)
+            u[k++] = (char)(0xE0 | (cp >> 12)), u[k++] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[k++] = (char)(0x80 | (cp & 0x3F));
+        else
+            u[k++] = (char)(0xF0 | (cp >> 18)), u[k++] = (char)(0x80 | ((cp >> 12) & 0x3F)),
+            u[k++] = (char)(0x80 | ((cp >> 6) & 0x3F)), u[k++] = (char)(0x80 | (cp & 0x3F));
+        jb_put(b, u, k);
+    }
+    return b->oom ? kiln_error(KILN_ERR_OOM, "out of memory") : KILN_OK;
+}
+
+static bool is_digit(char c) { return c >= '0' && c <= '9'; }
+static bool is_name0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+
+/* Tokens inside {{ }} or {% %} up to the end tag. *line_starting: whether
+ * the end tag's match ended with a newline. */
+static kiln_status lex_tag(lexer *L, bool block, bool *line_starting) {
+    char stack[256];
+    int depth = 0;
+    const char *s = L->src;
+    for (;;) {
+        size_t p = L->pos, rest = L->n - p;
+        int line = L->line, col = L->col;
+        if (depth == 0) {
+            const char *end = block ? "%}" : "}}";
+            size_t m = 0;
+            bool strip = false;
+            if (rest >= 3 && (s[p] == '-' || (block && s[p] == '+')) && !memcmp(s + p + 1, end, 2)) {
+                m = 3;
+                strip = s[p] == '-';
+            } else if (rest >= 2 && !memcmp(s + p, end, 2)) {
+                m = 2;
+                if (block && rest > 2 && s[p + 2] == '\n') m = 3; /* trim_blocks */
+            }
+            if (m) {
+                if (strip) m += ws_run(s + p + m, rest - m);
+                *line_starting = s[p + m - 1] == '\n';
+                adv(L, m);
+                return push(L, block ? T_BLOCK_END : T_VAR_END, line, col, NULL, 0) ? KILN_OK
+                                                                                    : kiln_error(KILN_ERR_OOM, "out of memory");
+            }
+        }
+        if (rest == 0)
+            return jerr(L, line, col, "unexpected end of template inside %s", block ? "a {% %} tag" : "a {{ }} tag", NULL);
+        size_t w = ws_run(s + p, rest);
+        if (w) {
+            adv(L, w);
+            continue;
+        }
+        char c = s[p];
+        if (is_digit(c)) {
+            size_t q = p;
+            while (q < L->n && (is_digit(s[q]) || s[q] == '_')) q++;
+            bool flt = false;
+            if (q + 1 < L->n && s[q] == '.' && is_digit(s[q + 1])) {
+                flt = true;
+                q++;
+                while (q < L->n && (is_digit(s[q]) || s[q] == '_')) q++;
+            }
+            if (q < L->n && (s[q] == 'e' || s[q] == 'E')) {
+                size_t r = q + 1;
+                if (r < L->n && (s[r] == '+' || s[r] == '-')) r++;
+                if (r < L->n && is_digit(s[r])) {
+                    flt = true;
+                    q = r;
+                    while (q < L->n && is_digit(s[q])) q++;
+                }
+            }
+            char num[64];
+            size_t k = 0;
+            for (size_t i = p; i < q && k < sizeof num - 1; i++)
+                if (s[i] != '_') num[k++] = s[i];
+            num[k] = 0;
+            if (!push(L, flt ? T_FLOAT : T_INT, line, col, num, k)) return kiln_error(KILN_ERR_OOM, "out of memory");
+            token *t = &L->toks[L->n_toks - 1];
+            errno = 0;
+            if (flt) t->f = strtod(num, NULL);
+            else t->i = strtoll(num, NULL, 10);
+            if (errno) return jerr(L, line, col, "number %s is out of range", num, NULL);
+            adv(L, q - p);
+            continue;
+        }
+        if (is_name0(c)) {
+            size_t q = p;
+            while (q < L->n && (is_name0(s[q]) || is_digit(s[q]))) q++;
+            if (!push(L, T_NAME, line, col, s + p, q - p)) return kiln_error(KILN_ERR_OOM, "out of memory");
+            adv(L, q - p);
+            continue;
+        }
+        if (c == '\'' || c == '"') {
+            size_t q = p + 1;
+            while (q < L->n && s[q] != c) q += s[q] == '\\' ? 2 : 1;
+            if (q >= L->n) return jerr(L, line, col, "unterminated string literal", NULL, NULL);
+            jbuf b = {0};
+            kiln_status st = unescape(L, line, col, s + p + 1, q - p - 1, &b);
+            if (!st && !push(L, T_STRING, line, col, b.s ? b.s : "", b.n)) st = kiln_error(KILN_ERR_OOM, "out of memory");
+            free(b.s);
+            if (st) return st;
+            adv(L, q + 1 - p);
+            continue;
+        }
+        size_t m = 0;
+        for (int k = 0; ops3[k]; k++)
+            if (rest >= 2 && !memcmp(s + p, ops3[k], 2)) m = 2;
+        if (!m && strchr(single_ops, c) && c) m = 1;
+        if (!m) {
+            char ch[8] = {0};
+            size_t cl = 1;
+            while (cl < 4 && p + cl < L->n && ((unsigned char)s[p + cl] & 0xC0) == 0x80) cl++;
+            memcpy(ch, s + p, cl);
+            return jerr(L, line, col, "unexpected character '%s' in a tag", ch, NULL);
+        }
+        if (m == 1 && (c == '(' || c == '[' || c == '{')) {
+            if (depth == (int)sizeof stack) return jerr(L, line, col, "brackets nested too deeply", NULL, NULL);
+            stack[depth++] = c == '(' ? ')' : c == '[' ? ']' : '}';
+        } else if (m == 1 && (c == ')' || c == ']' || c == '}')) {
+            if (depth == 0 || stack[depth - 1] != c) return jerr(L, line, col, "unexpected '%s'", (char[]){c, 0}, NULL);
+            depth--;
+        }
+        if (!push(L, T_OP, line, col, s + p, m)) return kiln_error(KILN_ERR_OOM, "out of memory");
+        adv(L, m);
+    }
+}
+
+static kiln_status lex(lexer *L) {
+    bool line_starting = true;
+    const char *s = L->src;
+    while (L->pos < L->n) {
+        size_t p = L->pos;
+        const char *t = NULL;
+        for (size_t q = p; q + 1 < L->n; q++)
+            if (s[q] == '{' && (s[q + 1] == '{' || s[q + 1] == '%' || s[q + 1] == '#')) {
+                t = s + q;
+                break;
+            }
+        int line = L->line, col = L->col;
+        if (!t) {
+            if (!push(L, T_DATA, line, col, s + p, L->n - p)) return kiln_error(KILN_ERR_OOM, "out of memory");
+            adv(L, L->n - p);
+            break;
+        }
+        size_t tp = (size_t)(t - s), text_n = tp - p;
+        char kind = t[1];
+        char sign = tp + 2 < L->n && (t[2] == '-' || t[2] == '+') ? t[2] : 0;
+        if (sign == '-') {
+            text_n = rstrip_len(s + p, text_n);
+        } else if (sign != '+' && kind != '{') {
+            /* lstrip_blocks: the text after the last newline, if whitespace only */
+            size_t l_pos = 0;
+            for (size_t i = text_n; i > 0; i--)
+                if (s[p + i - 1] == '\n') {
+                    l_pos = i;
+                    break;
+                }
+            if ((l_pos > 0 || line_starting) && l_pos < text_n && ws_run(s + p + l_pos, text_n - l_pos) == text_n - l_pos)
+                text_n = l_pos;
+        }
+        if (text_n && !push(L, T_DATA, line, col, s + p, text_n)) return kiln_error(KILN_ERR_OOM, "out of memory");
+        adv(L, tp - p);
+        line = L->line;
+        col = L->col;
+        adv(L, 2 + (sign ? 1 : 0));
+        if (kind == '#') {
+            const char *e = NULL;
+            for (size_t q = L->pos; q + 1 < L->n; q++)
+                if (s[q] == '#' && s[q + 1] == '}') {
+                    e = s + q;
+                    break;
+                }
+            if (!e) return jerr(L, line, col, "missing end of comment tag", NULL, NULL);
+            size_t q = (size_t)(e - s), m = q + 2;
+            if (q > L->pos && s[q - 1] == '-') m += ws_run(s + m, L->n - m);
+            else if (!(q > L->pos && s[q - 1] == '+') && m < L->n && s[m] == '\n') m++;
+            line_starting = s[m - 1] == '\n';
+            adv(L, m - L->pos);
+            continue;
+        }
+        if (!push(L, kind == '{' ? T_VAR_BEGIN : T_BLOCK_BEGIN, line, col, NULL, 0))
+            return kiln_error(KILN_ERR_OOM, "out of memory");
+        kiln_status st = lex_tag(L, kind == '%', &line_starting);
+        if (st) return st;
+    }
+    return push(L, T_EOF, L->line, L->col, NULL, 0) ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
+}
+
+/* ---- parser ---- */
+
+static token *cur(lexer *L) { return &L->toks[L->cur]; }
+static token *peek(lexer *L, size_t k) {
+    size_t i = L->cur + k;
+    return &L->toks[i < L->n_toks ? i : L->n_toks - 1];
+}
+static bool is_op(const token *t, const char *op) { return t->kind == T_OP && !strcmp(t->s, op); }
+static bool is_name(const token *t, const char *nm) { return t->kind == T_NAME && !strcmp(t->s, nm); }
+
+static const char *tok_desc(const token *t) {
+    switch (t->kind) {
+    case T_DATA: return "template text";
+    case T_VAR_BEGIN: return "'{{'";
+    case T_VAR_END: return "'}}'";
+    case T_BLOCK_BEGIN: return "'{%'";
+    case T_BLOCK_END: return "'%}'";
+    case T_EOF: return "the end of the template";
+    default: return t->s;
+    }
+}
+
+static kiln_status unexpected(lexer *L, const char *want) {
+    token *t = cur(L);
+    return jerr(L, t->line, t->col, "expected %s, found %s", want, tok_desc(t));
+}
+
+static kiln_status expect_op(lexer *L, const char *op) {
+    if (!is_op(cur(L), op)) {
+        char w[16];
+        snprintf(w, sizeof w, "'%s'", op);
+        return unexpected(L, w);
+    }
+    L->cur++;
+    return KILN_OK;
+}
+
+#define OOM kiln_error(KILN_ERR_OOM, "out of memory")
+#define TRY(x)                      \
+    do {                            \
+        kiln_status st_ = (x);      \
+        if (st_) {                  \
+            jn_free(n);             \
+            return st_;             \
+        }                           \
+    } while (0)
+#define ADD(node, kid, nm)                \
+    do {                                  \
+        jnode *k_ = (kid);                \
+        if (!jn_add((node), k_, (nm))) {  \
+            jn_free(k_);                  \
+            jn_free(n);                   \
+            return OOM;                   \
+        }                                 \
+    } while (0)
+
+static kiln_status parse_expr(lexer *L, jnode **out);
+static kiln_status parse_or(lexer *L, jnode **out);
+static kiln_status parse_unary(lexer *L, bool with_filter, jnode **out);
+
+static kiln_status parse_tuple_or_expr(lexer *L, bool simple, jnode **out);
+
+/* (args) of a call, filter or test: positional and keyword arguments. */
+static kiln_status parse_args(lexer *L, jnode *n) {
+    L->cur++; /* ( */
+    bool kw_seen = false;
+    while (!is_op(cur(L), ")")) {
+        if (n->n_kids > 1 && 0) break;
+        const char *kw = NULL;
+        token *t = cur(L);
+        if (is_op(t, "*") || is_op(t, "**")) return jerr(L, t->line, t->col, "*args and **kwargs in calls are outside kiln's Jinja subset", NULL, NULL);
+        if (t->kind == T_NAME && is_op(peek(L, 1), "=")) {
+            kw = t->s;
+            L->cur += 2;
+            kw_seen = true;
+        } else if (kw_seen) {
+            return jerr(L, t->line, t->col, "a positional argument after a keyword argument", NULL, NULL);
+        }
+        jnode *a;
+        kiln_status st = parse_expr(L, &a);
+        if (st) return st;
+        if (!jn_add(n, a, kw)) return jn_free(a), OOM;
+        if (is_op(cur(L), ",")) L->cur++;
+        else if (!is_op(cur(L), ")")) return unexpected(L, "',' or ')'");
+    }
+    L->cur++;
+    return KILN_OK;
+}
+
+static kiln_status parse_primary(lexer *L, jnode **out) {
+    token *t = cur(L);
+    jnode *n = NULL;
+    *out = NULL;
+    if (t->kind == T_NAME) {
+        L->cur++;
+        n = jn_new(JN_CONST, t->line, t->col);
+        if (!n) return OOM;
+        if (!strcmp(t->s, "true") || !strcmp(t->s, "True")) n->value = json_true();
+        else if (!strcmp(t->s, "false") || !strcmp(t->s, "False")) n->value = json_false();
+        else if (!strcmp(t->s, "none") || !strcmp(t->s, "None")) n->value = json_null();
+        else {
+            n->kind = JN_NAME;
+            if (!(n->name = strdup(t->s))) return jn_free(n), OOM;
+        }
+    } else if (t->kind == T_STRING) {
+        jbuf b = {0};
+        int line = t->line, col = t->col;
+        while (cur(L)->kind == T_STRING) { /* adjacent literals concatenate */
+            jb_put(&b, cur(L)->s, cur(L)->n);
+            L->cur++;
+        }
+        n = jn_new(JN_CONST, line, col);
+        if (!n || b.oom || !(n->value = jl_string(b.s ? b.s : "", b.n))) {
+            free(b.s);
+            return jn_free(n), OOM;
+        }
+        free(b.s);
+    } else if (t->kind == T_INT || t->kind == T_FLOAT) {
+        L->cur++;
+        n = jn_new(JN_CONST, t->line, t->col);
+        if (!n || !(n->value = t->kind == T_INT ? json_integer(t->i) : json_real(t->f))) return jn_free(n), OOM;
+    } else if (is_op(t, "(")) {
+        L->cur++;
+        kiln_status st = parse_tuple_or_expr(L, false, &n);
+        if (st) return st;
+        TRY(expect_op(L, ")"));
+    } else if (is_op(t, "[")) {
+        L->cur++;
+        n = jn_new(JN_LIST, t->line, t->col);
+        if (!n) return OOM;
+        while (!is_op(cur(L), "]")) {
+            jnode *e;
+            TRY(parse_expr(L, &e));
+            ADD(n, e, NULL);
+            if (is_op(cur(L), ",")) L->cur++;
+            else if (!is_op(cur(L), "]")) TRY(unexpected(L, "',' or ']'"));
+        }
+        L->cur++;
+    } else if (is_op(t, "{")) {
+        L->cur++;
+        n = jn_new(JN_DICT, t->line, t->col);
+        if (!n) return OOM;
+        while (!is_op(cur(L), "}")) {
+            jnode *k, *v;
+            TRY(parse_expr(L, &k));
+            ADD(n, k, NULL);
+            TRY(expect_op(L, ":"));
+            TRY(parse_expr(L, &v));
+            ADD(n, v, NULL);
+            if (is_op(cur(L), ",")) L->cur++;
+            else if (!is_op(cur(L), "}")) TRY(unexpected(L, "',' or '}'"));
+        }
+        L->cur++;
+    } else {
+        return unexpected(L, "an expression");
+    }
+    *out = n;
+    return KILN_OK;
+}
+
+/* [index], [a:b:c], .name, (call args) */
+static kiln_status parse_postfix(lexer *L, jnode **io) {
+    jnode *n = *io;
+    for (;;) {
+        token *t = cur(L);
+        if (is_op(t, ".")) {
+            token *nm = peek(L, 1);
+            if (nm->kind == T_NAME) {
+                jnode *a = jn_new(JN_ATTR, nm->line, nm->col);
+                if (!a || !(a->name = strdup(nm->s)) || !jn_add(a, n, NULL)) {
+                    jn_free(a);
+                    jn_free(n);
+                    return *io = NULL, OOM;
+                }
+                n = a;
+                L->cur += 2;
+            } else if (nm->kind == T_INT) {
+                jnode *a = jn_new(JN_ITEM, nm->line, nm->col), *ix = jn_new(JN_CONST, nm->line, nm->col);
+                if (ix) ix->value = json_integer(nm->i);
+                if (!a || !ix || !ix->value || !jn_add(a, n, NULL)) {
+                    jn_free(a), jn_free(ix), jn_free(n);
+                    return *io = NULL, OOM;
+                }
+                n = a;
+                if (!jn_add(a, ix, NULL)) return jn_free(ix), jn_free(n), *io = NULL, OOM;
+                L->cur += 2;
+            } else {
+                L->cur++;
+                kiln_status st = unexpected(L, "an attribute name after '.'");
+                jn_free(n);
+                return *io = NULL, st;
+            }
+        } else if (is_op(t, "[")) {
+            L->cur++;
+            jnode *parts[3] = {NULL, NULL, NULL};
+            int colons = 0;
+            kiln_status st = KILN_OK;
+            for (;;) {
+                if (is_op(cur(L), "]")) break;
+                if (is_op(cur(L), ":")) {
+                    if (++colons > 2) {
+                        st = unexpected(L, "']'");
+                        break;
+                    }
+                    L->cur++;
+                    continue;
+                }
+                if (parts[colons]) {
+                    st = unexpected(L, "':' or ']'");
+                    break;
+                }
+                if ((st = parse_expr(L, &parts[colons]))) break;
+            }
+            if (!st) L->cur++;
+            jnode *a = st ? NULL : jn_new(colons ? JN_SLICE : JN_ITEM, t->line, t->col);
+            if (!st && (!a || !jn_add(a, n, NULL))) st = OOM;
+            if (!st && colons == 0 && !parts[0]) st = jerr(L, t->line, t->col, "empty subscript", NULL, NULL);
+            for (int k = 0; k < (colons ? 3 : 1) && !st; k++) {
+                if (!jn_add(a, parts[k], NULL)) st = OOM;
+                else parts[k] = NULL;
+            }
+            for (int k = 0; k < 3; k++) jn_free(parts[k]);
+            if (st) {
+                if (a && a->n_kids && a->kids[0] == n) jn_free(a);
+                else jn_free(a), jn_free(n);
+                return *io = NULL, st;
+            }
+            n = a;
+        } else if (is_op(t, "(")) {
+            jnode *c = jn_new(JN_CALL, t->line, t->col);
+            if (!c || !jn_add(c, n, NULL)) return jn_free(c), jn_free(n), *io = NULL, OOM;
+            n = c;
+            kiln_status st = parse_args(L, c);
+            if (st) return jn_free(n), *io = NULL, st;
+        } else {
+            break;
+        }
+    }
+    *io = n;
+    return KILN_OK;
+}
+
+/* | filter(args), is [not] test(args), (call) */
+static kiln_status parse_filters(lexer *L, jnode **io) {
+    jnode *n = *io;
+    for (;;) {
+        token *t = cur(L);
+        if (is_op(t, "|") || is_name(t, "is")) {
+            bool test = t->kind == T_NAME;
+            L->cur++;
+            bool neg = false;
+            if (test && is_name(cur(L), "not")) {
+                neg = true;
+                L->cur++;
+            }
+            token *nm = cur(L);
+            if (nm->kind != T_NAME) {
+                kiln_status st = unexpected(L, test ? "a test name" : "a filter name");
+                return jn_free(n), *io = NULL, st;
+            }
+            L->cur++;
+            jnode *f = jn_new(test ? JN_TEST : JN_FILTER, nm->line, nm->col);
+            if (!f || !(f->name = strdup(nm->s)) || !jn_add(f, n, NULL)) return jn_free(f), jn_free(n), *io = NULL, OOM;
+            n = f;
+            f->op = neg;
+            if (is_op(cur(L), "(")) {
+                kiln_status st = parse_args(L, f);
+                if (st) return jn_free(n), *io = NULL, st;
+            } else if (test) {
+                token *a = cur(L);
+                bool arg = (a->kind == T_NAME || a->kind == T_STRING || a->kind == T_INT || a->kind == T_FLOAT ||
+                            is_op(a, "[") || is_op(a, "{")) &&
+                           !is_name(a, "else") && !is_name(a, "or") && !is_name(a, "and");
+                if (is_name(a, "is")) return jn_free(n), *io = NULL, jerr(L, a->line, a->col, "you cannot chain tests with is", NULL, NULL);
+                if (arg) {
+                    jnode *x;
+                    kiln_status st = parse_primary(L, &x);
+                    if (!st) st = parse_postfix(L, &x);
+                    if (st) return jn_free(n), *io = NULL, st;
+                    if (!jn_add(f, x, NULL)) return jn_free(x), jn_free(n), *io = NULL, OOM;
+                }
+            }
+        } else if (is_op(t, "(")) {
+            kiln_status st = parse_postfix(L, &n);
+            if (st) return *io = NULL, st;
+        } else {
+            break;
+        }
+    }
+    *io = n;
+    return KILN_OK;
+}
+
+static kiln_status parse_unary(lexer *L, bool with_filter, jnode **out) {
+    token *t = cur(L);
+    jnode *n;
+    kiln_status st;
+    if (is_op(t, "-") || is_op(t, "+")) {
+        L->cur++;
+        jnode *x;
+        if ((st = parse_unary(L, false, &x))) return st;
+        n = jn_new(JN_UNARY, t->line, t->col);
+        if (!n || !jn_add(n, x, NULL)) return jn_free(n), jn_free(x), OOM;
+        n->op = t->s[0];
+    } else if ((st = parse_primary(L, &n))) {
+        return st;
+    }
+    if ((st = parse_postfix(L, &n))) return st;
+    if (with_filter && (st = parse_filters(L, &n))) return st;
+    *out = n;
+    return KILN_OK;
+}
+
+static kiln_status binary(lexer *L, jnode **left, int op, int line, int col,
+                          kiln_status (*next)(lexer *, jnode **)) {
+    jnode *r = NULL;
+    kiln_status st = next(L, &r);
+    if (st) return jn_free(*left), *left = NULL, st;
+    jnode *n = jn_new(JN_BINARY, line, col);
+    if (!n || !jn_add(n, *left, NULL)) return jn_free(n), jn_free(*left), jn_free(r), *left = NULL, OOM;
+    *left = n;
+    if (!jn_add(n, r, NULL)) return jn_free(r), jn_free(n), *left = NULL, OOM;
+    n->op = op;
+    return KILN_OK;
+}
+
+static kiln_status parse_unary_f(lexer *L, jnode **out) { return parse_unary(L, true, out); }
+
+static kiln_status parse_pow(lexer *L, jnode **out) {
+    kiln_status st = parse_unary_f(L, out);
+    while (!st && is_op(cur(L), "**")) {
+        token *t = cur(L);
+        L->cur++;
+        st = binary(L, out, 'P', t->line, t->col, parse_unary_f);
+    }
+    return st;
+}
+
+static kiln_status parse_math2(lexer *L, jnode **out) {
+    kiln_status st = parse_pow(L, out);
+    for (;;) {
+        token *t = cur(L);
+        int op = is_op(t, "*") ? '*' : is_op(t, "/") ? '/' : is_op(t, "//") ? 'F' : is_op(t, "%") ? '%' : 0;
+        if (st || !op) return st;
+        L->cur++;
+        st = binary(L, out, op, t->line, t->col, parse_pow);
+    }
+}
+
+static kiln_status parse_concat(lexer *L, jnode **out) {
+    kiln_status st = parse_math2(L, out);
+    while (!st && is_op(cur(L), "~")) {
+        token *t = cur(L);
+        L->cur++;
+        st = binary(L, out, '~', t->line, t->col, parse_math2);
+    }
+    return st;
+}
+
+static kiln_status parse_math1(lexer *L, jnode **out) {
+    kiln_status st = parse_concat(L, out);
+    for (;;) {
+        token *t = cur(L);
+        int op = is_op(t, "+") ? '+' : is_op(t, "-") ? '-' : 0;
+        if (st || !op) return st;
+        L->cur++;
+        st = binary(L, out, op, t->line, t->col, parse_concat);
+    }
+}
+
+static kiln_status parse_compare(lexer *L, jnode **out) {
+    jnode *n = NULL, *first;
+    kiln_status st = parse_math1(L, &first);
+    if (st) return st;
+    for (;;) {
+        token *t = cur(L);
+        int op = -1;
+        size_t skip = 1;
+        if (is_op(t, "==")) op = JC_EQ;
+        else if (is_op(t, "!=")) op = JC_NE;
+        else if (is_op(t, "<")) op = JC_LT;
+        else if (is_op(t, "<=")) op = JC_LE;
+        else if (is_op(t, ">")) op = JC_GT;
+        else if (is_op(t, ">=")) op = JC_GE;
+        else if (is_name(t, "in")) op = JC_IN;
+        else if (is_name(t, "not") && is_name(peek(L, 1), "in")) op = JC_NOTIN, skip = 2;
+        if (op < 0) break;
+        if (!n) {
+            n = jn_new(JN_COMPARE, t->line, t->col);
+            if (!n || !jn_add(n, first, NULL)) return jn_free(n), jn_free(first), OOM;
+        }
+        L->cur += skip;
+        int *ops = realloc(n->ops, (size_t)n->n_kids * sizeof *ops);
+        if (!ops) return jn_free(n), OOM;
+        n->ops = ops;
+        ops[n->n_kids - 1] = op;
+        jnode *r = NULL;
+        TRY(parse_math1(L, &r));
+        ADD(n, r, NULL);
+    }
+    *out = n ? n : first;
+    return KILN_OK;
+}
+
+static kiln_status parse_not(lexer *L, jnode **out) {
+    token *t = cur(L);
+    if (is_name(t, "not")) {
+        L->cur++;
+        jnode *x;
+        kiln_status st = parse_not(L, &x);
+        if (st) return st;
+        jnode *n = jn_new(JN_UNARY, t->line, t->col);
+        if (!n || !jn_add(n, x, NULL)) return jn_free(n), jn_free(x), OOM;
+        n->op = '!';
+        *out = n;
+        return KILN_OK;
+    }
+    return parse_compare(L, out);
+}
+
+static kiln_status parse_and(lexer *L, jnode **out) {
+    kiln_status st = parse_not(L, out);
+    while (!st && is_name(cur(L), "and")) {
+        token *t = cur(L);
+        L->cur++;
+        st = binary(L, out, 'a', t->line, t->col, parse_not);
+    }
+    return st;
+}
+
+static kiln_status parse_or(lexer *L, jnode **out) {
+    kiln_status st = parse_and(L, out);
+    while (!st && is_name(cur(L), "or")) {
+        token *t = cur(L);
+        L->cur++;
+        st = binary(L, out, 'o', t->line, t->col, parse_and);
+    }
+    return st;
+}
+
+/* a if cond [else b] */
+static kiln_status parse_expr(lexer *L, jnode **out) {
+    jnode *e1;
+    kiln_status st = parse_or(L, &e1);
+    if (st) return st;
+    while (is_name(cur(L), "if")) {
+        token *t = cur(L);
+        L->cur++;
+        jnode *n = jn_new(JN_COND, t->line, t->col), *c = NULL, *e3 = NULL;
+        if (!n) return jn_free(e1), OOM;
+        st = parse_or(L, &c);
+        if (!st && is_name(cur(L), "else")) {
+            L->cur++;
+            st = parse_expr(L, &e3);
+        }
+        if (st || !jn_add(n, c, NULL) || !jn_add(n, e1, NULL) || !jn_add(n, e3, NULL)) {
+            bool owned = n->n_kids >= 2;
+            if (!owned) jn_free(e1);
+            if (n->n_kids < 1) jn_free(c);
+            if (n->n_kids < 3) jn_free(e3);
+            jn_free(n);
+            return st ? st : OOM;
+        }
+        e1 = n;
+    }
+    *out = e1;
+    return KILN_OK;
+}
+
+/* expr or expr, expr, ... (a tuple); simple: names only (for/set targets). */
+static kiln_status parse_tuple_or_expr(lexer *L, bool simple, jnode **out) {
+    token *t0 = cur(L);
+    jnode *n = NULL, *first;
+    kiln_status st;
+    if (simple) {
+        if (t0->kind != T_NAME) return unexpected(L, "a variable name");
+        first = jn_new(JN_NAME, t0->line, t0->col);
+        if (!first || !(first->name = strdup(t0->s))) return jn_free(first), OOM;
+        L->cur++;
+    } else if (is_op(t0, ")")) {
+        n = jn_new(JN_TUPLE, t0->line, t0->col);
+        return (*out = n) ? KILN_OK : OOM;
+    } else if ((st = parse_expr(L, &first))) {
+        return st;
+    }
+    if (!is_op(cur(L), ",")) {
+        *out = first;
+        return KILN_OK;
+    }
+    n = jn_new(JN_TUPLE, t0->line, t0->col);
+    if (!n || !jn_add(n, first, NULL)) return jn_free(n), jn_free(first), OOM;
+    while (is_op(cur(L), ",")) {
+        L->cur++;
+        token *t = cur(L);
+        if (simple ? t->kind != T_NAME : (is_op(t, ")") || t->kind == T_BLOCK_END || t->kind == T_VAR_END || is_name(t, "in")))
+            break;
+        jnode *e;
+        if (simple) {
+            e = jn_new(JN_NAME, t->line, t->col);
+            if (!e || !(e->name = strdup(t->s))) return jn_free(e), jn_free(n), OOM;
+            L->cur++;
+        } else {
+            TRY(parse_expr(L, &e));
+        }
+        ADD(n, e, NULL);
+    }
+    *out = n;
+    return KILN_OK;
+}
+
+/* ---- statements ---- */
+
+static kiln_status parse_body(lexer *L, const char *const *ends, int *which, jnode **out);
+
+static kiln_status expect_end(lexer *L) {
+    return cur(L)->kind == T_BLOCK_END ? (L->cur++, KILN_OK) : unexpected(L, "'%}'");
+}
+
+static kiln_status parse_if(lexer *L, token *kw, jnode **out) {
+    jnode *n = jn_new(JN_IF, kw->line, kw->col), *c, *body, *rest = NULL;
+    if (!n) return OOM;
+    TRY(parse_expr(L, &c));
+    ADD(n, c, NULL);
+    TRY(expect_end(L));
+    static const char *const ends[] = {"elif", "else", "endif", NULL};
+    int which;
+    TRY(parse_body(L, ends, &which, &body));
+    ADD(n, body, NULL);
+    if (which == 0) {
+        token *t = &L->toks[L->cur - 1];
+        TRY(parse_if(L, t, &rest));
+        *out = n;
+        ADD(n, rest, NULL);
+        return KILN_OK;
+    }
+    if (which == 1) {
+        TRY(expect_end(L));
+        static const char *const e2[] = {"endif", NULL};
+        TRY(parse_body(L, e2, &which, &rest));
+    }
+    ADD(n, rest, NULL);
+    TRY(expect_end(L));
+    *out = n;
+    return KILN_OK;
+}
+
+static kiln_status parse_for(lexer *L, token *kw, jnode **out) {
+    jnode *n = jn_new(JN_FOR, kw->line, kw->col), *tgt, *it, *body, *els = NULL, *cond = NULL;
+    if (!n) return OOM;
+    TRY(parse_tuple_or_expr(L, true, &tgt));
+    ADD(n, tgt, NULL);
+    if (!is_name(cur(L), "in")) TRY(unexpected(L, "'in'"));
+    L->cur++;
+    TRY(parse_or(L, &it)); /* Jinja2 parses the iterable without a ternary */
+    ADD(n, it, NULL);
+    if (is_name(cur(L), "if")) {
+        L->cur++;
+        TRY(parse_expr(L, &cond));
+    }
+    if (is_name(cur(L), "recursive")) {
+        token *t = cur(L);
+        jn_free(cond);
+        TRY(jerr(L, t->line, t->col, "recursive for loops are outside kiln's Jinja subset", NULL, NULL));
+    }
+    if (cur(L)->kind != T_BLOCK_END) jn_free(cond);
+    TRY(expect_end(L));
+    static const char *const ends[] = {"else", "endfor", NULL};
+    int which;
+    kiln_status st = parse_body(L, ends, &which, &body);
+    if (st) return jn_free(cond), jn_free(n), st;
+    if (!jn_add(n, body, NULL)) return jn_free(body), jn_free(cond), jn_free(n), OOM;
+    if (which == 0) {
+        if ((st = expect_end(L))) return jn_free(cond), jn_free(n), st;
+        static const char *const e2[] = {"endfor", NULL};
+        if ((st = parse_body(L, e2, &which, &els))) return jn_free(cond), jn_free(n), st;
+    }
+    if (!jn_add(n, els, NULL)) return jn_free(els), jn_free(cond), jn_free(n), OOM;
+    ADD(n, cond, NULL);
+    TRY(expect_end(L));
+    *out = n;
+    return KILN_OK;
+}
+
+static kiln_status parse_set(lexer *L, token *kw, jnode **out) {
+    jnode *n = jn_new(JN_SET, kw->line, kw->col), *tgt, *v;
+    if (!n) return OOM;
+    token *t = cur(L);
+    if (t->kind == T_NAME && is_op(peek(L, 1), ".")) { /* namespace attribute */
+        token *a = peek(L, 2);
+        if (a->kind != T_NAME) {
+            L->cur += 2;
+            TRY(unexpected(L, "an attribute name"));
+        }
+        tgt = jn_new(JN_ATTR, a->line, a->col);
+        jnode *base = jn_new(JN_NAME, t->line, t->col);
+        if (!tgt || !base || !(tgt->name = strdup(a->s)) || !(base->name = strdup(t->s)) || !jn_add(tgt, base, NULL)) {
+            jn_free(tgt), jn_free(base), jn_free(n);
+            return OOM;
+        }
+        L->cur += 3;
+    } else {
+        TRY(parse_tuple_or_expr(L, true, &tgt));
+    }
+    ADD(n, tgt, NULL);
+    if (is_op(cur(L), "=")) {
+        L->cur++;
+        TRY(parse_tuple_or_expr(L, false, &v));
+        ADD(n, v, NULL);
+        TRY(expect_end(L));
+        *out = n;
+        return KILN_OK;
+    }
+    if (cur(L)->kind != T_BLOCK_END) {
+        if (is_op(cur(L), "|"))
+            TRY(jerr(L, cur(L)->line, cur(L)->col, "filtered block set is outside kiln's Jinja subset", NULL, NULL));
+        TRY(unexpected(L, "'=' or '%}'"));
+    }
+    if (tgt->kind != JN_NAME) TRY(jerr(L, kw->line, kw->col, "a block set must assign one name", NULL, NULL));
+    L->cur++;
+    n->kind = JN_SETBLOCK;
+    static const char *const ends[] = {"endset", NULL};
+    int which;
+    TRY(parse_body(L, ends, &which, &v));
+    ADD(n, v, NULL);
+    TRY(expect_end(L));
+    *out = n;
+    return KILN_OK;
+}
+
+static kiln_status parse_macro(lexer *L, token *kw, jnode **out) {
+    jnode *n = jn_new(JN_MACRO, kw->line, kw->col), *body;
+    if (!n) return OOM;
+    token *t = cur(L);
+    if (t->kind != T_NAME) TRY(unexpected(L, "a macro name"));
+    if (!(n->name = strdup(t->s))) return jn_free(n), OOM;
+    L->cur++;
+    ADD(n, NULL, NULL); /* body slot */
+    TRY(expect_op(L, "("));
+    while (!is_op(cur(L), ")")) {
+        token *p = cur(L);
+        if (p->kind != T_NAME) TRY(unexpected(L, "a parameter name"));
+        L->cur++;
+        jnode *def = NULL;
+        if (is_op(cur(L), "=")) {
+            L->cur++;
+            TRY(parse_expr(L, &def));
+        }
+        ADD(n, def, p->s);
+        if (is_op(cur(L), ",")) L->cur++;
+        else if (!is_op(cur(L), ")")) TRY(unexpected(L, "',' or ')'"));
+    }
+    L->cur++;
+    TRY(expect_end(L));
+    static const char *const ends[] = {"endmacro", NULL};
+    int which;
+    TRY(parse_body(L, ends, &which, &body));
+    n->kids[0] = body;
+    TRY(expect_end(L));
+    *out = n;
+    return KILN_OK;
+}
+
+/* Statements until {% END %} for one of `ends` (NULL-terminated; NULL ends
+ * = the whole template). On return the parser stands after the end name. */
+static kiln_status parse_body(lexer *L, const char *const *ends, int *which, jnode **out) {
+    token *t0 = cur(L);
+    jnode *n = jn_new(JN_BLOCK, t0->line, t0->col);
+    if (!n) return OOM;
+    for (;;) {
+        token *t = cur(L);
+        if (t->kind == T_EOF) {
+            if (!ends) break;
+            char want[96];
+            int last = 0;
+            while (ends[last + 1]) last++;
+            snprintf(want, sizeof want, "{%% %s %%}", ends[last]);
+            TRY(jerr(L, t->line, t->col, "unexpected end of template: expected %s", want, NULL));
+        }
+        if (t->kind == T_DATA) {
+            jnode *x = jn_new(JN_TEXT, t->line, t->col);
+            if (!x || !(x->text = malloc(t->n + 1))) return jn_free(x), jn_free(n), OOM;
+            memcpy(x->text, t->s, t->n + 1);
+            x->text_len = t->n;
+            ADD(n, x, NULL);
+            L->cur++;
+            continue;
+        }
+        if (t->kind == T_VAR_BEGIN) {
+            L->cur++;
+            jnode *x = jn_new(JN_PRINT, t->line, t->col), *e;
+            if (!x) return jn_free(n), OOM;
+            ADD(n, x, NULL);
+            TRY(parse_tuple_or_expr(L, false, &e));
+            ADD(x, e, NULL);
+            if (cur(L)->kind != T_VAR_END) TRY(unexpected(L, "'}}'"));
+            L->cur++;
+            continue;
+        }
+        if (t->kind != T_BLOCK_BEGIN) TRY(unexpected(L, "template text or a tag"));
+        token *kw = peek(L, 1);
+        if (kw->kind != T_NAME) {
+            L->cur++;
+            TRY(unexpected(L, "a statement name"));
+        }
+        for (int i = 0; ends && ends[i]; i++)
+            if (!strcmp(kw->s, ends[i])) {
+                L->cur += 2;
+                *which = i;
+                *out = n;
+                return KILN_OK;
+            }
+        L->cur += 2;
+        jnode *x = NULL;
+        if (!strcmp(kw->s, "if")) {
+            TRY(parse_if(L, kw, &x));
+        } else if (!strcmp(kw->s, "for")) {
+            TRY(parse_for(L, kw, &x));
+        } else if (!strcmp(kw->s, "set")) {
+            TRY(parse_set(L, kw, &x));
+        } else if (!strcmp(kw->s, "macro")) {
+            TRY(parse_macro(L, kw, &x));
+        } else if (!strcmp(kw->s, "break") || !strcmp(kw->s, "continue")) {
+            x = jn_new(kw->s[0] == 'b' ? JN_BREAK : JN_CONTINUE, kw->line, kw->col);
+            if (!x) return jn_free(n), OOM;
+            ADD(n, x, NULL);
+            TRY(expect_end(L));
+            continue;
+        } else if (!strcmp(kw->s, "generation")) {
+            TRY(expect_end(L));
+            static const char *const e[] = {"endgeneration", NULL};
+            int w;
+            jnode *body;
+            TRY(parse_body(L, e, &w, &body));
+            x = jn_new(JN_GENERATION, kw->line, kw->col);
+            if (!x || !jn_add(x, body, NULL)) return jn_free(x), jn_free(body), jn_free(n), OOM;
+            ADD(n, x, NULL);
+            TRY(expect_end(L));
+            continue;
+        } else {
+            static const char *const known_ends[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endgeneration", NULL};
+            for (int i = 0; known_ends[i]; i++)
+                if (!strcmp(kw->s, known_ends[i])) TRY(jerr(L, kw->line, kw->col, "unexpected {%% %s %%}", kw->s, NULL));
+            TRY(jerr(L, kw->line, kw->col, "statement '%s' is outside kiln's Jinja subset", kw->s, NULL));
+        }
+        ADD(n, x, NULL);
+    }
+    *out = n;
+    return KILN_OK;
+}
+
+kiln_status kiln_template_parse(const char *src, size_t len, const char *name, kiln_template **out) {
+    *out = NULL;
+    lexer L = {.name = name ? name : "template", .line = 1, .col = 1};
+    /* Jinja2 normalises \r\n and \r to \n and drops one trailing newline. */
+    char *norm = malloc(len + 1);
+    if (!norm) return OOM;
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (src[i] == '\r') {
+            norm[k++] = '\n';
+            if (i + 1 < len && src[i + 1] == '\n') i++;
+        } else {
+            norm[k++] = src[i];
+        }
+    }
+    if (k && norm[k - 1] == '\n') k--;
+    norm[k] = 0;
+    L.src = norm;
+    L.n = k;
+    kiln_status st = lex(&L);
+    jnode *root = NULL;
+    if (!st) st = parse_body(&L, NULL, NULL, &root);
+    for (size_t i = 0; i < L.n_toks; i++) free(L.toks[i].s);
+    free(L.toks);
+    free(norm);
+    if (st) return st;
+    kiln_template *t = calloc(1, sizeof *t);
+    if (!t || !(t->name = strdup(L.name))) {
+        free(t);
+        jn_free(root);
+        return OOM;
+    }
+    t->root = root;
+    *out = t;
+    return KILN_OK;
+}
+
+void kiln_template_free(kiln_template *t) {
+    if (!t) return;
+    jn_free(t->root);
+    free(t->name);
+    free(t);
+}

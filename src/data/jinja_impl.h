@@ -1,0 +1,124 @@
+/* Private to the Jinja subset (jinja.c: lexer + parser, jinja_eval.c:
+ * evaluator, jinja_lib.c: filters, tests, methods, str()/tojson).
+ * Values are jansson values: NULL is Jinja's Undefined, json_null() is
+ * None; lists, dicts, strings, ints, floats and bools are the JSON kinds
+ * (tuples are lists). Every expression node remembers its template line
+ * and column so that any failure names them. */
+#ifndef KILN_JINJA_IMPL_H
+#define KILN_JINJA_IMPL_H
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include "kiln/data.h"
+
+typedef enum {
+    /* expressions */
+    JN_CONST,   /* value */
+    JN_NAME,    /* name */
+    JN_LIST,    /* kids: items */
+    JN_TUPLE,   /* kids: items */
+    JN_DICT,    /* kids: key, value, key, value, ... */
+    JN_ATTR,    /* kids[0].name */
+    JN_ITEM,    /* kids[0][kids[1]] */
+    JN_SLICE,   /* kids[0][kids[1]:kids[2]:kids[3]] (each may be NULL) */
+    JN_CALL,    /* kids[0](kids[1..]), names[i] = keyword or NULL */
+    JN_FILTER,  /* kids[0] | name(kids[1..]) */
+    JN_TEST,    /* kids[0] is name(kids[1..]); op = 1 when negated */
+    JN_UNARY,   /* op kids[0]: '!' not, '-', '+' */
+    JN_BINARY,  /* kids[0] op kids[1]: + - * / F(//) % P(**) ~ a(and) o(or) */
+    JN_COMPARE, /* kids[0] ops[0] kids[1] ops[1] kids[2] ... (chained) */
+    JN_COND,    /* kids[1] if kids[0] else kids[2] (kids[2] may be NULL) */
+    /* statements */
+    JN_BLOCK,   /* kids: statements */
+    JN_TEXT,    /* text, text_len */
+    JN_PRINT,   /* {{ kids[0] }} */
+    JN_IF,      /* if kids[0]: kids[1] else kids[2] (NULL or a block / nested if) */
+    JN_FOR,     /* for kids[0] in kids[1] [if kids[4]]: kids[2] else kids[3] */
+    JN_SET,     /* set kids[0] = kids[1] */
+    JN_SETBLOCK,/* set kids[0]: the output of kids[1] */
+    JN_BREAK,
+    JN_CONTINUE,
+    JN_GENERATION, /* {% generation %} kids[0] {% endgeneration %} (HF) */
+    JN_MACRO,   /* name; names[i]: parameters; kids[0]: body; kids[1+i]: default or NULL */
+} jn_kind;
+
+/* Comparison operators of JN_COMPARE. */
+enum { JC_EQ, JC_NE, JC_LT, JC_LE, JC_GT, JC_GE, JC_IN, JC_NOTIN };
+
+typedef struct jnode jnode;
+struct jnode {
+    jn_kind kind;
+    int op;
+    int line, col;
+    char *name;
+    json_t *value;
+    char *text;
+    size_t text_len;
+    jnode **kids;
+    char **names;
+    int *ops;
+    int n_kids;
+};
+
+struct kiln_template {
+    char *name;
+    jnode *root;
+};
+
+/* Allocation helpers shared by the parser. */
+jnode *jn_new(jn_kind kind, int line, int col);
+bool jn_add(jnode *n, jnode *kid, const char *name);
+void jn_free(jnode *n);
+
+/* ---- growable byte buffer ---- */
+typedef struct { char *s; size_t n, cap; bool oom; } jbuf;
+void jb_put(jbuf *b, const char *s, size_t n);
+static inline void jb_puts(jbuf *b, const char *s) { jb_put(b, s, __builtin_strlen(s)); }
+void jb_putc(jbuf *b, char c);
+
+/* ---- the library (jinja_lib.c) ---- */
+/* Python's str(v) appended to b (Undefined gives ""). */
+void jl_str(jbuf *b, const json_t *v);
+/* Python's repr(v). */
+void jl_repr(jbuf *b, const json_t *v);
+/* json.dumps(v, ensure_ascii=False, indent=indent (<0: None), sort_keys). */
+kiln_status jl_tojson(jbuf *b, const json_t *v, int indent, bool sort_keys, const char *item_sep,
+                      const char *key_sep);
+bool jl_truthy(const json_t *v);
+/* Python ==. */
+bool jl_equal(const json_t *a, const json_t *b);
+/* Python <: sets *lt; an error (message in err) for kinds Python cannot order. */
+bool jl_less(const json_t *a, const json_t *b, bool *lt, char *err, size_t errn);
+/* Number of code points of a UTF-8 string. */
+size_t jl_utf8_len(const char *s, size_t n);
+/* Byte offset of code point i (i <= length). */
+size_t jl_utf8_off(const char *s, size_t n, size_t i);
+/* Python str.isspace() for the code point at s (its byte length in *len). */
+bool jl_space_at(const char *s, size_t n, size_t *len);
+/* Python str.strip/lstrip/rstrip: chars NULL = whitespace. */
+void jl_strip(const char *s, size_t n, const char *chars, size_t cn, bool left, bool right, size_t *b, size_t *e);
+static inline const char *jl_s(const json_t *v) { return json_string_value(v); }
+static inline size_t jl_n(const json_t *v) { return json_string_length(v); }
+json_t *jl_string(const char *s, size_t n);
+
+/* ---- evaluation context, shared with the filters (jinja_filters.c) ---- */
+typedef struct jrctx jrctx;
+/* "TEMPLATE:LINE:COL: message" for node `at`. */
+kiln_status jl_rerr(jrctx *c, const jnode *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Call arguments: v[i] owned by the caller, kw[i] = keyword or NULL. */
+typedef struct { json_t **v; char **kw; int n; } jargs;
+/* Argument `pos` (positional) or keyword `kw`; NULL when absent. */
+json_t *jl_arg(const jargs *a, int pos, const char *kw, bool *present);
+/* Refuses more than max_pos positionals or keywords outside kws (NULL-terminated). */
+kiln_status jl_args_check(jrctx *c, const jnode *at, const char *what, const jargs *a, int max_pos, const char *const *kws);
+kiln_status jl_filter(jrctx *c, const jnode *at, const char *name, json_t *subj, const jargs *a, json_t **out);
+kiln_status jl_test(jrctx *c, const jnode *at, const char *name, json_t *subj, const jargs *a, bool *out);
+kiln_status jl_method(jrctx *c, const jnode *at, json_t *obj, const char *name, const jargs *a, json_t **out);
+/* Whether `name` is a Python method of obj's type (str, list, dict). */
+bool jl_is_method(const json_t *obj, const char *name);
+/* obj[key] as Jinja2 reads it: NULL (Undefined) when absent. New reference. */
+json_t *jl_getitem(const json_t *obj, const json_t *key);
+/* Python's iteration over v as a new list (dict: keys; str: characters);
+ * NULL with *err set when v is not iterable. Undefined gives []. */
+json_t *jl_iter_list(const json_t *v, const char **err);
+#endif
