@@ -113,6 +113,30 @@ void kiln_template_free(kiln_template *t);
 kiln_status kiln_template_render(const kiln_template *t, const struct json_t *vars, char **out, size_t *len,
                                  size_t **gen_spans, size_t *n_gen);
 
+/* A model's chat template with its special-token strings. Loaded from a
+ * tokenizer_config.json (chat_template: a string, or a list of {name,
+ * template} of which "default" is used; bos_token/eos_token/unk_token/
+ * pad_token as strings or {"content": ...}); template_path (may be NULL)
+ * overrides the config's template; config_path may be NULL when
+ * template_path is given (the tokens are then empty strings). */
+typedef struct kiln_chat kiln_chat;
+kiln_status kiln_chat_load(const char *config_path, const char *template_path, kiln_chat **out);
+void kiln_chat_free(kiln_chat *c);
+/* Renders a conversation {"messages": [...], ...}: the other keys of the
+ * object (tools, documents, enable_thinking, ...) are template variables
+ * too, tools defaulting to None as in transformers. */
+kiln_status kiln_chat_render(const kiln_chat *c, const struct json_t *conversation, bool add_generation_prompt,
+                             char **out, size_t *len);
+/* Renders the conversation (no generation prompt) and finds the byte ranges
+ * an assistant would generate: with {% generation %} blocks, those;
+ * otherwise, for each assistant message i, from the end of the rendering
+ * of messages[:i] with the generation prompt to the end of messages[:i+1]
+ * rendered (content and end-of-turn), each prefix checked to be a prefix of
+ * the whole rendering. last_only: only the final assistant message.
+ * *spans holds 2 * *n_spans offsets [start, end), malloc'd. */
+kiln_status kiln_chat_assistant_spans(const kiln_chat *c, const struct json_t *conversation, bool last_only,
+                                      char **text, size_t *len, size_t **spans, size_t *n_spans);
+
 /* ---- token shards --------------------------------------------------------
  * File layout (little endian), 64-byte header then the tokens:
  *   0  "KILNTOK1"          8  u32 version (1)     12 u32 token width (2 or 4)

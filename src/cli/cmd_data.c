@@ -1,5 +1,6 @@
 /* `kiln tokenizer {train,encode,decode}` and `kiln tokenize`. */
 #include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,8 @@ static const char *tokenizer_usage =
     "usage: kiln tokenizer train CORPUS... --vocab-size N -o FILE\n"
     "       kiln tokenizer encode --tokenizer FILE [TEXT | -]\n"
     "       kiln tokenizer decode --tokenizer FILE [IDS... | -]\n"
+    "       kiln tokenizer render --config tokenizer_config.json CONVERSATION.json\n"
+    "                             [--chat-template FILE] [--add-generation-prompt]\n"
     "\n"
     "train   learns a byte-level BPE tokenizer from text files and writes it as a\n"
     "        Hugging Face tokenizer.json (ids: 0 <|bos|>, 1 <|eos|>, 2 <|pad|>,\n"
@@ -17,6 +20,9 @@ static const char *tokenizer_usage =
     "encode  prints the ids of TEXT (or of stdin when TEXT is - or absent).\n"
     "decode  writes the bytes of the ids (arguments, or whitespace/comma separated\n"
     "        on stdin with -) to stdout.\n"
+    "render  prints a conversation ({\"messages\": [...]}, other keys become template\n"
+    "        variables) rendered with the model's chat template, as transformers'\n"
+    "        apply_chat_template does; --chat-template FILE overrides the config's.\n"
     "options: --threads N (default: all cores), -h/--help\n";
 
 static const char *tokenize_usage =
@@ -33,18 +39,24 @@ typedef struct {
     const char **pos; /* positional arguments */
     int n_pos;
     const char *vocab_size, *out, *tokenizer, *val_frac, *docs, *seed, *threads;
-    bool help;
+    const char *config, *chat_template, *field, *train_on;
+    bool help, add_generation_prompt, skip_bad;
 } args;
 
 /* --flag value, --flag=value; "-" alone is positional. */
 static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
     static const char *const names[] = {"--vocab-size", "-o", "--output", "--tokenizer", "--val-frac",
-                                        "--docs", "--seed", "--threads"};
+                                        "--docs", "--seed", "--threads", "--config", "--chat-template",
+                                        "--field", "--train-on"};
     a->pos = calloc((size_t)argc + 1, sizeof *a->pos);
     if (!a->pos) return 1;
     for (int i = first; i < argc; i++) {
         const char *v;
-        int k = kiln_cli_arg(cmd, argc, argv, &i, names, 8, &v);
+        if (!strcmp(argv[i], "--add-generation-prompt") || !strcmp(argv[i], "--skip-bad")) { /* value-less flags */
+            *(argv[i][2] == 'a' ? &a->add_generation_prompt : &a->skip_bad) = true;
+            continue;
+        }
+        int k = kiln_cli_arg(cmd, argc, argv, &i, names, 12, &v);
         if (k == KILN_ARG_HELP) {
             a->help = true;
             continue;
@@ -55,7 +67,8 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
         }
         if (k == KILN_ARG_ERROR) return 2;
         const char **slot[] = {&a->vocab_size, &a->out, &a->out, &a->tokenizer, &a->val_frac,
-                               &a->docs, &a->seed, &a->threads};
+                               &a->docs, &a->seed, &a->threads, &a->config, &a->chat_template,
+                               &a->field, &a->train_on};
         *slot[k] = v;
     }
     return 0;
@@ -199,6 +212,33 @@ static int cmd_decode(args *a, kiln_tokenizer *t) {
     return 0;
 }
 
+static int cmd_render(args *a) {
+    const char *cmd = "tokenizer render";
+    if (a->n_pos != 1) return fprintf(stderr, "kiln %s: give one CONVERSATION.json\n%s", cmd, tokenizer_usage), 2;
+    if (!a->config && !a->chat_template)
+        return fprintf(stderr, "kiln %s: --config tokenizer_config.json or --chat-template FILE is required\n", cmd), 2;
+    json_error_t e;
+    json_t *conv = json_load_file(a->pos[0], 0, &e);
+    if (!conv) return fprintf(stderr, "kiln %s: %s:%d:%d: %s\n", cmd, a->pos[0], e.line, e.column, e.text), 1;
+    kiln_chat *c = NULL;
+    char *out = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (kiln_chat_load(a->config, a->chat_template, &c)) {
+        fprintf(stderr, "kiln %s: %s\n", cmd, kiln_last_error());
+        rc = 1;
+    } else if (kiln_chat_render(c, conv, a->add_generation_prompt, &out, &n)) {
+        fprintf(stderr, "kiln %s: %s: %s\n", cmd, a->pos[0], kiln_last_error());
+        rc = 1;
+    } else {
+        fwrite(out, 1, n, stdout);
+    }
+    free(out);
+    kiln_chat_free(c);
+    json_decref(conv);
+    return rc;
+}
+
 int kiln_cmd_tokenizer(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fputs(tokenizer_usage, argc < 2 ? stderr : stdout);
@@ -215,6 +255,8 @@ int kiln_cmd_tokenizer(int argc, char **argv) {
         rc = 2;
     } else if (!rc && !strcmp(sub, "train")) {
         rc = cmd_train(&a);
+    } else if (!rc && !strcmp(sub, "render")) {
+        rc = cmd_render(&a);
     } else if (!rc && (!strcmp(sub, "encode") || !strcmp(sub, "decode"))) {
         kiln_tokenizer *t = NULL;
         if (!a.tokenizer) {
@@ -227,7 +269,7 @@ int kiln_cmd_tokenizer(int argc, char **argv) {
         }
         kiln_tokenizer_free(t);
     } else if (!rc) {
-        fprintf(stderr, "kiln tokenizer: unknown subcommand \"%s\" (train, encode, decode)\n", sub);
+        fprintf(stderr, "kiln tokenizer: unknown subcommand \"%s\" (train, encode, decode, render)\n", sub);
         rc = 2;
     }
     free(a.pos);
