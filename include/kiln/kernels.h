@@ -156,8 +156,25 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
 /* ==== helpers shared by kernels and generated code ======================
  * Added by the kernels layer; inline so that loops using them vectorise
  * (glibc's expf does not vectorise without -ffast-math). */
+#include <float.h>
 #include <math.h>
 #include <string.h>
+
+/* max(x[0..n)), -INFINITY for an empty or all -inf row, NaNs skipped.
+ * OpenMP's max reduction starts its private copies from the type's least
+ * value, which gcc takes as -inf and clang as -FLT_MAX: a row of -inf then
+ * reduces to -FLT_MAX, and a fully masked softmax row to NaN. The rescan
+ * runs only when the result is -FLT_MAX and gives the true max either way. */
+static inline float kiln_row_max(const float *x, int64_t n) {
+    float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    if (m == -FLT_MAX) {
+        m = -INFINITY;
+        for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
+    }
+    return m;
+}
 
 /* exp(x) in float, relative error < 5e-7 against double for
  * x in [-87.33, 88.37]. Below that the true value is subnormal: it returns

@@ -262,6 +262,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
                     mx = x > mx ? x : mx;
                 }
             }
+            if (mx == -FLT_MAX) mx = kiln_row_max(s, nk); /* clang's reduction start: see kiln_row_max */
             const float mnew = mx > m[r] ? mx : m[r];
             const float mu = mnew == -INFINITY ? 0.0f : mnew;
             const float alpha = kiln_expf_fast(m[r] - mu);

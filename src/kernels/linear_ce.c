@@ -25,9 +25,7 @@ static int64_t choose_chunk(int64_t V) {
 /* Loss of one row of logits x (length V) with target t; when grad, x is
  * overwritten with softmax(x) − onehot(t). */
 static double lce_row(float *x, int64_t V, int32_t t, bool grad) {
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < V; j++) m = x[j] > m ? x[j] : m;
+    const float m = kiln_row_max(x, V);
     const double xt = x[t];
     float s = 0.0f;
     if (grad) {

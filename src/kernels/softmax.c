@@ -6,15 +6,8 @@
 
 #define KILN_SM_PAR (1 << 15)
 
-static float row_max(const float *x, int64_t n) {
-    float m = -INFINITY;
-#pragma omp simd reduction(max : m)
-    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
-    return m;
-}
-
 static void softmax_row(const float *x, float *y, int64_t n) {
-    float m = row_max(x, n);
+    float m = kiln_row_max(x, n);
     if (m == -INFINITY) {
         for (int64_t j = 0; j < n; j++) y[j] = 0.0f;
         return;
