@@ -16,7 +16,7 @@ pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev libp
 mode=${1:-}
 case "$mode" in
   --torch) pkgs+=(python3-torch python3-numpy) ;;
-  --test)  pkgs+=(python3-torch python3-numpy python3-jinja2 clang libclang-rt-dev)
+  --test)  pkgs+=(python3-torch python3-numpy python3-jinja2 clang libclang-rt-dev libomp-dev)
            # a Node.js that ships its own npm (as some images have) conflicts with Debian's npm
            command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm) ;;
   "") ;;

@@ -1,15 +1,38 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds kiln twice (optimised, and
-# with ASan+UBSan) with -Wall -Wextra -Werror, and runs every test in both.
+# The test command: installs dependencies (scripts/deps.sh --test), builds
+# kiln three times with -Wall -Wextra -Werror (optimised with gcc; ASan +
+# UBSan incl. float-cast-overflow with gcc and with clang), runs every test
+# in each build, then runs every libFuzzer harness over a fixed number of
+# executions on its seed corpus (so no harness rots). One closing line each,
+# then the total.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh --test
 jobs=$(nproc)
 make -j"$jobs" all
 make -j"$jobs" asan
+make -j"$jobs" asan-clang
+make -j"$jobs" fuzz-build
 status=0
-bash tests/run.sh build || status=1
+summary=()
+run() { # NAME COMMAND...: runs it, keeps its closing "N passed, N failed" line
+  local out; out=$(mktemp)
+  "${@:2}" 2>&1 | tee "$out" || status=1
+  summary+=("$(grep -E '^[a-z0-9-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n1)")
+  rm -f "$out"
+}
+san_env=(env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+run build bash tests/run.sh build
 # oneDNN's JIT trips LeakSanitizer's view of its code caches: leaks are not errors here
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  bash tests/run.sh build-asan || status=1
+run build-asan "${san_env[@]}" bash tests/run.sh build-asan
+run build-clang "${san_env[@]}" bash tests/run.sh build-clang
+run fuzz bash tests/fuzz/run.sh runs "${FUZZ_RUNS:-2000}"
+p=0; f=0
+for line in "${summary[@]}"; do
+  n=$(sed -nE 's/.*: ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/p' <<<"$line")
+  [ -n "$n" ] || { status=1; continue; }
+  p=$((p + ${n% *})); f=$((f + ${n#* }))
+done
+[ $status -eq 0 ] || [ $f -gt 0 ] || f=1
+echo "total: $p passed, $f failed"
 exit $status

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer harness built by `make fuzz-build` (build-fuzz/fuzz/).
+#   run.sh time SECONDS   each harness for SECONDS (make fuzz)
+#   run.sh runs N         each harness for N executions (make fuzz-check, CI)
+# Seeds: tests/fuzz/corpus/NAME (committed, read only); what libFuzzer finds
+# goes to build-fuzz/corpus/NAME, crashes to build-fuzz/crashes/. Prints the
+# executions of each harness and one closing line.
+set -u
+cd "$(dirname "$0")/../.."
+how=${1:-runs}; amount=${2:-3000}
+case "$how" in
+  time) limit=(-max_total_time="$amount") ;;
+  runs) limit=(-runs="$amount") ;;
+  *) echo "run.sh: expected 'time SECONDS' or 'runs N', got '$how'" >&2; exit 2 ;;
+esac
+mkdir -p build-fuzz/crashes
+pass=0; fail=0
+for bin in build-fuzz/fuzz/fuzz_*; do
+  [ -x "$bin" ] || continue
+  name=$(basename "$bin"); name=${name#fuzz_}
+  seeds=tests/fuzz/corpus/$name
+  work=build-fuzz/corpus/$name
+  mkdir -p "$work"
+  log=build-fuzz/$name.log
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$bin" "${limit[@]}" -max_len=65536 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    -artifact_prefix=build-fuzz/crashes/"$name"- "$work" "$seeds" > "$log" 2>&1
+  rc=$?
+  execs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+).*/\1/p' "$log" | tail -n1)
+  if [ $rc -eq 0 ]; then
+    pass=$((pass + 1)); echo "ok: fuzz_$name: ${execs:-?} executions, 0 crashes (corpus $(ls "$work" | wc -l) + $(ls "$seeds" | wc -l) seeds)"
+  else
+    fail=$((fail + 1)); tail -n 40 "$log"; echo "FAILED: fuzz_$name (exit $rc) after ${execs:-?} executions; input in build-fuzz/crashes/"
+  fi
+done
+echo "fuzz: $pass passed, $fail failed"
+[ $fail -eq 0 ]
