@@ -1,6 +1,5 @@
-/* kiln data: the byte-level BPE tokenizer (train, encode, decode,
- * tokenizer.json), the token shard format and the batch loader.
- * Uses core only.
+/* kiln data: the BPE tokenizer (train, encode, decode, tokenizer.json),
+ * the token shard format and the batch loader. Uses core only.
  *
  * Ownership: opaque objects (kiln_tokenizer, kiln_shard, kiln_loader) are
  * created by *_open/_load/_train and freed by the matching *_free/_close
@@ -15,15 +14,17 @@
  * Token ids (tokenizers trained by kiln): 0 = <|bos|>, 1 = <|eos|>,
  * 2 = <|pad|>, 3..258 = the 256 single bytes (id = 3 + byte), 259.. = merges
  * in rank order. A tokenizer.json loaded from elsewhere keeps its own ids;
- * its special ids are looked up by content and are -1 when absent; if its
- * vocabulary lacks some single bytes, encoding text that holds one fails
- * with an error naming the byte and offset.
+ * bos/eos/pad are found by name among its special tokens (<|bos|>,
+ * <|begin_of_text|>, <s>, <bos> / <|eos|>, <|end_of_text|>, <|endoftext|>,
+ * </s>, <eos> / <|pad|>, <pad>) and are -1 when absent.
  *
- * Compatibility: files are written as Hugging Face `tokenizer.json` (BPE,
- * ByteLevel pre-tokenizer and decoder, GPT-2 byte-to-unicode mapping). Our
- * pre-tokenizer is a byte-level version of the GPT-2 regex: it agrees with it
- * on ASCII text; bytes >= 0x80 all count as letters (HF uses Unicode \p{L}
- * and \p{N}), so non-ASCII punctuation and digits may split differently.
+ * Compatibility: tokenizer.json is run as the Hugging Face `tokenizers`
+ * library (v0.22) runs it: added tokens, normalizer, pre-tokenizer, BPE
+ * model, post-processor and decoder (the README lists the components; any
+ * other is refused at load, naming it and the file). Encoding gives HF's
+ * ids on any valid UTF-8; invalid UTF-8 is encoded too (byte-level
+ * tokenizers: exactly, byte by byte). kiln trains byte-level BPE with the
+ * GPT-2 pre-tokenizer regex (PCRE2, Unicode classes) it declares.
  */
 #ifndef KILN_DATA_H
 #define KILN_DATA_H
@@ -45,13 +46,6 @@ extern "C" {
 
 typedef struct kiln_tokenizer kiln_tokenizer;
 
-/* Pre-tokenizer (GPT-2-like, hand-written, byte based): contractions
- * ('s 't 're 've 'm 'll 'd), an optional space + a run of letters (ASCII
- * letters and every byte >= 0x80, so UTF-8 words stay whole), an optional
- * space + a run of digits, an optional space + a run of other symbols, and
- * whitespace runs (a run followed by text leaves its last space to the next
- * word). Special-token text in the input is encoded as plain text. */
-
 /* Learns merges from the files until the vocabulary (specials + 256 bytes +
  * merges) has vocab_size entries, or no pair occurs any more. Deterministic:
  * ties go to the smaller (left, right) id pair. */
@@ -60,9 +54,9 @@ kiln_status kiln_tokenizer_train(const char *const *paths, int n_paths, int voca
 /* The same on an in-memory text (tests, tools). */
 kiln_status kiln_tokenizer_train_text(const char *text, size_t len, int vocab_size,
                                       kiln_tokenizer **out);
-/* Hugging Face tokenizer.json: model type "BPE" with ByteLevel
- * pre-tokenizer/decoder (GPT-2 byte-to-unicode mapping), specials in
- * added_tokens. Save is atomic. */
+/* Hugging Face tokenizer.json (model type "BPE"). Save is atomic: a
+ * trained tokenizer is written in kiln's layout (ByteLevel, specials in
+ * added_tokens); a loaded one is written as a copy of its file. */
 kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out);
 kiln_status kiln_tokenizer_save(const kiln_tokenizer *tok, const char *path);
 void kiln_tokenizer_free(kiln_tokenizer *tok);
@@ -70,28 +64,47 @@ void kiln_tokenizer_free(kiln_tokenizer *tok);
 int kiln_tokenizer_vocab_size(const kiln_tokenizer *tok); /* max id + 1 */
 int kiln_tokenizer_n_merges(const kiln_tokenizer *tok);
 int kiln_tokenizer_bos(const kiln_tokenizer *tok); /* -1 when absent */
-int kiln_tokenizer_eos(const kiln_tokenizer *tok); /* "<|eos|>", else "<|endoftext|>" */
+int kiln_tokenizer_eos(const kiln_tokenizer *tok);
 int kiln_tokenizer_pad(const kiln_tokenizer *tok);
-/* The bytes of token `id` (specials: their text); NULL if id is unused. */
+/* Overrides bos/eos/pad (e.g. from tokenizer_config.json); -1 = none. */
+kiln_status kiln_tokenizer_set_special(kiln_tokenizer *tok, int bos, int eos, int pad);
+/* Token `id` as stored: its bytes for byte-level vocabularies, otherwise
+ * (and for added tokens) its tokenizer.json string; NULL if id is unused. */
 const char *kiln_tokenizer_token(const kiln_tokenizer *tok, int id, size_t *len);
+/* The id of an added token with this content, else of the vocabulary
+ * entry with these bytes (as kiln_tokenizer_token gives them); -1. */
+int kiln_tokenizer_find(const kiln_tokenizer *tok, const char *text, size_t len);
+bool kiln_tokenizer_is_special(const kiln_tokenizer *tok, int id); /* a special added token */
 
-/* Encodes any byte string (invalid UTF-8 included). *ids is malloc'd (NULL
- * when *n_ids == 0 is allowed); the caller frees it. Inputs above ~64 KiB are
- * split at pre-token boundaries and encoded on kiln_num_threads() threads;
- * the result does not depend on the thread count. Safe to call from several
- * threads on the same tokenizer (caches are per call). */
+/* Encodes any byte string (invalid UTF-8 included) as HF's
+ * encode(text, add_special_tokens=False): special tokens typed in the text
+ * are matched, no bos/eos is added. *ids is malloc'd (NULL when
+ * *n_ids == 0 is allowed); the caller frees it. With kiln's own pipeline,
+ * inputs above ~64 KiB are cut before spaces and encoded on
+ * kiln_num_threads() threads; the result does not depend on the thread
+ * count. Safe to call from several threads on the same tokenizer. */
 kiln_status kiln_tokenizer_encode(const kiln_tokenizer *tok, const char *text, size_t len,
                                   int32_t **ids, size_t *n_ids);
+#define KILN_ENCODE_SPECIAL 1u /* add_special_tokens=True: the post-processor's bos/eos */
+kiln_status kiln_tokenizer_encode_ex(const kiln_tokenizer *tok, const char *text, size_t len, unsigned flags,
+                                     int32_t **ids, size_t *n_ids);
 /* Encodes n_docs documents (doc i = text[starts[i] .. starts[i] + lens[i]))
  * and appends `sep` (e.g. the eos id; -1 for none) after each one. Documents
  * are spread over threads; the output is in document order. */
 kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *tok, const char *text,
                                        const size_t *starts, const size_t *lens, size_t n_docs,
                                        int32_t sep, int32_t **ids, size_t *n_ids);
-/* Concatenates the tokens' bytes (specials as their text). *out is malloc'd,
- * NUL-terminated (not counted in *len). An id out of range is an error. */
+/* HF's decode(ids, skip_special_tokens=False) through the file's decoder
+ * (specials as their text), except that bytes which are not valid UTF-8
+ * are kept as bytes (HF writes U+FFFD) so that a prefix of the ids decodes
+ * to a prefix of the text. *out is malloc'd, NUL-terminated (not counted in
+ * *len). An id out of range is an error (HF skips it). */
 kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids, size_t n,
                                   char **out, size_t *len);
+#define KILN_DECODE_SKIP_SPECIAL 1u /* skip_special_tokens=True */
+#define KILN_DECODE_LOSSY 2u        /* invalid UTF-8 -> U+FFFD exactly as HF */
+kiln_status kiln_tokenizer_decode_ex(const kiln_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                                     char **out, size_t *len);
 
 /* ---- chat templates: a Jinja subset --------------------------------------
  * Parses and renders the Jinja of Hugging Face chat templates as

@@ -283,7 +283,7 @@ static kiln_status train_words(const kd_strmap *words, int vocab_size, kiln_toke
         }
         memcpy(buf, a, la);
         memcpy(buf + la, b, lb);
-        st = kd_tok_set(t, KILN_TOK_BASE_VOCAB + r, buf, la + lb, false);
+        st = kd_tok_set(t, KILN_TOK_BASE_VOCAB + r, buf, la + lb, KD_TOK_MODEL);
         free(buf);
         if (!st) st = kd_tok_add_merge(t, merges[r][0], merges[r][1], KILN_TOK_BASE_VOCAB + r);
     }
@@ -301,20 +301,21 @@ static kiln_status train_words(const kd_strmap *words, int vocab_size, kiln_toke
 
 /* ---- counting pre-tokens ---- */
 
-static bool count_span(kd_strmap *m, const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        size_t l = kd_pretoken_len(s + i, n - i);
-        uint64_t *v = kd_strmap_put(m, (const char *)s + i, l, kd_hash_bytes(s + i, l), 0, NULL);
-        if (!v) return false;
-        (*v)++;
-        i += l;
-    }
+/* Words are counted with the pipeline the saved tokenizer.json declares
+ * (its special tokens split first, then ByteLevel with the GPT-2 regex), so
+ * training sees the words that encoding (kiln's or HF's) will see. */
+static bool count_word(void *ctx, const char *s, size_t n) {
+    kd_strmap *m = ctx;
+    uint64_t *v = kd_strmap_put(m, s, n, kd_hash_bytes(s, n), 0, NULL);
+    if (!v) return false;
+    (*v)++;
     return true;
 }
 
 /* Adds the pre-token counts of text into `words`, on kiln_num_threads(). */
 static kiln_status count_text(kd_strmap *words, const char *text, size_t len) {
+    kiln_tokenizer *base = kd_tok_new_base(KILN_TOK_BASE_VOCAB);
+    if (!base) return kiln_error(KILN_ERR_OOM, "out of memory");
     const unsigned char *s = (const unsigned char *)text;
     int n = kiln_num_threads();
     if (n < 1) n = 1;
@@ -328,22 +329,34 @@ static kiln_status count_text(kd_strmap *words, const char *text, size_t len) {
     }
     bounds[n] = len;
     kd_strmap local[16];
-    int ok = 1;
-#pragma omp parallel for num_threads(n) schedule(static, 1) reduction(&& : ok)
+    kiln_status sts[16] = {0};
+    char msg[16][256];
+#pragma omp parallel for num_threads(n) schedule(static, 1)
     for (int p = 0; p < n; p++) {
-        ok = kd_strmap_init(&local[p], 1 << 14) && count_span(&local[p], s + bounds[p], bounds[p + 1] - bounds[p]);
+        kd_work w;
+        if (!kd_strmap_init(&local[p], 1 << 14) || !kd_work_init(&w)) {
+            sts[p] = KILN_ERR_OOM;
+            snprintf(msg[p], sizeof msg[p], "out of memory counting pre-tokens");
+            continue;
+        }
+        sts[p] = kd_tok_words(base, &w, text + bounds[p], bounds[p + 1] - bounds[p], count_word, &local[p]);
+        if (sts[p]) snprintf(msg[p], sizeof msg[p], "%s", kiln_last_error());
+        kd_work_free(&w);
     }
+    kiln_status st = KILN_OK;
     for (int p = 0; p < n; p++) {
-        for (size_t e = 0; ok && e < local[p].n; e++) {
+        if (sts[p] && !st) st = kiln_error(sts[p], "%s", msg[p]);
+        for (size_t e = 0; !st && e < local[p].n; e++) {
             size_t kl;
             const char *k = kd_strmap_key(&local[p], e, &kl);
             uint64_t *v = kd_strmap_put(words, k, kl, local[p].hashes[e], 0, NULL);
-            if (!v) ok = 0;
+            if (!v) st = kiln_error(KILN_ERR_OOM, "out of memory counting pre-tokens");
             else *v += local[p].vals[e];
         }
         kd_strmap_free(&local[p]);
     }
-    return ok ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory counting pre-tokens");
+    kiln_tokenizer_free(base);
+    return st;
 }
 
 static kiln_status check_size(int vocab_size) {

@@ -1,4 +1,4 @@
-/* Hash maps and the byte-level pre-tokenizer used across src/data. */
+/* Hash maps used across src/data. */
 #include <stdlib.h>
 #include <string.h>
 #include "data_impl.h"
@@ -202,51 +202,4 @@ uint64_t *kd_strmap_put(kd_strmap *m, const char *key, size_t len, uint64_t h, u
     m->slots[i] = (uint32_t)(e + 1);
     if (inserted) *inserted = true;
     return &m->vals[e];
-}
-
-/* ---- pre-tokenizer ---- */
-
-enum { C_SPACE, C_LETTER, C_DIGIT, C_OTHER };
-
-static inline int cls(unsigned char c) {
-    if (c >= 0x80 || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return C_LETTER;
-    if (c >= '0' && c <= '9') return C_DIGIT;
-    if (c == ' ' || (c >= '\t' && c <= '\r')) return C_SPACE;
-    return C_OTHER;
-}
-
-static size_t contraction(const unsigned char *s, size_t n) {
-    if (n < 2 || s[0] != '\'') return 0;
-    unsigned char a = s[1];
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-    if (n >= 3 && ((a == 'r' && s[2] == 'e') || (a == 'v' && s[2] == 'e') ||
-                   (a == 'l' && s[2] == 'l')))
-        return 3;
-    return 0;
-}
-
-size_t kd_pretoken_len(const unsigned char *s, size_t n) {
-    size_t c = contraction(s, n);
-    if (c) return c;
-    size_t i = 0;
-    int k = cls(s[0]);
-    if (s[0] == ' ' && n > 1 && cls(s[1]) != C_SPACE) {
-        i = 1;
-        k = cls(s[1]);
-    }
-    if (k != C_SPACE) {
-        while (i < n && cls(s[i]) == k) i++;
-        return i;
-    }
-    while (i < n && cls(s[i]) == C_SPACE) i++;
-    /* A run followed by text leaves its last byte to the next pre-token. */
-    if (i < n && i > 1) i--;
-    return i;
-}
-
-size_t kd_chunk_boundary(const unsigned char *s, size_t n, size_t pos) {
-    if (pos == 0) return 0;
-    for (size_t i = pos; i < n; i++)
-        if (cls(s[i]) == C_SPACE && cls(s[i - 1]) != C_SPACE) return i;
-    return n;
 }

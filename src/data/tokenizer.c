@@ -1,31 +1,35 @@
-/* Byte-level BPE: the tokenizer object, encoding (with a per-call cache of
- * pre-token results and a rank hash) and decoding. */
+/* The tokenizer object, the BPE model (HF models/bpe: merge_word with
+ * continuing_subword_prefix, end_of_word_suffix, byte_fallback, unk_token,
+ * fuse_unk and ignore_merges) and the encoding pipeline: added tokens ->
+ * normalizer -> normalized added tokens -> pre-tokenizer -> model ->
+ * post-processor. Each call keeps a cache of word results. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "data_impl.h"
 
 #define UNUSED_TOK UINT64_MAX
-#define NO_RANK UINT32_MAX
-#define CACHE_MAX_WORD 255       /* longer pre-tokens are not cached */
+#define CACHE_MAX_WORD 255       /* longer words are not cached */
 #define CACHE_MAX_ENTRIES (1u << 20)
 #define PAR_MIN_BYTES (64u << 10)
+#define MAX_MERGES (1 << 28)
 
 /* ---- construction ---- */
 
 kiln_tokenizer *kd_tok_new(int vocab_size) {
+    if (vocab_size <= 0 || vocab_size > (1 << 24)) return NULL;
     kiln_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     t->vocab_size = vocab_size;
-    t->bos = t->eos = t->pad = -1;
+    t->bos = t->eos = t->pad = t->unk_id = -1;
     t->tok_off = malloc((size_t)vocab_size * sizeof *t->tok_off);
     t->tok_len = calloc((size_t)vocab_size, sizeof *t->tok_len);
-    t->tok_special = calloc((size_t)vocab_size, 1);
+    t->tok_flags = calloc((size_t)vocab_size, 1);
     t->blob_cap = (size_t)vocab_size * 8 + 64;
     t->blob = malloc(t->blob_cap);
-    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
-    if (!t->tok_off || !t->tok_len || !t->tok_special || !t->blob ||
-        !kd_map64_init(&t->merge_map, (size_t)vocab_size)) {
+    for (int b = 0; b < 256; b++) t->byte_id[b] = t->fallback_id[b] = -1;
+    if (!t->tok_off || !t->tok_len || !t->tok_flags || !t->blob || !kd_map64_init(&t->merge_map, (size_t)vocab_size) ||
+        !kd_strmap_init(&t->vocab, (size_t)vocab_size)) {
         kiln_tokenizer_free(t);
         return NULL;
     }
@@ -37,66 +41,79 @@ void kiln_tokenizer_free(kiln_tokenizer *t) {
     if (!t) return;
     free(t->tok_off);
     free(t->tok_len);
-    free(t->tok_special);
+    free(t->tok_flags);
     free(t->blob);
     free(t->merges);
+    free(t->prefix);
+    free(t->suffix);
+    free(t->src_path);
     kd_map64_free(&t->merge_map);
+    kd_strmap_free(&t->vocab);
+    kd_added_free(t->added);
+    kd_norm_free(t->norm);
+    kd_pretok_free(t->pretok);
+    kd_post_free(t->post);
+    kd_dec_free(t->dec);
     free(t);
 }
 
-kiln_status kd_tok_set(kiln_tokenizer *t, int id, const char *bytes, size_t len, bool special) {
+kiln_status kd_tok_vocab_put(kiln_tokenizer *t, const char *s, size_t len, int id) {
+    bool ins;
+    uint64_t *v = kd_strmap_put(&t->vocab, s, len, kd_hash_bytes(s, len), (uint64_t)id, &ins);
+    if (!v) return kiln_error(KILN_ERR_OOM, "out of memory for the vocabulary");
+    if (!ins && *v != (uint64_t)id)
+        return kiln_error(KILN_ERR_FORMAT, "vocabulary string of id %d is also id %d", id, (int)*v);
+    if (len == 1 && t->byte_id[(unsigned char)s[0]] < 0) t->byte_id[(unsigned char)s[0]] = id;
+    return KILN_OK;
+}
+
+int32_t kd_tok_vocab_get(const kiln_tokenizer *t, const char *s, size_t len) {
+    const uint64_t *v = kd_strmap_get(&t->vocab, s, len, kd_hash_bytes(s, len));
+    return v ? (int32_t)*v : -1;
+}
+
+kiln_status kd_tok_set(kiln_tokenizer *t, int id, const char *bytes, size_t len, unsigned flags) {
     if (id < 0 || id >= t->vocab_size) return kiln_error(KILN_ERR_RANGE, "token id %d out of range", id);
     if (t->tok_off[id] != UNUSED_TOK) return kiln_error(KILN_ERR_FORMAT, "token id %d defined twice", id);
+    if (len > UINT32_MAX || len > SIZE_MAX - t->blob_len) return kiln_error(KILN_ERR_RANGE, "token %d is too long", id);
     if (t->blob_len + len > t->blob_cap) {
-        size_t c = t->blob_cap * 2;
-        while (c < t->blob_len + len) c *= 2;
+        size_t c = t->blob_cap;
+        while (c < t->blob_len + len) {
+            if (c > SIZE_MAX / 2) return kiln_error(KILN_ERR_OOM, "vocabulary too large");
+            c *= 2;
+        }
         char *b = realloc(t->blob, c);
         if (!b) return kiln_error(KILN_ERR_OOM, "out of memory for the vocabulary");
         t->blob = b;
         t->blob_cap = c;
     }
-    memcpy(t->blob + t->blob_len, bytes, len);
+    if (len) memcpy(t->blob + t->blob_len, bytes, len);
     t->tok_off[id] = t->blob_len;
     t->tok_len[id] = (uint32_t)len;
-    t->tok_special[id] = special;
+    t->tok_flags[id] = (uint8_t)flags;
     t->blob_len += len;
-    if (!special && len == 1 && t->byte_id[(unsigned char)bytes[0]] < 0)
-        t->byte_id[(unsigned char)bytes[0]] = id;
+    /* A byte-level token outside the byte alphabet can never be a word. */
+    if ((flags & KD_TOK_MODEL) && !(t->byte_level && (flags & KD_TOK_TEXT))) return kd_tok_vocab_put(t, bytes, len, id);
     return KILN_OK;
 }
 
 kiln_status kd_tok_add_merge(kiln_tokenizer *t, int32_t left, int32_t right, int32_t result) {
-    if (!t->merges) {
-        t->merges = malloc((size_t)t->vocab_size * sizeof *t->merges);
-        if (!t->merges) return kiln_error(KILN_ERR_OOM, "out of memory for merges");
+    if (t->n_merges >= MAX_MERGES) return kiln_error(KILN_ERR_LIMIT, "more than %d merges", MAX_MERGES);
+    if ((size_t)t->n_merges == t->merges_cap) {
+        size_t c = t->merges_cap ? t->merges_cap * 2 : 1024;
+        int32_t(*m)[2] = realloc(t->merges, c * sizeof *m);
+        if (!m) return kiln_error(KILN_ERR_OOM, "out of memory for merges");
+        t->merges = m;
+        t->merges_cap = c;
     }
-    if (t->n_merges >= t->vocab_size)
-        return kiln_error(KILN_ERR_FORMAT, "more merges than vocabulary entries");
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    bool ins;
-    uint64_t *v = kd_map64_put(&t->merge_map, key, 0, &ins);
+    uint64_t *v = kd_map64_put(&t->merge_map, key, 0, NULL);
     if (!v) return kiln_error(KILN_ERR_OOM, "out of memory for merges");
-    if (!ins) return KILN_OK; /* a repeated merge never wins over its first rank */
     *v = (uint64_t)t->n_merges << 32 | (uint32_t)result;
     t->merges[t->n_merges][0] = left;
     t->merges[t->n_merges][1] = right;
     t->n_merges++;
     return KILN_OK;
-}
-
-kiln_tokenizer *kd_tok_new_base(int vocab_size) {
-    kiln_tokenizer *t = kd_tok_new(vocab_size);
-    if (!t) return NULL;
-    static const char *const names[3] = {"<|bos|>", "<|eos|>", "<|pad|>"};
-    for (int i = 0; i < 3; i++) kd_tok_set(t, i, names[i], strlen(names[i]), true);
-    for (int b = 0; b < 256; b++) {
-        char c = (char)b;
-        kd_tok_set(t, KILN_TOK_BYTE0 + b, &c, 1, false);
-    }
-    t->bos = KILN_TOK_BOS;
-    t->eos = KILN_TOK_EOS;
-    t->pad = KILN_TOK_PAD;
-    return t;
 }
 
 void kd_byte_to_unicode(uint32_t cp[256]) {
@@ -105,6 +122,55 @@ void kd_byte_to_unicode(uint32_t cp[256]) {
         bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
         cp[b] = printable ? (uint32_t)b : 256 + extra++;
     }
+}
+
+static bool is_name(const char *s, size_t n, const char *const *names) {
+    for (; *names; names++)
+        if (strlen(*names) == n && !memcmp(*names, s, n)) return true;
+    return false;
+}
+
+kiln_status kd_tok_finish(kiln_tokenizer *t, const kd_added_def *defs, size_t n) {
+    static const char *const bos[] = {"<|bos|>", "<|begin_of_text|>", "<s>", "<bos>", NULL};
+    static const char *const eos1[] = {"<|eos|>", NULL};
+    static const char *const eos2[] = {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", NULL};
+    static const char *const pad[] = {"<|pad|>", "<pad>", NULL};
+    kiln_status st = kd_added_build(defs, n, t->norm, &t->added);
+    if (st) return st;
+    for (size_t i = 0; i < n; i++) {
+        if (!defs[i].special) continue;
+        if (t->bos < 0 && is_name(defs[i].content, defs[i].len, bos)) t->bos = defs[i].id;
+        if (is_name(defs[i].content, defs[i].len, eos1) || (t->eos < 0 && is_name(defs[i].content, defs[i].len, eos2)))
+            t->eos = defs[i].id;
+        if (t->pad < 0 && is_name(defs[i].content, defs[i].len, pad)) t->pad = defs[i].id;
+    }
+    t->chunk_safe = t->byte_level && !t->norm && kd_pretok_chunk_safe(t->pretok) && !kd_added_any_space(t->added) &&
+                    !kd_added_has(t->added, true) && !t->has_prefix && !t->has_suffix;
+    return KILN_OK;
+}
+
+kiln_tokenizer *kd_tok_new_base(int vocab_size) {
+    kiln_tokenizer *t = kd_tok_new(vocab_size);
+    if (!t) return NULL;
+    static const char *const names[3] = {"<|bos|>", "<|eos|>", "<|pad|>"};
+    kd_added_def defs[3];
+    t->byte_level = true;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < 3 && !st; i++) {
+        st = kd_tok_set(t, i, names[i], strlen(names[i]), KD_TOK_SPECIAL | KD_TOK_ADDED | KD_TOK_MODEL);
+        defs[i] = (kd_added_def){.id = i, .special = true, .content = names[i], .len = strlen(names[i])};
+    }
+    for (int b = 0; b < 256 && !st; b++) {
+        char c = (char)b;
+        st = kd_tok_set(t, KILN_TOK_BYTE0 + b, &c, 1, KD_TOK_MODEL);
+    }
+    t->pretok = kd_pretok_bytelevel(false, true);
+    t->dec = kd_dec_bytelevel();
+    if (st || !t->pretok || !t->dec || kd_tok_finish(t, defs, 3)) {
+        kiln_tokenizer_free(t);
+        return NULL;
+    }
+    return t;
 }
 
 /* ---- accessors ---- */
@@ -121,7 +187,22 @@ const char *kiln_tokenizer_token(const kiln_tokenizer *t, int id, size_t *len) {
     return t->blob + t->tok_off[id];
 }
 
-/* ---- BPE on one pre-token ---- */
+bool kiln_tokenizer_is_special(const kiln_tokenizer *t, int id) {
+    return id >= 0 && id < t->vocab_size && (t->tok_flags[id] & KD_TOK_SPECIAL);
+}
+
+kiln_status kiln_tokenizer_set_special(kiln_tokenizer *t, int bos, int eos, int pad) {
+    int v[3] = {bos, eos, pad};
+    for (int i = 0; i < 3; i++)
+        if (v[i] < -1 || v[i] >= t->vocab_size || (v[i] >= 0 && t->tok_off[v[i]] == UNUSED_TOK))
+            return kiln_error(KILN_ERR_RANGE, "special token id %d is not in the vocabulary (size %d)", v[i], t->vocab_size);
+    t->bos = bos;
+    t->eos = eos;
+    t->pad = pad;
+    return KILN_OK;
+}
+
+/* ---- BPE on one word ---- */
 
 static inline uint64_t merge_of(const kiln_tokenizer *t, int32_t a, int32_t b) {
     const uint64_t *v = kd_map64_get(&t->merge_map, (uint64_t)(uint32_t)a << 32 | (uint32_t)b);
@@ -147,38 +228,38 @@ static size_t bpe_short(const kiln_tokenizer *t, int32_t *sym, size_t n) {
     return n;
 }
 
-typedef struct { uint64_t key; } heap_ent; /* rank << 32 | position */
-
-static void heap_push(heap_ent *h, size_t *n, uint64_t key) {
+static void heap_push(uint64_t *h, size_t *n, uint64_t key) {
     size_t i = (*n)++;
-    while (i > 0 && h[(i - 1) / 2].key > key) {
+    while (i > 0 && h[(i - 1) / 2] > key) {
         h[i] = h[(i - 1) / 2];
         i = (i - 1) / 2;
     }
-    h[i].key = key;
+    h[i] = key;
 }
 
-static uint64_t heap_pop(heap_ent *h, size_t *n) {
-    uint64_t top = h[0].key, last = h[--(*n)].key;
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    uint64_t top = h[0], last = h[--(*n)];
     size_t i = 0;
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= *n) break;
-        if (c + 1 < *n && h[c + 1].key < h[c].key) c++;
-        if (h[c].key >= last) break;
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= last) break;
         h[i] = h[c];
         i = c;
     }
-    if (*n) h[i].key = last;
+    if (*n) h[i] = last;
     return top;
 }
 
-/* Long words: a linked list and a heap keyed by (rank, position), O(n log n). */
+/* Long words: a linked list and a heap keyed by (rank, position), O(n log n),
+ * as HF's Word::merge_all. Returns SIZE_MAX when out of memory. */
 static size_t bpe_long(const kiln_tokenizer *t, int32_t *sym, size_t n) {
+    if (n > UINT32_MAX || n > SIZE_MAX / (3 * sizeof(uint64_t))) return SIZE_MAX;
     int64_t *next = malloc(n * sizeof *next), *prev = malloc(n * sizeof *prev);
-    heap_ent *h = malloc(3 * n * sizeof *h);
-    size_t hn = 0, out = n;
-    if (!next || !prev || !h) goto done; /* leave unmerged: still decodes exactly */
+    uint64_t *h = malloc(3 * n * sizeof *h);
+    size_t hn = 0, out = SIZE_MAX;
+    if (!next || !prev || !h) goto done;
     for (size_t i = 0; i < n; i++) {
         next[i] = i + 1 < n ? (int64_t)i + 1 : -1;
         prev[i] = (int64_t)i - 1;
@@ -198,7 +279,6 @@ static size_t bpe_long(const kiln_tokenizer *t, int32_t *sym, size_t n) {
         sym[q] = -1;
         next[p] = next[q];
         if (next[q] >= 0) prev[next[q]] = (int64_t)p;
-        out--;
         if (prev[p] >= 0) {
             uint64_t r2 = merge_of(t, sym[prev[p]], sym[p]);
             if (r2 != UINT64_MAX) heap_push(h, &hn, (r2 >> 32) << 32 | (uint64_t)prev[p]);
@@ -227,9 +307,13 @@ typedef struct {
 } ivec;
 
 static bool ivec_reserve(ivec *a, size_t extra) {
+    if (extra > SIZE_MAX / sizeof(int32_t) - a->n) return false;
     if (a->n + extra <= a->cap) return true;
-    size_t c = a->cap ? a->cap * 2 : 1024;
-    while (c < a->n + extra) c *= 2;
+    size_t c = a->cap ? a->cap : 1024;
+    while (c < a->n + extra) {
+        if (c > SIZE_MAX / 2 / sizeof(int32_t)) return false;
+        c *= 2;
+    }
     int32_t *p = realloc(a->v, c * sizeof *p);
     if (!p) return false;
     a->v = p;
@@ -238,47 +322,119 @@ static bool ivec_reserve(ivec *a, size_t extra) {
 }
 
 typedef struct {
-    kd_strmap cache; /* pre-token -> (offset in ids << 16 | count) */
-    ivec cached;     /* token ids of cached pre-tokens */
-    ivec out;
-    int32_t *scratch;
-    size_t scratch_cap;
-    bool oom;
+    kd_work w;
+    kd_spans top;
+    kd_buf sbuf;     /* prefix + char + suffix */
+    kd_strmap cache; /* word -> (offset in cached << 16 | count) */
+    ivec cached, out;
+    kiln_status st;
+    char msg[512];
 } encoder;
 
 static bool encoder_init(encoder *e) {
     memset(e, 0, sizeof *e);
+    if (!kd_work_init(&e->w)) return false;
     return kd_strmap_init(&e->cache, 4096);
 }
 
 static void encoder_free(encoder *e) {
+    kd_work_free(&e->w);
+    kd_spans_free(&e->top);
+    kd_buf_free(&e->sbuf);
     kd_strmap_free(&e->cache);
     free(e->cached.v);
-    free(e->scratch);
+    free(e->out.v);
 }
 
-static void encode_word(const kiln_tokenizer *t, encoder *e, const unsigned char *s, size_t n) {
+static void fail(encoder *e, kiln_status st) {
+    if (e->st) return;
+    e->st = st;
+    snprintf(e->msg, sizeof e->msg, "%s", kiln_last_error());
+}
+
+/* HF BPE::merge_word's symbols: one per char (byte, for byte-level
+ * vocabularies), with prefix/suffix, byte fallback and unk. */
+static size_t initial_symbols(const kiln_tokenizer *t, encoder *e, const unsigned char *s, size_t n, int32_t *sym) {
+    size_t m = 0;
+    if (t->byte_level && !t->has_prefix && !t->has_suffix) {
+        for (; m < n && t->byte_id[s[m]] >= 0; m++) sym[m] = t->byte_id[s[m]];
+        if (m == n) return m;
+        m = 0;
+    }
+    int32_t unk = -1;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t l = t->byte_level ? 1 : kd_utf8_next(s + i, n - i, &cp);
+        bool first = i == 0, last = i + l == n;
+        kd_buf *b = &e->sbuf;
+        b->n = 0;
+        if ((!first && t->has_prefix && !kd_buf_put(b, t->prefix, t->prefix_len)) || !kd_buf_put(b, s + i, l) ||
+            (last && t->has_suffix && !kd_buf_put(b, t->suffix, t->suffix_len))) {
+            fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
+            return 0;
+        }
+        i += l;
+        int32_t id = kd_tok_vocab_get(t, b->p, b->n);
+        if (id >= 0) {
+            if (unk >= 0) sym[m++] = unk, unk = -1;
+            sym[m++] = id;
+            continue;
+        }
+        if (t->byte_fallback) {
+            bool all = true;
+            for (size_t k = 0; k < b->n && all; k++) all = t->fallback_id[(unsigned char)b->p[k]] >= 0;
+            if (all) {
+                for (size_t k = 0; k < b->n; k++) sym[m++] = t->fallback_id[(unsigned char)b->p[k]];
+                continue; /* HF leaves a pending unk pending here */
+            }
+        }
+        if (t->unk_id >= 0) {
+            if (unk >= 0 && !t->fuse_unk) sym[m++] = unk;
+            unk = t->unk_id;
+        } /* no unk_token: HF drops the char */
+    }
+    if (unk >= 0) sym[m++] = unk;
+    return m;
+}
+
+static void model_word(const kiln_tokenizer *t, encoder *e, const unsigned char *s, size_t n) {
+    if (n == 0 || e->st) return;
+    if (t->ignore_merges) {
+        int32_t id = kd_tok_vocab_get(t, (const char *)s, n);
+        if (id >= 0) {
+            if (!ivec_reserve(&e->out, 1)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
+            e->out.v[e->out.n++] = id;
+            return;
+        }
+    }
     uint64_t h = 0;
     if (n <= CACHE_MAX_WORD) {
         h = kd_hash_bytes(s, n);
         uint64_t *v = kd_strmap_get(&e->cache, (const char *)s, n, h);
         if (v) {
             size_t cnt = *v & 0xffff;
-            if (!ivec_reserve(&e->out, cnt)) goto oom;
+            if (!ivec_reserve(&e->out, cnt)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
             memcpy(e->out.v + e->out.n, e->cached.v + (*v >> 16), cnt * sizeof(int32_t));
             e->out.n += cnt;
             return;
         }
     }
-    if (!ivec_reserve(&e->out, n)) goto oom;
+    /* at most one symbol per byte, or per byte of prefix + char + suffix */
+    size_t room = n, extra = t->prefix_len + t->suffix_len;
+    if (extra && n > (SIZE_MAX / sizeof(int32_t)) / (1 + extra))
+        return fail(e, kiln_error(KILN_ERR_OOM, "a %zu-byte word is too long", n));
+    if (extra) room = n * (1 + extra);
+    if (!ivec_reserve(&e->out, room)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
     int32_t *sym = e->out.v + e->out.n;
-    for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[s[i]];
-    size_t m = n <= 64 ? bpe_short(t, sym, n) : bpe_long(t, sym, n);
+    size_t m = initial_symbols(t, e, s, n, sym);
+    if (e->st) return;
+    m = m <= 64 ? bpe_short(t, sym, m) : bpe_long(t, sym, m);
+    if (m == SIZE_MAX) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory merging a %zu-byte word", n));
     if (n <= CACHE_MAX_WORD) {
         if (e->cache.n >= CACHE_MAX_ENTRIES) {
             kd_strmap_free(&e->cache);
             e->cached.n = 0;
-            if (!kd_strmap_init(&e->cache, 4096)) goto oom;
+            if (!kd_strmap_init(&e->cache, 4096)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
         }
         if (ivec_reserve(&e->cached, m)) {
             uint64_t *v = kd_strmap_put(&e->cache, (const char *)s, n, h, 0, NULL);
@@ -290,84 +446,128 @@ static void encode_word(const kiln_tokenizer *t, encoder *e, const unsigned char
         }
     }
     e->out.n += m;
-    return;
-oom:
-    e->oom = true;
 }
 
-static void encode_span(const kiln_tokenizer *t, encoder *e, const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n && !e->oom) {
-        size_t l = kd_pretoken_len(s + i, n - i);
-        encode_word(t, e, s + i, l);
-        i += l;
+/* The pipeline up to the model on one piece of raw text that is not an
+ * added token: spans of words (w->arena) and tokens in w->s1 or w->s2. */
+static kiln_status segment_words(const kiln_tokenizer *t, kd_work *w, const char *s, size_t n, uint32_t flags,
+                                 kd_spans **res) {
+    w->arena.n = 0;
+    kiln_status st = KILN_OK;
+    if (t->norm) {
+        if ((st = kd_norm_apply(t->norm, w, s, n, &w->nb1))) return st;
+        s = w->nb1.p ? w->nb1.p : "";
+        n = w->nb1.n;
+    }
+    if (!kd_buf_put(&w->arena, s, n)) return kiln_error(KILN_ERR_OOM, "out of memory encoding");
+    kd_spans *a = &w->s1, *b = &w->s2;
+    a->n = 0;
+    if (kd_added_has(t->added, true)) st = kd_added_split(t->added, true, w->arena.p, n, 0, flags, a);
+    else if (n && !kd_spans_push(a, 0, n, -1, flags)) st = kiln_error(KILN_ERR_OOM, "out of memory encoding");
+    if (!st && t->pretok) {
+        st = kd_pretok_apply(t->pretok, w, a, b);
+        a = b;
+    }
+    *res = a;
+    return st;
+}
+
+static void encode_segment(const kiln_tokenizer *t, encoder *e, const char *s, size_t n, uint32_t flags) {
+    kd_spans *sp;
+    kiln_status st = segment_words(t, &e->w, s, n, flags, &sp);
+    if (st) return fail(e, st);
+    for (size_t i = 0; i < sp->n && !e->st; i++) {
+        if (sp->v[i].id >= 0) {
+            if (!ivec_reserve(&e->out, 1)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
+            e->out.v[e->out.n++] = sp->v[i].id;
+        } else {
+            model_word(t, e, (const unsigned char *)e->w.arena.p + sp->v[i].off, sp->v[i].len);
+        }
     }
 }
 
-/* A loaded vocabulary may lack some bytes; text that holds one cannot be
- * encoded exactly, so it is refused. */
-static bool has_missing(const kiln_tokenizer *t) {
-    bool missing = false;
-    for (int b = 0; b < 256; b++) missing |= t->byte_id[b] < 0;
-    return missing;
+static void encode_text(const kiln_tokenizer *t, encoder *e, const char *s, size_t n, uint32_t flags) {
+    if (!kd_added_has(t->added, false)) return encode_segment(t, e, s, n, flags);
+    e->top.n = 0;
+    kiln_status st = kd_added_split(t->added, false, s, n, 0, flags, &e->top);
+    if (st) return fail(e, st);
+    for (size_t i = 0; i < e->top.n && !e->st; i++) {
+        kd_span sp = e->top.v[i];
+        if (sp.id >= 0) {
+            if (!ivec_reserve(&e->out, 1)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
+            e->out.v[e->out.n++] = sp.id;
+        } else {
+            encode_segment(t, e, s + sp.off, sp.len, sp.flags);
+        }
+    }
 }
 
-static kiln_status check_bytes(const kiln_tokenizer *t, const unsigned char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (t->byte_id[s[i]] < 0)
-            return kiln_error(KILN_ERR_INVALID, "byte 0x%02x at offset %zu has no token in the vocabulary", s[i], i);
-    return KILN_OK;
+kiln_status kd_tok_words(const kiln_tokenizer *t, kd_work *w, const char *s, size_t n, kd_word_fn fn, void *ctx) {
+    kd_spans top = {0};
+    kiln_status st = KILN_OK;
+    if (kd_added_has(t->added, false)) st = kd_added_split(t->added, false, s, n, 0, KD_AT0, &top);
+    else if (n && !kd_spans_push(&top, 0, n, -1, KD_AT0)) st = kiln_error(KILN_ERR_OOM, "out of memory");
+    for (size_t i = 0; !st && i < top.n; i++) {
+        if (top.v[i].id >= 0) continue;
+        kd_spans *sp;
+        st = segment_words(t, w, s + top.v[i].off, top.v[i].len, top.v[i].flags, &sp);
+        for (size_t k = 0; !st && k < sp->n; k++)
+            if (sp->v[k].id < 0 && sp->v[k].len && !fn(ctx, w->arena.p + sp->v[k].off, sp->v[k].len))
+                st = kiln_error(KILN_ERR_OOM, "out of memory counting words");
+    }
+    kd_spans_free(&top);
+    return st;
 }
 
-/* Runs `fn` over `n_parts` parts on up to that many threads, then
- * concatenates the per-part outputs. */
+/* ---- running parts on threads ---- */
+
 typedef void (*part_fn)(const kiln_tokenizer *t, encoder *e, const void *ctx, int part);
 
-static kiln_status run_parts(const kiln_tokenizer *t, int n_parts, part_fn fn, const void *ctx,
-                             int32_t **ids, size_t *n_ids) {
+static kiln_status run_parts(const kiln_tokenizer *t, int n_parts, part_fn fn, const void *ctx, int32_t **ids,
+                             size_t *n_ids) {
     *ids = NULL;
     *n_ids = 0;
     encoder *enc = calloc((size_t)n_parts, sizeof *enc);
     if (!enc) return kiln_error(KILN_ERR_OOM, "out of memory encoding");
-    int ok = 1;
-#pragma omp parallel for num_threads(n_parts) schedule(static, 1) reduction(&& : ok)
+#pragma omp parallel for num_threads(n_parts) schedule(static, 1)
     for (int p = 0; p < n_parts; p++) {
-        if (!encoder_init(&enc[p])) {
-            enc[p].oom = true;
-        } else {
-            fn(t, &enc[p], ctx, p);
-        }
-        ok = ok && !enc[p].oom;
+        if (!encoder_init(&enc[p])) fail(&enc[p], kiln_error(KILN_ERR_OOM, "out of memory encoding"));
+        else fn(t, &enc[p], ctx, p);
     }
     size_t total = 0;
-    for (int p = 0; p < n_parts; p++) total += enc[p].out.n;
-    int32_t *all = NULL;
-    if (ok && total) {
-        all = malloc(total * sizeof *all);
-        if (!all) ok = 0;
+    kiln_status st = KILN_OK;
+    const char *msg = NULL;
+    for (int p = 0; p < n_parts; p++) {
+        total += enc[p].out.n;
+        if (enc[p].st && !st) st = enc[p].st, msg = enc[p].msg;
     }
+    int32_t *all = NULL;
+    if (!st && total && !(all = malloc(total * sizeof *all))) st = kiln_error(KILN_ERR_OOM, "out of memory encoding");
+    else if (st) st = kiln_error(st, "%s", msg);
     size_t pos = 0;
     for (int p = 0; p < n_parts; p++) {
         if (all && enc[p].out.n) memcpy(all + pos, enc[p].out.v, enc[p].out.n * sizeof *all);
         pos += enc[p].out.n;
-        free(enc[p].out.v);
         encoder_free(&enc[p]);
     }
     free(enc);
-    if (!ok) return kiln_error(KILN_ERR_OOM, "out of memory encoding");
+    if (st) {
+        free(all);
+        return st;
+    }
     *ids = all;
     *n_ids = total;
     return KILN_OK;
 }
 
 typedef struct {
-    const unsigned char *s;
+    const char *s;
     size_t bounds[65];
 } text_ctx;
 
 static void text_part(const kiln_tokenizer *t, encoder *e, const void *ctx, int p) {
     const text_ctx *c = ctx;
-    encode_span(t, e, c->s + c->bounds[p], c->bounds[p + 1] - c->bounds[p]);
+    encode_text(t, e, c->s + c->bounds[p], c->bounds[p + 1] - c->bounds[p], p == 0 ? KD_AT0 : 0);
 }
 
 static int threads_for(size_t bytes) {
@@ -379,24 +579,34 @@ static int threads_for(size_t bytes) {
     return n < 1 ? 1 : n;
 }
 
-kiln_status kiln_tokenizer_encode(const kiln_tokenizer *t, const char *text, size_t len,
-                                  int32_t **ids, size_t *n_ids) {
+kiln_status kiln_tokenizer_encode_ex(const kiln_tokenizer *t, const char *text, size_t len, unsigned flags,
+                                     int32_t **ids, size_t *n_ids) {
     text_ctx c;
-    c.s = (const unsigned char *)text;
-    int n = threads_for(len);
+    c.s = text;
+    int n = t->chunk_safe ? threads_for(len) : 1;
     c.bounds[0] = 0;
     for (int p = 1; p < n; p++) {
-        size_t b = kd_chunk_boundary(c.s, len, len / (size_t)n * (size_t)p);
+        size_t b = kd_chunk_boundary((const unsigned char *)text, len, len / (size_t)n * (size_t)p);
         c.bounds[p] = b < c.bounds[p - 1] ? c.bounds[p - 1] : b;
     }
     c.bounds[n] = len;
-    kiln_status st = has_missing(t) ? check_bytes(t, c.s, len) : KILN_OK;
-    if (st) return st;
-    return run_parts(t, n, text_part, &c, ids, n_ids);
+    kiln_status st = run_parts(t, n, text_part, &c, ids, n_ids);
+    if (st || !(flags & KILN_ENCODE_SPECIAL) || !t->post) return st;
+    int32_t *with;
+    size_t nw;
+    st = kd_post_apply(t->post, *ids, *n_ids, &with, &nw);
+    free(*ids);
+    *ids = st ? NULL : with;
+    *n_ids = st ? 0 : nw;
+    return st;
+}
+
+kiln_status kiln_tokenizer_encode(const kiln_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    return kiln_tokenizer_encode_ex(t, text, len, 0, ids, n_ids);
 }
 
 typedef struct {
-    const unsigned char *s;
+    const char *s;
     const size_t *starts, *lens;
     int32_t sep;
     size_t first[65]; /* document range of each part */
@@ -404,21 +614,18 @@ typedef struct {
 
 static void docs_part(const kiln_tokenizer *t, encoder *e, const void *ctx, int p) {
     const docs_ctx *c = ctx;
-    for (size_t d = c->first[p]; d < c->first[p + 1] && !e->oom; d++) {
-        encode_span(t, e, c->s + c->starts[d], c->lens[d]);
+    for (size_t d = c->first[p]; d < c->first[p + 1] && !e->st; d++) {
+        encode_text(t, e, c->s + c->starts[d], c->lens[d], KD_AT0);
         if (c->sep >= 0) {
-            if (!ivec_reserve(&e->out, 1)) {
-                e->oom = true;
-                break;
-            }
+            if (!ivec_reserve(&e->out, 1)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
             e->out.v[e->out.n++] = c->sep;
         }
     }
 }
 
 /* Fewer documents than threads: each document is split across threads. */
-static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, const size_t *starts,
-                                   const size_t *lens, size_t n_docs, int32_t sep, int32_t **ids, size_t *n_ids) {
+static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, const size_t *starts, const size_t *lens,
+                                   size_t n_docs, int32_t sep, int32_t **ids, size_t *n_ids) {
     ivec all = {0};
     kiln_status st = KILN_OK;
     for (size_t d = 0; d < n_docs && !st; d++) {
@@ -428,7 +635,7 @@ static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, co
         if (st) break;
         if (!ivec_reserve(&all, n + 1)) st = kiln_error(KILN_ERR_OOM, "out of memory encoding");
         if (!st && n) memcpy(all.v + all.n, one, n * sizeof *one);
-        all.n += st ? 0 : n;
+        if (!st) all.n += n;
         if (!st && sep >= 0) all.v[all.n++] = sep;
         free(one);
     }
@@ -441,10 +648,9 @@ static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, co
     return KILN_OK;
 }
 
-kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text,
-                                       const size_t *starts, const size_t *lens, size_t n_docs,
-                                       int32_t sep, int32_t **ids, size_t *n_ids) {
-    docs_ctx c = {.s = (const unsigned char *)text, .starts = starts, .lens = lens, .sep = sep};
+kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text, const size_t *starts,
+                                       const size_t *lens, size_t n_docs, int32_t sep, int32_t **ids, size_t *n_ids) {
+    docs_ctx c = {.s = text, .starts = starts, .lens = lens, .sep = sep};
     size_t total = 0;
     for (size_t d = 0; d < n_docs; d++) total += lens[d];
     int n = threads_for(total);
@@ -458,34 +664,14 @@ kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text
         c.first[p] = d;
     }
     c.first[n] = n_docs;
-    bool miss = has_missing(t);
-    for (size_t k = 0; miss && k < n_docs; k++) {
-        kiln_status st = check_bytes(t, c.s + starts[k], lens[k]);
-        if (st) return kiln_error_context(st, "document %zu", k);
-    }
     return run_parts(t, n, docs_part, &c, ids, n_ids);
 }
 
-kiln_status kiln_tokenizer_decode(const kiln_tokenizer *t, const int32_t *ids, size_t n,
-                                  char **out, size_t *len) {
-    *out = NULL;
-    *len = 0;
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= t->vocab_size || t->tok_off[ids[i]] == UNUSED_TOK)
-            return kiln_error(KILN_ERR_RANGE, "decode: id %d at position %zu is not in the vocabulary (size %d)",
-                              (int)ids[i], i, t->vocab_size);
-        total += t->tok_len[ids[i]];
+int kiln_tokenizer_find(const kiln_tokenizer *t, const char *text, size_t len) {
+    for (int id = 0; id < t->vocab_size; id++) {
+        if (!(t->tok_flags[id] & KD_TOK_ADDED) || t->tok_off[id] == UNUSED_TOK) continue;
+        /* added tokens keep their content as text unless it is also a byte-level vocabulary entry */
+        if (t->tok_len[id] == len && !memcmp(t->blob + t->tok_off[id], text, len)) return id;
     }
-    char *s = malloc(total + 1);
-    if (!s) return kiln_error(KILN_ERR_OOM, "out of memory decoding %zu bytes", total);
-    size_t p = 0;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(s + p, t->blob + t->tok_off[ids[i]], t->tok_len[ids[i]]);
-        p += t->tok_len[ids[i]];
-    }
-    s[p] = 0;
-    *out = s;
-    *len = p;
-    return KILN_OK;
+    return kd_tok_vocab_get(t, text, len);
 }
