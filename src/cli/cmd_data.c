@@ -9,17 +9,20 @@
 
 static const char *tokenizer_usage =
     "usage: kiln tokenizer train CORPUS... --vocab-size N -o FILE\n"
-    "       kiln tokenizer encode --tokenizer FILE [TEXT | -]\n"
-    "       kiln tokenizer decode --tokenizer FILE [IDS... | -]\n"
+    "       kiln tokenizer encode --tokenizer FILE [--no-special] [TEXT | -]\n"
+    "       kiln tokenizer decode --tokenizer FILE [--skip-special] [IDS... | -]\n"
     "       kiln tokenizer render --config tokenizer_config.json CONVERSATION.json\n"
     "                             [--chat-template FILE] [--add-generation-prompt]\n"
     "\n"
     "train   learns a byte-level BPE tokenizer from text files and writes it as a\n"
     "        Hugging Face tokenizer.json (ids: 0 <|bos|>, 1 <|eos|>, 2 <|pad|>,\n"
     "        3..258 the bytes, then merges).\n"
-    "encode  prints the ids of TEXT (or of stdin when TEXT is - or absent).\n"
-    "decode  writes the bytes of the ids (arguments, or whitespace/comma separated\n"
-    "        on stdin with -) to stdout.\n"
+    "encode  prints the ids of TEXT (or of stdin when TEXT is - or absent), as the\n"
+    "        Hugging Face library's encode(TEXT): with the post-processor's special\n"
+    "        tokens (bos/eos); --no-special: add_special_tokens=False.\n"
+    "decode  writes the text of the ids (arguments, or whitespace/comma separated\n"
+    "        on stdin with -) to stdout, as HF's decode; --skip-special drops\n"
+    "        special tokens.\n"
     "render  prints a conversation ({\"messages\": [...]}, other keys become template\n"
     "        variables) rendered with the model's chat template, as transformers'\n"
     "        apply_chat_template does; --chat-template FILE overrides the config's.\n"
@@ -40,7 +43,7 @@ typedef struct {
     int n_pos;
     const char *vocab_size, *out, *tokenizer, *val_frac, *docs, *seed, *threads;
     const char *config, *chat_template, *field, *train_on;
-    bool help, add_generation_prompt, skip_bad;
+    bool help, add_generation_prompt, skip_bad, no_special, skip_special;
 } args;
 
 /* --flag value, --flag=value; "-" alone is positional. */
@@ -52,6 +55,13 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
     if (!a->pos) return 1;
     for (int i = first; i < argc; i++) {
         const char *v;
+        bool *flag = !strcmp(cmd, "tokenizer encode") && !strcmp(argv[i], "--no-special")     ? &a->no_special
+                     : !strcmp(cmd, "tokenizer decode") && !strcmp(argv[i], "--skip-special") ? &a->skip_special
+                                                                                             : NULL;
+        if (flag) {
+            *flag = true;
+            continue;
+        }
         if (!strcmp(argv[i], "--add-generation-prompt") || !strcmp(argv[i], "--skip-bad")) { /* value-less flags */
             *(argv[i][2] == 'a' ? &a->add_generation_prompt : &a->skip_bad) = true;
             continue;
@@ -149,8 +159,9 @@ static int cmd_encode(args *a, kiln_tokenizer *t) {
     }
     int32_t *ids;
     size_t n_ids;
-    kiln_status st = text ? kiln_tokenizer_encode(t, text, n, &ids, &n_ids)
-                          : kiln_tokenizer_encode(t, a->pos[0], strlen(a->pos[0]), &ids, &n_ids);
+    unsigned fl = a->no_special ? 0 : KILN_ENCODE_SPECIAL;
+    kiln_status st = text ? kiln_tokenizer_encode_ex(t, text, n, fl, &ids, &n_ids)
+                          : kiln_tokenizer_encode_ex(t, a->pos[0], strlen(a->pos[0]), fl, &ids, &n_ids);
     free(text);
     if (st) return fail("tokenizer encode");
     for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", (int)ids[i]);
@@ -201,7 +212,8 @@ static int cmd_decode(args *a, kiln_tokenizer *t) {
     }
     char *out = NULL;
     size_t len = 0;
-    if (ok && kiln_tokenizer_decode(t, ids, n, &out, &len)) {
+    unsigned fl = KILN_DECODE_LOSSY | (a->skip_special ? KILN_DECODE_SKIP_SPECIAL : 0);
+    if (ok && kiln_tokenizer_decode_ex(t, ids, n, fl, &out, &len)) {
         free(ids);
         return fail("tokenizer decode");
     }
