@@ -15,6 +15,8 @@ make -j"$jobs" asan-clang
 make -j"$jobs" fuzz-build
 status=0
 summary=()
+# the layering of docs/DESIGN.md, checked against the includes
+bash scripts/layers.sh || status=1
 run() { # NAME COMMAND...: runs it, keeps its closing "N passed, N failed" line
   local out; out=$(mktemp)
   "${@:2}" 2>&1 | tee "$out" || status=1

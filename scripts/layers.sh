@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prints, for each layer under src/, the kiln headers its files include
+# (docs/DESIGN.md's layer table says which are allowed), and exits 1 if a
+# layer includes a header of a layer it may not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+declare -A allowed=(
+  [core]="core"
+  [kernels]="core kernels"
+  [ops]="core kernels ops"
+  [eager]="core ops eager"
+  [graph]="core kernels ops graph"
+  [compile]="core kernels ops graph compile build"
+  [model]="core ops model"
+  [data]="core data safetensors"
+  [train]="core kernels ops eager graph compile build model data safetensors train"
+  [cli]="core kernels ops eager graph compile build model data safetensors train"
+)
+bad=0
+for layer in core kernels ops eager graph compile model data train cli; do
+  used=$(grep -ho '#include "kiln/[a-z_]*\.h"' src/$layer/*.[ch] 2>/dev/null | sed 's/#include "kiln\///; s/\.h"//' | sort -u | tr '\n' ' ')
+  extra=""
+  for h in $used; do [[ " ${allowed[$layer]} " == *" $h "* ]] || extra+="$h "; done
+  printf '%-8s includes: %s\n' "$layer" "$used"
+  if [ -n "$extra" ]; then echo "  NOT ALLOWED: $extra"; bad=1; fi
+done
+exit $bad
