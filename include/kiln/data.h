@@ -150,6 +150,31 @@ kiln_status kiln_chat_render(const kiln_chat *c, const struct json_t *conversati
 kiln_status kiln_chat_assistant_spans(const kiln_chat *c, const struct json_t *conversation, bool last_only,
                                       char **text, size_t *len, size_t **spans, size_t *n_spans);
 
+/* ---- model metadata --------------------------------------------------------
+ * A model directory's generation_config.json, config.json and
+ * tokenizer_config.json (each optional): bos/eos/pad ids, where
+ * generation_config.json wins over config.json and either over the token
+ * strings of tokenizer_config.json (resolved through its
+ * added_tokens_decoder, then the tokenizer). eos may be several ids (an
+ * instruct model ends a turn with any of them). The chat template is kept
+ * as text (a list of named templates gives its "default" one). */
+#define KILN_MAX_EOS 16
+typedef struct {
+    int32_t bos_id, pad_id;          /* -1: none given */
+    int n_eos;
+    int32_t eos_ids[KILN_MAX_EOS];
+    char *bos_token, *eos_token, *pad_token; /* tokenizer_config.json's strings; NULL if absent */
+    char *chat_template;             /* NULL if absent */
+} kiln_model_meta;
+/* tok (may be NULL) resolves token strings and bounds the eos ids. Free the
+ * result with kiln_model_meta_free. */
+kiln_status kiln_model_meta_load(const char *dir, const kiln_tokenizer *tok, kiln_model_meta *out);
+void kiln_model_meta_free(kiln_model_meta *m);
+bool kiln_model_meta_is_eos(const kiln_model_meta *m, int32_t id);
+/* Writes dir/generation_config.json (ids; eos an integer or a list) and
+ * dir/tokenizer_config.json (token strings, chat template). */
+kiln_status kiln_model_meta_save(const char *dir, const kiln_model_meta *m);
+
 /* ---- token shards --------------------------------------------------------
  * File layout (little endian), 64-byte header then the tokens:
  *   0  "KILNTOK1"          8  u32 version (1)     12 u32 token width (2 or 4)

@@ -48,6 +48,8 @@ typedef struct {
     int global_batch;    /* sequences per optimiser step; 0: batch x accum as given */
     char micro_batch[16]; /* with global_batch: "auto" (default: the largest that fits mem_budget) or a number */
     char mem_budget[32];  /* "1G", "512M", ... ("": 70% of MemAvailable) */
+    char save_dtype[8];   /* weights in checkpoints: "fp32" (default), "bf16", "f16" */
+    char shard_size[32];  /* most bytes per weight file, "5GB" (default), then shards + index */
 } kiln_train_config;
 
 void kiln_train_config_default(kiln_train_config *c);
@@ -212,12 +214,41 @@ kiln_status kiln_model_dir_resolve(const char *dir, char *out, size_t n);
  * directories moved aside, .<file>.link.<pid> and <file>.tmp.<pid>
  * temporaries of processes no longer running). Every save does it first. */
 kiln_status kiln_checkpoint_clean(const char *run_dir);
-/* Loads weights by Hugging Face name into an existing model, checking names,
- * shapes and dtypes against it. */
+/* Loads weights by Hugging Face name into an existing model from one
+ * safetensors file. The whole file is checked against the model first:
+ * every missing, unexpected, mis-shaped or mis-typed tensor is listed in one
+ * error and the model is left as it was. F32, BF16 and F16 tensors are
+ * converted once into the F32 parameters. */
 kiln_status kiln_load_weights(const char *safetensors_path, kiln_llama *m);
-kiln_status kiln_save_weights(const char *safetensors_path, const kiln_llama *m);
-/* A model from a directory holding config.json and model.safetensors. */
+kiln_status kiln_save_weights(const char *safetensors_path, const kiln_llama *m); /* F32, one file */
+/* dir/model.safetensors, else the shards dir/model.safetensors.index.json
+ * maps ({"weight_map": {tensor: file}}; files beside it), checked as one set
+ * as above (a tensor in the wrong shard, or in a shard but not the index,
+ * is a problem too). */
+kiln_status kiln_load_model_weights(const char *dir, kiln_llama *m);
+/* A model from a directory holding config.json and its weights. */
 kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out);
+
+#define KILN_DEFAULT_SHARD_BYTES ((uint64_t)5000000000) /* "5GB", as Hugging Face */
+typedef struct {
+    kiln_dtype dtype;     /* KILN_F32, KILN_BF16 or KILN_F16 */
+    uint64_t shard_bytes; /* most tensor bytes per file (0: the default) */
+} kiln_weights_options;
+/* --save-dtype fp32|bf16|f16 and --shard-size SIZE ("5GB", "500MB", "2GiB",
+ * bytes) as options; NULL or "" gives the defaults. */
+kiln_status kiln_weights_options_parse(const char *dtype, const char *shard_size, kiln_weights_options *o);
+/* Writes dir/model.safetensors when the weights fit one shard, else
+ * model-0000i-of-0000n.safetensors (parameters in order, a new file when the
+ * next would pass shard_bytes) and model.safetensors.index.json, the
+ * Hugging Face layout; weight files of an earlier save there that are not
+ * part of this one are removed. */
+kiln_status kiln_save_model_weights(const char *dir, const kiln_llama *m, const kiln_weights_options *o);
+/* dir/generation_config.json and dir/tokenizer_config.json, copied (after
+ * checking they parse) from where the run's model came from (the --init
+ * model, the tokenizer's directory, the run's newest checkpoint), else
+ * written from the model's config ids and the tokenizer's special tokens.
+ * c may be NULL. Every checkpoint save does this. */
+kiln_status kiln_model_files_save(const char *dir, const kiln_llama *m, const kiln_train_config *c);
 kiln_status kiln_adamw_load(const char *path, kiln_adamw *o);
 kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o);
 kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st);

@@ -61,6 +61,8 @@ static const flag_def flags[] = {
     F("global-batch", T_INT, global_batch, "N", "sequences per optimiser step: sets --batch and --accum (0: off)"),
     F("micro-batch", T_STR, micro_batch, "auto|N", "with --global-batch: auto = the largest divisor of N that fits"),
     F("mem-budget", T_STR, mem_budget, "SIZE", "budget for --micro-batch auto, e.g. 1G (default: 70% of MemAvailable)"),
+    F("save-dtype", T_STR, save_dtype, "fp32|bf16|f16", "dtype of the weights in checkpoints (optimiser state stays fp32)"),
+    F("shard-size", T_STR, shard_size, "SIZE", "most bytes per weight file, e.g. 5GB; larger models get shards + an index"),
 };
 #define N_FLAGS (sizeof flags / sizeof flags[0])
 

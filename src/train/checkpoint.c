@@ -148,71 +148,6 @@ static void fill_tensor(const kiln_st_tensor *s, kiln_tensor *dst) {
     for (int64_t i = 0; i < n; i++) d[i] = kiln_bf16_to_f32(h[i]);
 }
 
-/* ---- weights ---------------------------------------------------------------- */
-
-kiln_status kiln_save_weights(const char *path, const kiln_llama *m) {
-    if (!path || !m) return kiln_error(KILN_ERR_INVALID, "kiln_save_weights: NULL argument");
-    kiln_st_tensor *ts = calloc((size_t)m->n_params, sizeof *ts);
-    if (!ts) return kiln_error(KILN_ERR_OOM, "out of memory saving %s", path);
-    for (int i = 0; i < m->n_params; i++) ts[i] = st_of(m->params[i], m->params[i]->name);
-    static const char *const meta[] = {"format", "pt", NULL};
-    kiln_status st = kiln_st_save(path, ts, m->n_params, meta);
-    free(ts);
-    return st;
-}
-
-static bool is_param(const kiln_llama *m, const char *name) { return kiln_llama_param(m, name) != NULL; }
-
-kiln_status kiln_load_weights(const char *path, kiln_llama *m) {
-    if (!path || !m) return kiln_error(KILN_ERR_INVALID, "kiln_load_weights: NULL argument");
-    kiln_st_file *f = NULL;
-    kiln_status st = kiln_st_open(path, &f);
-    if (st) return kiln_error_context(st, "loading weights");
-    /* validate everything before touching the model: a refused file leaves it as it was */
-    for (int i = 0; i < m->n_params && !st; i++) {
-        const kiln_tensor *p = m->params[i];
-        const kiln_st_tensor *s = kiln_st_find(f, p->name);
-        char b[128];
-        if (!s)
-            st = kiln_error(KILN_ERR_FORMAT, "%s: missing tensor '%s' (the model expects shape %s)", path, p->name,
-                            fmt_shape(p->ndim, p->shape, b, sizeof b));
-        else
-            st = check_tensor(path, p->name, s, p);
-    }
-    for (int i = 0; i < kiln_st_count(f) && !st; i++) {
-        const char *name = kiln_st_at(f, i)->name;
-        if (is_param(m, name)) continue;
-        if (m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0)
-            kiln_log(KILN_LOG_WARN, "%s: ignoring 'lm_head.weight': the model ties it to model.embed_tokens.weight",
-                     path);
-        else
-            st = kiln_error(KILN_ERR_FORMAT, "%s: unexpected tensor '%s' (not a parameter of this model)", path, name);
-    }
-    for (int i = 0; i < m->n_params && !st; i++) fill_tensor(kiln_st_find(f, m->params[i]->name), m->params[i]);
-    kiln_st_close(f);
-    return st;
-}
-
-kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out) {
-    if (!dir || !out) return kiln_error(KILN_ERR_INVALID, "kiln_load_model_dir: NULL argument");
-    *out = NULL;
-    char path[PATH_CAP];
-    kiln_llama_config cfg;
-    kiln_status st = join(path, dir, "config.json");
-    if (!st) st = kiln_llama_config_load(path, &cfg);
-    if (st) return st;
-    kiln_llama *m = kiln_llama_new(&cfg, 0);
-    if (!m) return kiln_error_context(kiln_last_status(), "model from %s", path);
-    st = join(path, dir, "model.safetensors");
-    if (!st) st = kiln_load_weights(path, m);
-    if (st) {
-        kiln_llama_free(m);
-        return st;
-    }
-    *out = m;
-    return KILN_OK;
-}
-
 /* ---- optimiser state -------------------------------------------------------- */
 
 static char *state_name(const char *prefix, const char *param) {
@@ -516,9 +451,11 @@ static bool ckpt_complete(const char *dir, char *why, size_t n) {
             }
         }
     } else {
-        static const char *const need[] = {"config.json", "model.safetensors"};
-        for (int i = 0; i < 2 && !why[0]; i++)
-            if (join(path, dir, need[i]) || !is_file(path)) snprintf(why, n, "%s is missing", need[i]);
+        char w[PATH_CAP];
+        if (join(path, dir, "config.json") || !is_file(path)) snprintf(why, n, "config.json is missing");
+        else if (join(path, dir, "model.safetensors") || join(w, dir, "model.safetensors.index.json") ||
+                 (!is_file(path) && !is_file(w)))
+            snprintf(why, n, "model.safetensors is missing");
     }
     json_decref(o);
     return why[0] == 0;
@@ -531,8 +468,9 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     char path[PATH_CAP];
     kiln_status st = join(path, dir, "config.json");
     if (!st) st = kiln_llama_config_save(path, &m->cfg);
-    if (!st) st = join(path, dir, "model.safetensors");
-    if (!st) st = kiln_save_weights(path, m);
+    kiln_weights_options wo = {KILN_F32, KILN_DEFAULT_SHARD_BYTES};
+    if (!st && c) st = kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo);
+    if (!st) st = kiln_save_model_weights(dir, m, &wo);
     if (!st && opt) {
         st = join(path, dir, "optimizer.safetensors");
         if (!st) st = kiln_adamw_save(path, opt);
@@ -553,6 +491,7 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
                      dir);
         }
     }
+    if (!st) st = kiln_model_files_save(dir, m, c);
     if (!st) st = write_marker(dir, ts);
     if (!st) st = fsync_dir(dir);
     return st;
@@ -617,6 +556,28 @@ static kiln_status update_link(const char *run_dir, const char *ckpt, const char
         return kiln_error(KILN_ERR_IO, "cannot replace symlink %s: %s", link, strerror(e));
     }
     return KILN_OK;
+}
+
+static bool is_shard_name(const char *nm) {
+    size_t len = strlen(nm);
+    return !strncmp(nm, "model-", 6) && strstr(nm, "-of-") && len > 12 && !strcmp(nm + len - 12, ".safetensors");
+}
+
+/* run_dir/model-0000i-of-0000n.safetensors -> the new checkpoint's shards;
+ * links to shards it does not have are dropped (update_link does both). */
+static kiln_status link_shards(const char *run_dir, const char *ckpt) {
+    char dirs[2][PATH_CAP]; /* the checkpoint's shards, then stale links in run_dir */
+    kiln_status st = join(dirs[0], run_dir, ckpt);
+    if (st) return st;
+    snprintf(dirs[1], sizeof dirs[1], "%s", run_dir);
+    for (int pass = 0; pass < 2 && !st; pass++) {
+        DIR *d = opendir(dirs[pass]);
+        if (!d) return kiln_error(KILN_ERR_IO, "cannot read %s: %s", dirs[pass], strerror(errno));
+        for (struct dirent *e; !st && (e = readdir(d));)
+            if (is_shard_name(e->d_name)) st = update_link(run_dir, ckpt, e->d_name);
+        closedir(d);
+    }
+    return st;
 }
 
 typedef struct {
@@ -819,8 +780,11 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
         return kiln_error(keep_st ? keep_st : st, "saving checkpoint %s: %s", final, msg);
     }
     st = fsync_dir(run_dir);
-    static const char *const links[] = {"model.safetensors", "config.json", "tokenizer.json", "trainer_state.json"};
+    static const char *const links[] = {"model.safetensors", "model.safetensors.index.json", "config.json",
+                                        "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                        "trainer_state.json"};
     for (size_t i = 0; i < sizeof links / sizeof links[0] && !st; i++) st = update_link(run_dir, name, links[i]);
+    if (!st) st = link_shards(run_dir, name);
     if (!st) st = fsync_dir(run_dir);
     if (st) return kiln_error_context(st, "checkpoint %s was saved, but updating the links in %s failed", final, run_dir);
     if (keep > 0) rotate(run_dir, name, keep);

@@ -27,6 +27,7 @@ static const field fields[] = {
     FLD(on_nan, F_NAN),       FLD(seed, F_U64),         FLD(compile, F_STR),     FLD(precision, F_STR),
     FLD(recompute, F_STR),    FLD(compile_dynamic, F_BOOL),
     FLD(global_batch, F_INT), FLD(micro_batch, F_STR),  FLD(mem_budget, F_STR),
+    FLD(save_dtype, F_STR),   FLD(shard_size, F_STR),
 };
 #define NF (sizeof fields / sizeof fields[0])
 
@@ -64,6 +65,8 @@ void kiln_train_config_default(kiln_train_config *c) {
     snprintf(c->compile, sizeof c->compile, "off");
     snprintf(c->precision, sizeof c->precision, "fp32");
     snprintf(c->recompute, sizeof c->recompute, "none");
+    snprintf(c->save_dtype, sizeof c->save_dtype, "fp32");
+    snprintf(c->shard_size, sizeof c->shard_size, "5GB");
 }
 
 kiln_status kiln_train_config_validate(const kiln_train_config *c) {
@@ -91,6 +94,8 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     kiln_compile_options co;
     if (kiln_train_compile_options(c, &co)) return KILN_ERR_INVALID;
     if (kiln_train_check_batch_settings(c)) return KILN_ERR_INVALID; /* precision, global/micro batch, budget */
+    kiln_weights_options wo;
+    if (kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo)) return KILN_ERR_INVALID;
 #undef NEED
     return KILN_OK;
 }
