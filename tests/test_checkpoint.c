@@ -487,8 +487,9 @@ static void test_strays_and_resolve(void) {
     CHECK_OK(kiln_checkpoint_save(run, m2, NULL, &s2, NULL, 0));
     char first[256] = "";
     int left = count_entries(run, CKPT_PREFIX_T, first, sizeof first);
-    /* the 3 links of a save without tokenizer, plus the live process's temporary */
-    CHECK(left == 4, "%d entries besides checkpoints left in %s (first: %s)", left, run, first);
+    /* the 5 links of a save without tokenizer (model, config, trainer state,
+     * generation and tokenizer config), plus the live process's temporary */
+    CHECK(left == 6, "%d entries besides checkpoints left in %s (first: %s)", left, run, first);
     snprintf(p, sizeof p, "%s/.config.json.link.%ld", run, live);
     struct stat sb;
     CHECK(lstat(p, &sb) == 0, "the temporary of a running process was removed");
@@ -599,7 +600,7 @@ static void test_sigkill(void) {
     char first[256] = "";
     int left = count_entries(rrun, CKPT_PREFIX_T, first, sizeof first);
     int ck = count_entries(rrun, NULL, NULL, 0) - left;
-    CHECK(left == 3 && ck == 1, "after killed rotations and one save: %d checkpoints, %d other entries (%s)", ck, left,
+    CHECK(left == 5 && ck == 1, "after killed rotations and one save: %d checkpoints, %d other entries (%s)", ck, left,
           first);
     printf("  SIGKILL during rotation: %d bad\n", bad);
     kiln_llama_free(big);

@@ -114,7 +114,15 @@ static void pipeline(void) {
         char real[1300];
         snprintf(real, sizeof real, "%s/%s", run, target);
         CHECK(truncate(real, 20) == 0, "truncate");
+        /* the run dir: the truncated newest checkpoint is passed over (as
+         * --resume does), with a warning naming the file */
         rc = run_kiln((const char *[]){"generate", run, "--prompt", "the", "--max-tokens", "4", NULL}, 0, 0);
+        CHECK(rc == 0 && output_has("model.safetensors") && output_has("older"),
+              "a truncated newest checkpoint is passed over naming the file (rc %d)", rc);
+        /* that checkpoint directory itself is refused, naming the file */
+        char *slash = strrchr(real, '/');
+        if (slash) *slash = 0;
+        rc = run_kiln((const char *[]){"generate", real, "--prompt", "the", "--max-tokens", "4", NULL}, 0, 0);
         CHECK(rc == 1 && output_has("model.safetensors"), "a truncated model is refused naming the file (rc %d)", rc);
     }
 }

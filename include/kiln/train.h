@@ -316,7 +316,11 @@ typedef struct {
     double top_p;       /* 1: off */
     uint64_t seed;
     int stop_id;        /* stop after this id (e.g. eos), -1: none */
+    const int32_t *stop_ids; /* and after any of these (a model's eos ids); may be NULL */
+    int n_stop_ids;
 } kiln_sample_config;
+/* id ends generation under sc (stop_id or one of stop_ids) */
+bool kiln_sample_is_stop(const kiln_sample_config *sc, int32_t id);
 /* Appends up to max_tokens ids to prompt (n_prompt >= 1) using a key/value
  * cache; out receives the new ids (capacity max_tokens), *n_out their count.
  * on_token (may be NULL) is called for each new id. */

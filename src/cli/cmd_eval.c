@@ -1,6 +1,8 @@
-/* `kiln eval RUN_DIR`: loss and perplexity of the checkpoint `kiln train
- * --resume` would continue from (the newest complete one; the run
- * directory's links can lag one behind after a kill) on DIR/val.bin. */
+/* `kiln eval RUN_DIR|MODEL_DIR`: loss and perplexity of the checkpoint
+ * `kiln train --resume` would continue from (the newest complete one; the
+ * run directory's links can lag one behind after a kill), or of a model
+ * directory, on DIR/val.bin or on a text file tokenized with the model's
+ * own tokenizer. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,19 +13,26 @@
 #include "kiln/train.h"
 
 static const char *eval_usage =
-    "usage: kiln eval RUN_DIR [--data DIR] [--batches N] [--batch B] [--seq-len T]\n"
+    "usage: kiln eval RUN_DIR|MODEL_DIR [--data DIR | --text FILE] [--batches N]\n"
+    "                 [--batch B] [--seq-len T] [--docs paragraph|file|line]\n"
     "\n"
     "Loads the checkpoint `kiln train --resume RUN_DIR` would continue from (the\n"
-    "newest complete checkpoint-*/ of RUN_DIR; RUN_DIR may also be a model\n"
-    "directory with config.json and weights) and prints its mean token loss and\n"
-    "perplexity on DIR/val.bin (packed rows, in order).\n"
+    "newest complete checkpoint-*/ of RUN_DIR), or MODEL_DIR itself (config.json\n"
+    "and model.safetensors or a sharded model.safetensors.index.json, F32, BF16\n"
+    "or F16), and prints its mean token loss and perplexity (6 significant\n"
+    "digits) on packed rows, in order, of DIR/val.bin or of FILE.\n"
     "\n"
     "options:\n"
     "  --data DIR      directory with val.bin (default: the run's data directory,\n"
-    "                  from RUN_DIR/train_config.json)\n"
+    "                  from its train_config.json)\n"
+    "  --text FILE     a text file instead, tokenized with the model's own\n"
+    "                  tokenizer.json exactly as `kiln tokenize` makes shards:\n"
+    "                  documents (--docs, default paragraph) each followed by eos\n"
+    "  --docs MODE     document split for --text: paragraph, file or line\n"
     "  --batches N     evaluate the first N micro-batches (default: 0 = all)\n"
-    "  --batch B       rows per micro-batch (default: the run's batch)\n"
-    "  --seq-len T     tokens per row (default: the run's seq_len)\n"
+    "  --batch B       rows per micro-batch (default: the run's batch, else 8)\n"
+    "  --seq-len T     tokens per row (default: the run's seq_len, else 128;\n"
+    "                  at most the model's max_position_embeddings)\n"
     "  --threads N     compute threads (default: all cores)\n"
     "  -h, --help      this text\n";
 
@@ -40,15 +49,16 @@ static bool int_arg(const char *flag, const char *v, long long lo, long long *ou
 }
 
 typedef struct {
-    const char *run_dir, *data;
+    const char *run_dir, *data, *text;
     long long batches, batch, seq_len;
+    kiln_doc_split split;
 } eval_args;
 
 static int parse_args(int argc, char **argv, eval_args *a) {
-    static const char *const names[] = {"--data", "--batches", "--batch", "--seq-len", "--threads"};
+    static const char *const names[] = {"--data", "--batches", "--batch", "--seq-len", "--threads", "--text", "--docs"};
     for (int i = 1; i < argc; i++) {
         const char *v;
-        int k = kiln_cli_arg("eval", argc, argv, &i, names, 5, &v);
+        int k = kiln_cli_arg("eval", argc, argv, &i, names, 7, &v);
         if (k == KILN_ARG_HELP) {
             fputs(eval_usage, stdout);
             return -1;
@@ -68,11 +78,24 @@ static int parse_args(int argc, char **argv, eval_args *a) {
         else if (k == 1) ok = int_arg(names[k], v, 0, &a->batches);
         else if (k == 2) ok = int_arg(names[k], v, 1, &a->batch);
         else if (k == 3) ok = int_arg(names[k], v, 2, &a->seq_len);
-        else if ((ok = int_arg(names[k], v, 1, &t))) kiln_set_num_threads((int)t);
+        else if (k == 4) {
+            if ((ok = int_arg(names[k], v, 1, &t))) kiln_set_num_threads((int)t);
+        } else if (k == 5) a->text = v;
+        else if (!strcmp(v, "paragraph")) a->split = KILN_DOC_PARAGRAPH;
+        else if (!strcmp(v, "file")) a->split = KILN_DOC_FILE;
+        else if (!strcmp(v, "line")) a->split = KILN_DOC_LINE;
+        else {
+            fprintf(stderr, "kiln eval: --docs %s: expected paragraph, file or line\n", v);
+            ok = false;
+        }
         if (!ok) return 2;
     }
     if (!a->run_dir) {
         fputs(eval_usage, stderr);
+        return 2;
+    }
+    if (a->text && a->data) {
+        fprintf(stderr, "kiln eval: --text and --data exclude each other\n");
         return 2;
     }
     return 0;
@@ -93,6 +116,45 @@ static kiln_status run_config(const char *run_dir, const char *model_dir, kiln_t
     return st;
 }
 
+/* FILE as a token shard in a fresh temporary directory (*tmpdir), made by
+ * the code `kiln tokenize` runs, so --text and shards of the same text give
+ * the same rows. */
+static kiln_status text_shard(const char *model_dir, const char *file, kiln_doc_split split, char *tmpdir,
+                              char *shard, size_t n) {
+    char tok_path[1200];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    if (access(file, R_OK) != 0) return kiln_error(KILN_ERR_IO, "--text %s: %s", file, strerror(errno));
+    if (access(tok_path, R_OK) != 0)
+        return kiln_error(KILN_ERR_IO, "--text needs the model's tokenizer: %s: %s", tok_path, strerror(errno));
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, 1024, "%s/kiln_eval_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        kiln_status st = kiln_error(KILN_ERR_IO, "cannot create a temporary directory %s: %s", tmpdir, strerror(errno));
+        tmpdir[0] = 0;
+        return st;
+    }
+    kiln_tokenizer *tok = NULL;
+    kiln_tokenize_opts o = {.val_frac = 0, .split = split};
+    kiln_tokenize_stats s;
+    const char *paths[1] = {file};
+    kiln_status st = kiln_tokenizer_load(tok_path, &tok);
+    if (!st) st = kiln_tokenize_files(tok, paths, 1, tmpdir, &o, &s);
+    kiln_tokenizer_free(tok);
+    snprintf(shard, n, "%s/train.bin", tmpdir);
+    return st;
+}
+
+static void remove_tmp(const char *tmpdir) {
+    if (!tmpdir[0]) return;
+    char p[1100];
+    static const char *const files[] = {"train.bin", "val.bin"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", tmpdir, files[i]);
+        unlink(p);
+    }
+    rmdir(tmpdir);
+}
+
 int kiln_cmd_eval(int argc, char **argv) {
     eval_args a = {0};
     int rc = parse_args(argc, argv, &a);
@@ -104,30 +166,40 @@ int kiln_cmd_eval(int argc, char **argv) {
     }
     kiln_train_config c;
     kiln_status cst = run_config(a.run_dir, dir, &c);
-    if (cst && !a.data) {
-        fprintf(stderr, "kiln eval: no --data given and the run's settings are unreadable: %s\n", kiln_last_error());
+    if (cst && !a.data && !a.text) {
+        fprintf(stderr, "kiln eval: no --data or --text given and the run's settings are unreadable: %s\n",
+                kiln_last_error());
         return 1;
     }
-    if (cst) kiln_train_config_default(&c);
+    if (cst) kiln_train_config_default(&c); /* a model directory: defaults for batch and seq_len */
     kiln_llama *m = NULL;
+    kiln_loader *l = NULL;
+    kiln_batch *b = NULL;
+    char tmpdir[1024] = "", path[1100];
     if (kiln_load_model_dir(dir, &m)) {
         fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
         return 1;
     }
-    char val[1100];
-    snprintf(val, sizeof val, "%s/val.bin", a.data ? a.data : c.data);
+    if (a.text) {
+        if (text_shard(dir, a.text, a.split, tmpdir, path, sizeof path)) {
+            fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
+            rc = 1;
+            goto done;
+        }
+    } else {
+        snprintf(path, sizeof path, "%s/val.bin", a.data ? a.data : c.data);
+    }
+    const char *what = a.text ? a.text : path;
     int T = a.seq_len ? (int)a.seq_len : c.seq_len;
     if (T > m->cfg.max_position_embeddings) T = (int)m->cfg.max_position_embeddings;
-    kiln_loader_config lc = {val, a.batch ? (int)a.batch : c.batch, T, KILN_PACK_PACKED, false, c.seed};
-    kiln_loader *l = NULL;
-    kiln_batch *b = NULL;
+    kiln_loader_config lc = {path, a.batch ? (int)a.batch : c.batch, T, KILN_PACK_PACKED, false, c.seed};
     if (kiln_loader_open(&lc, &l) || !(b = kiln_batch_alloc(lc.batch_size, lc.seq_len))) {
         fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
         rc = 1;
         goto done;
     }
     if ((int64_t)kiln_loader_info(l)->vocab_size > m->cfg.vocab_size) {
-        fprintf(stderr, "kiln eval: %s has vocabulary %u but the model %lld\n", val, kiln_loader_info(l)->vocab_size,
+        fprintf(stderr, "kiln eval: %s has vocabulary %u but the model %lld\n", what, kiln_loader_info(l)->vocab_size,
                 (long long)m->cfg.vocab_size);
         rc = 1;
         goto done;
@@ -147,16 +219,17 @@ int kiln_cmd_eval(int argc, char **argv) {
         tokens += ti;
     }
     if (tokens == 0) {
-        fprintf(stderr, "kiln eval: %s holds no complete row of %d tokens\n", val, T);
+        fprintf(stderr, "kiln eval: %s holds no complete row of %d tokens\n", what, T);
         rc = 1;
         goto done;
     }
     double loss = sum / (double)tokens, dt = kiln_time_now() - t0;
-    printf("val loss %#.6g  perplexity %#.6g  (%lld tokens, %lld batches of %dx%d, %s, model %s, %.1fs)\n", loss,
-           exp(loss), (long long)tokens, (long long)n, lc.batch_size, T, val, dir, dt);
+    printf("%s loss %#.6g  perplexity %#.6g  (%lld tokens, %lld batches of %dx%d, %s, model %s, %.1fs)\n",
+           a.text ? "text" : "val", loss, exp(loss), (long long)tokens, (long long)n, lc.batch_size, T, what, dir, dt);
 done:
     kiln_batch_free(b);
     kiln_loader_close(l);
     kiln_llama_free(m);
+    remove_tmp(tmpdir);
     return rc;
 }

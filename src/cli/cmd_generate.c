@@ -12,10 +12,12 @@ static const char *generate_usage =
     "usage: kiln generate RUN_DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
     "                     [--top-k K] [--top-p P] [--seed S] [--tokenizer FILE]\n"
     "\n"
-    "Loads the newest checkpoint of RUN_DIR (its config.json and\n"
-    "model.safetensors) and RUN_DIR/tokenizer.json, encodes the prompt (after\n"
-    "<|bos|> when the tokenizer has one) and writes the prompt and its\n"
-    "continuation to stdout as tokens arrive, until <|eos|> or --max-tokens.\n"
+    "Loads the checkpoint `kiln train --resume RUN_DIR` would continue from\n"
+    "(or RUN_DIR itself when it is a model directory: config.json, weights,\n"
+    "tokenizer.json), encodes the prompt (after <|bos|> when the tokenizer has\n"
+    "one) and writes the prompt and its continuation to stdout as tokens\n"
+    "arrive, until an eos id of the model (generation_config.json, config.json,\n"
+    "tokenizer_config.json, or the tokenizer's eos) or --max-tokens.\n"
     "\n"
     "options:\n"
     "  --prompt TEXT       text to continue (default: empty, i.e. start from bos)\n"
@@ -25,7 +27,7 @@ static const char *generate_usage =
     "  --top-k K           sample among the K most likely tokens; 0 = off (default: 50)\n"
     "  --top-p P           nucleus: the smallest set holding mass P; 1 = off (default: 0.95)\n"
     "  --seed S            sampling seed; the same seed repeats a sample (default: 1)\n"
-    "  --tokenizer FILE    tokenizer.json (default: RUN_DIR/tokenizer.json)\n"
+    "  --tokenizer FILE    tokenizer.json (default: the model's tokenizer.json)\n"
     "  --threads N         compute threads (default: all cores)\n"
     "  -h, --help          this text\n";
 
@@ -35,6 +37,7 @@ typedef struct {
     int n;
     size_t printed; /* bytes of the decoded continuation already written */
     kiln_status err;
+    const kiln_sample_config *sc; /* its stop ids are not text */
 } stream;
 
 /* Length of s[0..n) without a trailing UTF-8 sequence that is still
@@ -68,7 +71,7 @@ static void flush_text(stream *s, bool final) {
 
 static void on_token(int32_t id, void *user) {
     stream *s = user;
-    if (id == kiln_tokenizer_eos(s->tok)) return; /* the stop token is not text */
+    if (kiln_sample_is_stop(s->sc, id)) return; /* the stop token is not text */
     s->ids[s->n++] = id;
     flush_text(s, false);
 }
@@ -156,16 +159,22 @@ int kiln_cmd_generate(int argc, char **argv) {
     gen_args a = {NULL, "", NULL, {.max_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1}};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
-    char tok_path[4096];
+    char tok_path[4096], dir[3000];
+    /* the checkpoint --resume would continue from (or a model directory) */
+    if (kiln_model_dir_resolve(a.run_dir, dir, sizeof dir)) {
+        fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
+        return 1;
+    }
     if (a.tokenizer) snprintf(tok_path, sizeof tok_path, "%s", a.tokenizer);
-    else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", a.run_dir);
+    else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    kiln_model_meta meta = {.bos_id = -1, .pad_id = -1};
 
     kiln_llama *m = NULL;
     kiln_tokenizer *tok = NULL;
     int32_t *prompt = NULL;
     int n_prompt = 0;
     stream s = {0};
-    if (kiln_load_model_dir(a.run_dir, &m) || kiln_tokenizer_load(tok_path, &tok) ||
+    if (kiln_load_model_dir(dir, &m) || kiln_tokenizer_load(tok_path, &tok) || kiln_model_meta_load(dir, tok, &meta) ||
         encode_prompt(tok, a.prompt, &prompt, &n_prompt)) {
         fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
         rc = 1;
@@ -188,9 +197,13 @@ int kiln_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "kiln generate: --max-tokens lowered to %d (the model's max_position_embeddings is %lld)\n",
                 a.sc.max_tokens, (long long)m->cfg.max_position_embeddings);
     }
+    /* the model's eos ids (generation_config.json, config.json,
+     * tokenizer_config.json), and the tokenizer's own eos */
     a.sc.stop_id = kiln_tokenizer_eos(tok);
+    a.sc.stop_ids = meta.eos_ids;
+    a.sc.n_stop_ids = meta.n_eos;
     int32_t *out = malloc(((size_t)a.sc.max_tokens + 1) * sizeof *out);
-    s = (stream){tok, malloc(((size_t)a.sc.max_tokens + 1) * sizeof *s.ids), 0, 0, KILN_OK};
+    s = (stream){tok, malloc(((size_t)a.sc.max_tokens + 1) * sizeof *s.ids), 0, 0, KILN_OK, &a.sc};
     if (!out || !s.ids) {
         free(out);
         fprintf(stderr, "kiln generate: out of memory\n");
@@ -206,7 +219,7 @@ int kiln_cmd_generate(int argc, char **argv) {
     flush_text(&s, true);
     fputc('\n', stdout);
     fflush(stdout);
-    bool at_eos = n_out > 0 && out[n_out - 1] == a.sc.stop_id;
+    bool at_eos = n_out > 0 && kiln_sample_is_stop(&a.sc, out[n_out - 1]);
     free(out);
     if (st || s.err) {
         fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
@@ -216,6 +229,7 @@ int kiln_cmd_generate(int argc, char **argv) {
                 at_eos ? ", stopped at eos" : "");
     }
 done:
+    kiln_model_meta_free(&meta);
     free(s.ids);
     free(prompt);
     kiln_tokenizer_free(tok);

@@ -657,10 +657,14 @@ kiln_status kiln_model_dir_resolve(const char *dir, char *out, size_t n) {
     kiln_status st = list_checkpoints(dir, &list, &count);
     free(list);
     if (st) return st;
-    char marker[PATH_CAP];
+    char marker[PATH_CAP], why[256];
     struct stat sb;
-    bool run = count > 0 || (!join(marker, dir, "trainer_state.json") && lstat(marker, &sb) == 0);
-    if (run) return kiln_checkpoint_latest(dir, out, n); /* exactly what --resume loads */
+    bool has_marker = !join(marker, dir, "trainer_state.json") && lstat(marker, &sb) == 0;
+    /* a run dir: checkpoints, or the link to the newest one */
+    if (count > 0 || (has_marker && S_ISLNK(sb.st_mode))) return kiln_checkpoint_latest(dir, out, n);
+    /* one checkpoint directory itself: only when it is whole */
+    if (has_marker && !ckpt_complete(dir, why, sizeof why))
+        return kiln_error(KILN_ERR_FORMAT, "%s is not a complete checkpoint: %s", dir, why);
     if (snprintf(out, n, "%s", dir) >= (int)n) return kiln_error(KILN_ERR_INVALID, "path too long: %s", dir);
     return KILN_OK;
 }

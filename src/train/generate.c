@@ -121,6 +121,13 @@ static kiln_status step(kiln_llama *m, kiln_llama_cache *kc, const int32_t *ids,
     return st;
 }
 
+bool kiln_sample_is_stop(const kiln_sample_config *sc, int32_t id) {
+    if (id == sc->stop_id) return true;
+    for (int i = 0; sc->stop_ids && i < sc->n_stop_ids; i++)
+        if (sc->stop_ids[i] == id) return true;
+    return false;
+}
+
 static kiln_status run(kiln_llama *m, kiln_llama_cache *kc, const int32_t *prompt, int n_prompt,
                        const kiln_sample_config *sc, int32_t *out, int *n_out, double *z, cand *work,
                        void (*on_token)(int32_t id, void *user), void *user) {
@@ -131,7 +138,7 @@ static kiln_status run(kiln_llama *m, kiln_llama_cache *kc, const int32_t *promp
         int32_t id = sample_row(z, V, sc, &rng, work);
         out[(*n_out)++] = id;
         if (on_token) on_token(id, user);
-        if (id == sc->stop_id || i + 1 == sc->max_tokens) break;
+        if (kiln_sample_is_stop(sc, id) || i + 1 == sc->max_tokens) break;
         st = step(m, kc, &id, 1, z);
     }
     return st;
