@@ -138,7 +138,9 @@ static kiln_status text_shard(const char *model_dir, const char *file, kiln_doc_
     kiln_tokenize_stats s;
     const char *paths[1] = {file};
     kiln_status st = kiln_tokenizer_load(tok_path, &tok);
+    kiln_log_set_level(KILN_LOG_WARN); /* its progress lines name the temporary directory: noise here */
     if (!st) st = kiln_tokenize_files(tok, paths, 1, tmpdir, &o, &s);
+    kiln_log_set_level(KILN_LOG_INFO);
     kiln_tokenizer_free(tok);
     snprintf(shard, n, "%s/train.bin", tmpdir);
     return st;
