@@ -117,7 +117,8 @@ static double library_loss(const char *model_dir, const char *shard, int B, int 
 }
 
 static void test_eval_text(void) {
-    const char *text = path_in("corpus.txt");
+    char text[512]; /* path_in's buffers are reused */
+    snprintf(text, sizeof text, "%s", path_in("corpus.txt"));
     write_corpus(text);
     char *corpus = NULL;
     size_t len = 0;
