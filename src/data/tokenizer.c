@@ -565,9 +565,18 @@ typedef struct {
     size_t bounds[65];
 } text_ctx;
 
+/* Where the text may be cut (chunk_safe), it is also encoded in windows of
+ * about 64 KiB so the word lists stay in cache. */
 static void text_part(const kiln_tokenizer *t, encoder *e, const void *ctx, int p) {
     const text_ctx *c = ctx;
-    encode_text(t, e, c->s + c->bounds[p], c->bounds[p + 1] - c->bounds[p], p == 0 ? KD_AT0 : 0);
+    size_t a = c->bounds[p], end = c->bounds[p + 1];
+    while (t->chunk_safe && end - a > PAR_MIN_BYTES && !e->st) {
+        size_t b = a + kd_chunk_boundary((const unsigned char *)c->s + a, end - a, PAR_MIN_BYTES);
+        if (b >= end) break;
+        encode_text(t, e, c->s + a, b - a, a == 0 ? KD_AT0 : 0);
+        a = b;
+    }
+    encode_text(t, e, c->s + a, end - a, a == 0 ? KD_AT0 : 0);
 }
 
 static int threads_for(size_t bytes) {
