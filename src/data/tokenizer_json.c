@@ -200,11 +200,14 @@ static kiln_status read_added(loader_ctx *c, int *max_id) {
     json_t *a;
     if (n && !(c->defs = calloc(n, sizeof *c->defs))) return fail(c, KILN_ERR_OOM, "out of memory");
     int next = (int)json_object_size(c->vocab);
+    kd_strmap seen; /* content -> id of the added tokens so far */
+    if (!kd_strmap_init(&seen, n + 1)) return fail(c, KILN_ERR_OOM, "out of memory");
+    kiln_status st = KILN_OK;
     static const char *const keys[] = {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special", NULL};
     json_array_foreach(c->added, i, a) {
         char where[64];
         snprintf(where, sizeof where, "added_tokens[%zu]", i);
-        kiln_status st = json_is_object(a) ? kd_json_keys(a, c->path, where, keys)
+        st = json_is_object(a) ? kd_json_keys(a, c->path, where, keys)
                                            : kiln_error(KILN_ERR_FORMAT, "%s: %s is not an object", c->path, where);
         const char *content = "";
         size_t len = 0;
@@ -217,20 +220,25 @@ static kiln_status read_added(loader_ctx *c, int *max_id) {
         if (!st) st = kd_json_bool(a, "lstrip", false, c->path, where, &d.lstrip);
         if (!st) st = kd_json_bool(a, "rstrip", false, c->path, where, &d.rstrip);
         if (!st) st = kd_json_bool(a, "normalized", !d.special, c->path, where, &d.normalized);
-        if (st) return st;
+        if (st) break;
         if (len == 0) continue; /* HF ignores empty added tokens */
-        int hf = -1;
-        for (size_t k = 0; k < c->n_defs && hf < 0; k++)
-            if (c->defs[k].len == len && !memcmp(c->defs[k].content, content, len)) hf = c->defs[k].id;
-        if (hf < 0) hf = by_name(c, content, len);
+        uint64_t h = kd_hash_bytes(content, len), *prev = kd_strmap_get(&seen, content, len, h);
+        int hf = prev ? (int)*prev : by_name(c, content, len);
         if (hf < 0) hf = next++;
-        if (hf != id)
-            return kiln_error(KILN_ERR_FORMAT, "%s: %s \"%s\" has id %d, but the Hugging Face library gives it id %d "
-                              "(its vocabulary id, or the next id after the vocabulary)", c->path, where, content, id, hf);
+        if (hf != id) {
+            st = kiln_error(KILN_ERR_FORMAT, "%s: %s \"%s\" has id %d, but the Hugging Face library gives it id %d "
+                            "(its vocabulary id, or the next id after the vocabulary)", c->path, where, content, id, hf);
+            break;
+        }
+        if (!prev && !kd_strmap_put(&seen, content, len, h, (uint64_t)id, NULL)) {
+            st = fail(c, KILN_ERR_OOM, "out of memory");
+            break;
+        }
         if (id > *max_id) *max_id = id;
         c->defs[c->n_defs++] = d;
     }
-    return KILN_OK;
+    kd_strmap_free(&seen);
+    return st;
 }
 
 static kiln_status build_vocab(loader_ctx *c) {
@@ -425,14 +433,15 @@ static kiln_status build_pipeline(loader_ctx *c) {
 kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out) {
     *out = NULL;
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        FILE *f = fopen(path, "rb");
-        if (!f) return kiln_error(KILN_ERR_IO, "cannot open tokenizer %s: %s", path, strerror(errno));
-        fclose(f);
+    char *text;
+    size_t len;
+    kiln_status rs = kiln_read_file(path, &text, &len); /* one read: jansson's file reader goes byte by byte */
+    if (rs) return kiln_error_context(rs, "cannot open tokenizer %s", path);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (!root)
         return kiln_error(KILN_ERR_FORMAT, "%s: invalid JSON at line %d, column %d: %s", path, jerr.line, jerr.column,
                           jerr.text);
-    }
     loader_ctx c = {.path = path, .root = root};
     kiln_status st = find_parts(&c);
     /* the pre-tokenizer decides how the vocabulary is stored: parse it first
