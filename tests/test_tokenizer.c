@@ -241,6 +241,37 @@ static void test_malformed(void) {
     expect_load_error("onetoken.json", json, "merges[0]");
     expect_load_error("badid.json", "{\"model\": {\"vocab\": {\"a\": -4}, \"merges\": []}}", "id");
     expect_load_error("array.json", "[1, 2]", "not a JSON object");
+    /* every component or option kiln does not implement is named */
+    static const char *const refused[][3] = {
+        {"punct.json", "\"pre_tokenizer\": {\"type\": \"Punctuation\"}", "pre-tokenizer \"Punctuation\""},
+        {"field.json", "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"foo\": 1}", "field \"foo\""},
+        {"trunc.json", "\"truncation\": {\"max_length\": 512}", "truncation"},
+        {"norm.json", "\"normalizer\": {\"type\": \"Precompiled\"}", "normalizer \"Precompiled\""},
+        {"dec.json", "\"decoder\": {\"type\": \"WordPiece\"}", "decoder \"WordPiece\""},
+        {"post.json", "\"post_processor\": {\"type\": \"Nope\"}", "post-processor \"Nope\""},
+        {"regex.json", "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, "
+                       "\"behavior\": \"Isolated\", \"invert\": false}", "PCRE2"},
+        {"behav.json", "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"String\": \" \"}, "
+                       "\"behavior\": \"Sideways\", \"invert\": false}", "Sideways"},
+        {"order.json", "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"ByteLevel\"}, "
+                       "{\"type\": \"Digits\"}]}", "ByteLevel must come last"},
+        /* sizes from the file are checked before they are used */
+        {"strip.json", "\"decoder\": {\"type\": \"Strip\", \"content\": \" \", \"start\": 1000000000000, \"stop\": 0}",
+         "decoder.start"},
+        {"tmpl.json", "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+                      "{\"id\": \"<x>\", \"type_id\": 0}}], \"special_tokens\": {\"<x>\": {\"id\": \"<x>\", "
+                      "\"ids\": [4294967296], \"tokens\": [\"<x>\"]}}}", "token id"},
+        {"dropout.json", "\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, \"vocab\": {\"a\": 0}, \"merges\": []}",
+         "dropout"},
+        {"bigid.json", "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 2147483648}, \"merges\": []}", "id"},
+        {"addid.json", "\"added_tokens\": [{\"id\": 7, \"content\": \"<x>\"}]", "gives it id 1"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        bool has_model = strstr(refused[i][1], "\"model\"") != NULL;
+        snprintf(json, sizeof json, "{%s%s}", refused[i][1],
+                 has_model ? "" : ", \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}");
+        expect_load_error(refused[i][0], json, refused[i][2]);
+    }
 }
 
 int main(void) {

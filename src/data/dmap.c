@@ -14,15 +14,19 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
+/* 0 when n is too large for a table (every size below is checked). */
 static size_t pow2_at_least(size_t n) {
+    if (n > (SIZE_MAX >> 5)) return 0;
     size_t c = 16;
     while (c < n) c <<= 1;
     return c;
 }
 
 bool kd_map64_init(kd_map64 *m, size_t expect) {
-    m->cap = pow2_at_least(expect * 2);
+    m->cap = expect > SIZE_MAX / 4 ? 0 : pow2_at_least(expect * 2);
     m->n = 0;
+    m->keys = m->vals = NULL;
+    if (!m->cap) return false;
     m->keys = malloc(m->cap * sizeof *m->keys);
     m->vals = malloc(m->cap * sizeof *m->vals);
     if (!m->keys || !m->vals) {
@@ -102,7 +106,8 @@ uint64_t kd_hash_bytes(const void *p, size_t n) {
 
 bool kd_strmap_init(kd_strmap *m, size_t expect) {
     memset(m, 0, sizeof *m);
-    m->cap = pow2_at_least(expect * 2);
+    m->cap = expect > SIZE_MAX / 64 ? 0 : pow2_at_least(expect * 2);
+    if (!m->cap) return false;
     m->ecap = expect < 16 ? 16 : expect;
     m->acap = m->ecap * 8;
     m->slots = calloc(m->cap, sizeof *m->slots);
@@ -142,6 +147,7 @@ uint64_t *kd_strmap_get(const kd_strmap *m, const char *key, size_t len, uint64_
 }
 
 static bool strmap_rehash(kd_strmap *m) {
+    if (m->cap > SIZE_MAX / 2 / sizeof(uint64_t)) return false;
     size_t cap = m->cap * 2;
     uint32_t *slots = calloc(cap, sizeof *slots);
     if (!slots) return false;
@@ -159,7 +165,11 @@ static bool strmap_rehash(kd_strmap *m) {
 static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return true;
     size_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
+    while (c < need) {
+        if (c > SIZE_MAX / 2) return false;
+        c *= 2;
+    }
+    if (c > SIZE_MAX / elem) return false;
     void *q = realloc(*p, c * elem);
     if (!q) return false;
     *p = q;
@@ -176,7 +186,9 @@ uint64_t *kd_strmap_put(kd_strmap *m, const char *key, size_t len, uint64_t h, u
     }
     if (m->n >= UINT32_MAX - 1) return NULL;
     if ((m->n + 1) * 4 > m->cap * 3 && !strmap_rehash(m)) return NULL;
+    if (len > UINT32_MAX || len > SIZE_MAX - m->alen - 1) return NULL;
     if (m->n + 1 > m->ecap) {
+        if (m->ecap > SIZE_MAX / 2 / sizeof(uint64_t)) return NULL;
         size_t c = m->ecap * 2;
         uint64_t *hs = realloc(m->hashes, c * sizeof *hs);
         if (hs) m->hashes = hs;
