@@ -289,6 +289,64 @@ static void test_concurrent(const char *root) {
     CHECK(args[0].st == KILN_OK && args[0].result == 12345, "after race");
 }
 
+/* A module whose kiln_which() returns `which`, from the cache in `cache`. */
+static kiln_module *which_module(const kiln_build_options *o, int which, kiln_build_info *info) {
+    char src[96];
+    snprintf(src, sizeof src, "int kiln_which(void) { return %d; }\n", which);
+    const char *parts[1] = {src};
+    kiln_module *m = NULL;
+    CHECK_OK(kiln_module_build(parts, 1, o, &m, info));
+    return m;
+}
+static int call_which(const kiln_module *m) {
+    int (*f)(void) = m ? (int (*)(void))kiln_module_sym(m, "kiln_which") : NULL;
+    return f ? f() : -1;
+}
+
+/* Swaps another module's .so in at the checked entry's path. */
+static char swap_from[1100];
+static void swap_in(const char *so, void *user) {
+    (void)user;
+    CHECK(rename(swap_from, so) == 0, "rename %s -> %s: %s", swap_from, so, strerror(errno));
+}
+
+/* Issue 10: the entry is loaded from the very file that was hashed, so a
+ * .so swapped in at the path between the check and dlopen() is not run (and
+ * is found corrupt next time). Descriptors of loaded modules are not reused
+ * while their object is loaded: the loader knows it by /proc/self/fd/N. */
+static void test_load_what_was_hashed(const char *root) {
+    char cache[512];
+    snprintf(cache, sizeof cache, "%s/swap/cache", root);
+    kiln_build_options o = {.cache_dir = cache};
+    kiln_build_info i1, i2, i3;
+    kiln_module *a = which_module(&o, 1, &i1), *b = which_module(&o, 2, &i2);
+    CHECK(call_which(a) == 1 && call_which(b) == 2, "two modules: %d %d", call_which(a), call_which(b));
+    kiln_module_free(a);
+    kiln_module_free(b);
+    snprintf(swap_from, sizeof swap_from, "%s", i2.path);
+    kiln_build_options hooked = {.cache_dir = cache, .checked_hook = swap_in};
+    a = which_module(&hooked, 1, &i3);
+    CHECK(i3.from_cache && call_which(a) == 1, "swapped after the check: loaded module says %d (from cache %d)", call_which(a),
+          i3.from_cache);
+    kiln_module_free(a);
+    n_warn = 0;
+    a = which_module(&o, 1, &i3);
+    CHECK(!i3.from_cache && n_warn == 1 && strstr(last_warn, "is bad"), "the swapped entry is rebuilt: %s", last_warn);
+    CHECK(call_which(a) == 1, "rebuilt module says %d", call_which(a));
+    /* the same file loaded twice, the first released, then another file */
+    kiln_module *a2 = which_module(&o, 1, NULL);
+    kiln_module_free(a);
+    b = which_module(&o, 2, NULL);
+    CHECK(call_which(a2) == 1 && call_which(b) == 2, "after sharing: %d %d", call_which(a2), call_which(b));
+    kiln_module_free(a2);
+    kiln_module_free(b);
+    for (int k = 0; k < 3; k++) { /* free and load in turn: each load gets its own code */
+        a = which_module(&o, 1 + k % 2, NULL);
+        CHECK(call_which(a) == 1 + k % 2, "load %d says %d", k, call_which(a));
+        kiln_module_free(a);
+    }
+}
+
 int main(void) {
     kiln_log_set_handler(on_log, NULL);
     test_sha256();
@@ -301,6 +359,7 @@ int main(void) {
     test_unusable_dirs(root);
     test_errors(root);
     test_concurrent(root);
+    test_load_what_was_hashed(root);
     rm_rf(root);
     TEST_END();
 }

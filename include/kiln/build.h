@@ -4,7 +4,8 @@
  * The cache (a directory owned by the user, mode 0700) holds per key:
  *   <key>.so      the module
  *   <key>.sha256  SHA-256 of the .so's bytes; an entry is never dlopened
- *                 unless its bytes match (corrupt entries are deleted, rebuilt)
+ *                 unless its bytes match (corrupt entries are deleted, rebuilt),
+ *                 and what is dlopened is the open file that was hashed
  *   <key>.c       the parts, concatenated with the commands that built them
  *                 (for reading and --explain; the parts compile separately)
  * The key is the SHA-256 of the parts, the compiler's resolved path and its
@@ -36,6 +37,11 @@ typedef struct {
     const char *cflags;    /* NULL: $KILN_CFLAGS, else KILN_DEFAULT_CFLAGS */
     const char *cache_dir; /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln */
     int jobs;              /* parallel compiler processes (0: number of cores) */
+    /* Called after an entry's SHA-256 matched and before it is loaded, with
+     * the .so's path (tests swap the file there: what is loaded is the file
+     * that was hashed, opened once, dlopen()ed as /proc/self/fd/N). */
+    void (*checked_hook)(const char *so_path, void *user);
+    void *hook_user;
 } kiln_build_options;
 
 #define KILN_DEFAULT_CFLAGS "-O3 -march=native -fopenmp -fPIC"

@@ -30,8 +30,10 @@
 
 #define PATHN 1024
 
+typedef struct loaded_file loaded_file;
 struct kiln_module {
     void *handle;
+    loaded_file *file;
     char path[PATHN];
     char private_dir[PATHN]; /* removed at free; empty when loaded from the cache */
 };
@@ -483,42 +485,132 @@ static bool hash_file(const char *path, char hex[65]) {
     return ok;
 }
 
-static entry_state check_entry(const char *so, const char *sha, char *why, size_t n) {
+/* Checks the .so against its .sha256. On ENTRY_OK *so_fd is the open file
+ * whose bytes were hashed: the module is loaded from that very file, so
+ * nothing swapped in at the path after the check can be loaded instead. */
+static entry_state check_entry(const char *so, const char *sha, int *so_fd, char *why, size_t n) {
     entry_state state;
     char have[65], want[80] = {0};
+    *so_fd = -1;
     int fd = open_entry_file(so, &state, why, n);
     if (fd < 0) return state;
-    bool ok = kiln_sha256_fd(fd, have);
-    close(fd);
-    if (!ok) return sfmt(why, n, "cannot read %s", so), ENTRY_CORRUPT;
-    fd = open_entry_file(sha, &state, why, n);
-    if (fd < 0) {
+    if (!kiln_sha256_fd(fd, have)) return close(fd), sfmt(why, n, "cannot read %s", so), ENTRY_CORRUPT;
+    int sfd = open_entry_file(sha, &state, why, n);
+    if (sfd < 0) {
+        close(fd);
         if (state == ENTRY_MISSING) sfmt(why, n, "%s is missing", sha);
         return state == ENTRY_MISSING ? ENTRY_CORRUPT : state;
     }
-    ssize_t r = read(fd, want, sizeof want - 1);
-    close(fd);
+    ssize_t r = read(sfd, want, sizeof want - 1);
+    close(sfd);
     if (r < 64 || strspn(want, "0123456789abcdef") != 64 || (r > 64 && want[64] != '\n'))
-        return sfmt(why, n, "%s does not hold a SHA-256", sha), ENTRY_CORRUPT;
+        return close(fd), sfmt(why, n, "%s does not hold a SHA-256", sha), ENTRY_CORRUPT;
     want[64] = '\0';
     if (strcmp(want, have) != 0)
-        return sfmt(why, n, "SHA-256 of %s is %.12s..., recorded %.12s...", so, have, want), ENTRY_CORRUPT;
+        return close(fd), sfmt(why, n, "SHA-256 of %s is %.12s..., recorded %.12s...", so, have, want), ENTRY_CORRUPT;
+    *so_fd = fd;
     return ENTRY_OK;
 }
 
-static kiln_status load(const char *path, const char *private_dir, kiln_module **out) {
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) return kiln_error(KILN_ERR_IO, "cannot load %s: %s", path, dlerror());
+/* Modules are dlopen()ed through the descriptor of the file that was hashed
+ * (/proc/self/fd/N names the open file itself, not a path that could be
+ * swapped). The dynamic loader knows a loaded object by that name, though:
+ * were N closed and reused for another file while the object is still
+ * loaded, dlopen() of the new /proc/self/fd/N would return the old object.
+ * So a loaded file keeps its descriptor open as long as it is loaded, and a
+ * file loaded twice (the same device and inode) shares one handle. */
+struct loaded_file {
+    dev_t dev;
+    ino_t ino;
+    int fd, refs;
+    void *handle; /* one dlopen() reference, held by this entry */
+    loaded_file *next;
+};
+static loaded_file *loaded_files;
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void fd_path(char out[64], int fd) { sfmt(out, 64, "/proc/self/fd/%d", fd); }
+
+/* The loaded entry for the open file fd (taking fd over), or NULL + error. */
+static loaded_file *load_file(int fd, const char *path) {
+    struct stat st;
+    char fdp[64];
+    if (fstat(fd, &st) != 0) {
+        kiln_error(KILN_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    pthread_mutex_lock(&load_mu);
+    loaded_file *e = loaded_files;
+    while (e && (e->dev != st.st_dev || e->ino != st.st_ino)) e = e->next;
+    if (e) {
+        e->refs++;
+        close(fd);
+    } else if (!(e = calloc(1, sizeof *e))) {
+        kiln_error(KILN_ERR_OOM, "out of memory");
+        close(fd);
+    } else {
+        fd_path(fdp, fd);
+        *e = (loaded_file){.dev = st.st_dev, .ino = st.st_ino, .fd = fd, .refs = 1, .next = loaded_files};
+        if ((e->handle = dlopen(fdp, RTLD_NOW | RTLD_LOCAL))) {
+            loaded_files = e;
+        } else {
+            kiln_error(KILN_ERR_IO, "cannot load %s (through %s): %s", path, fdp, dlerror());
+            close(fd);
+            free(e);
+            e = NULL;
+        }
+    }
+    pthread_mutex_unlock(&load_mu);
+    return e;
+}
+
+static void unload_file(loaded_file *e) {
+    char fdp[64];
+    pthread_mutex_lock(&load_mu);
+    if (--e->refs == 0) {
+        dlclose(e->handle);
+        fd_path(fdp, e->fd);
+        /* an object the loader keeps (marked not to be deleted) keeps its name */
+        e->handle = dlopen(fdp, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+        if (!e->handle) {
+            loaded_file **p = &loaded_files;
+            while (*p != e) p = &(*p)->next;
+            *p = e->next;
+            close(e->fd);
+            free(e);
+        }
+    }
+    pthread_mutex_unlock(&load_mu);
+}
+
+/* Loads the checked, open file fd (taking it over); `path` is for messages. */
+static kiln_status load(int fd, const char *path, const char *private_dir, kiln_module **out) {
     kiln_module *m = calloc(1, sizeof *m);
     if (!m) {
-        dlclose(h);
+        close(fd);
         return kiln_error(KILN_ERR_OOM, "out of memory");
     }
-    m->handle = h;
+    if (!(m->file = load_file(fd, path))) {
+        free(m);
+        return kiln_last_status();
+    }
+    m->handle = m->file->handle;
     sfmt(m->path, sizeof m->path, "%s", path);
     if (private_dir) sfmt(m->private_dir, sizeof m->private_dir, "%s", private_dir);
     *out = m;
     return KILN_OK;
+}
+
+/* Checks the pair <base>.so / <base>.sha256 and loads the checked file. */
+static kiln_status check_and_load(const char *so, const char *sha, const kiln_build_options *o, const char *private_dir,
+                                  kiln_module **out) {
+    char why[PATHN + 200];
+    int fd;
+    if (check_entry(so, sha, &fd, why, sizeof why) != ENTRY_OK)
+        return kiln_error(KILN_ERR_IO, "cannot load %s: %s", so, why);
+    if (o && o->checked_hook) o->checked_hook(so, o->hook_user);
+    return load(fd, so, private_dir, out);
 }
 
 /* ---- compiling ----------------------------------------------------------- */
@@ -678,7 +770,7 @@ static void fill_info(kiln_build_info *info, const kiln_module *m, const char *s
 
 /* Looks the key up under the lock; loads a good entry, deletes a corrupt one.
  * Sets *out on a hit, *unsafe when the cache must not be used. */
-static void cache_lookup(const char *dir, const char *key, kiln_module **out, bool *unsafe) {
+static void cache_lookup(const char *dir, const char *key, const kiln_build_options *o, kiln_module **out, bool *unsafe) {
     char so[PATHN], sha[PATHN], base[PATHN], why[PATHN + 200];
     fmt_path(base, "%s/%s", dir, key);
     fmt_path(so, "%s%s", base, ".so");
@@ -689,8 +781,10 @@ static void cache_lookup(const char *dir, const char *key, kiln_module **out, bo
         *unsafe = true;
         return;
     }
-    entry_state s = check_entry(so, sha, why, sizeof why);
-    if (s == ENTRY_OK && load(so, NULL, out) != KILN_OK) {
+    int fd;
+    entry_state s = check_entry(so, sha, &fd, why, sizeof why);
+    if (s == ENTRY_OK && o && o->checked_hook) o->checked_hook(so, o->hook_user);
+    if (s == ENTRY_OK && load(fd, so, NULL, out) != KILN_OK) {
         sfmt(why, sizeof why, "%s", kiln_last_error());
         kiln_clear_error();
         s = ENTRY_CORRUPT;
@@ -709,8 +803,8 @@ static void cache_lookup(const char *dir, const char *key, kiln_module **out, bo
 
 /* Moves a finished build into the cache (dir; NULL: private) and loads it
  * from there, or else from the build dir, which the module then owns. */
-static kiln_status publish_and_load(const char *dir, const char *bdir, const char *key, kiln_module **out,
-                                    char src[PATHN]) {
+static kiln_status publish_and_load(const char *dir, const char *bdir, const char *key, const kiln_build_options *o,
+                                    kiln_module **out, char src[PATHN]) {
     static const char *ext[3] = {".sha256", ".so", ".c"};
     static const char *from[3] = {"module.sha256", "module.so", "module.c"};
     char why[PATHN + 200], a[PATHN], b[PATHN], base[PATHN];
@@ -725,14 +819,16 @@ static kiln_status publish_and_load(const char *dir, const char *bdir, const cha
     kiln_status st;
     if (ok) {
         fmt_path(b, "%s%s", base, ".so");
+        fmt_path(a, "%s%s", base, ".sha256");
         fmt_path(src, "%s%s", base, ".c");
-        st = load(b, NULL, out);
+        st = check_and_load(b, a, o, NULL, out);
         remove_dir(bdir);
     } else {
         if (dir) kiln_log(KILN_LOG_WARN, "cannot publish into compile cache %s (%s); using the build in %s", dir, why, bdir);
         fmt_path(b, "%s/%s", bdir, "module.so");
+        fmt_path(a, "%s/%s", bdir, "module.sha256");
         fmt_path(src, "%s/%s", bdir, "module.c");
-        if ((st = load(b, bdir, out)) != KILN_OK) remove_dir(bdir);
+        if ((st = check_and_load(b, a, o, bdir, out)) != KILN_OK) remove_dir(bdir);
     }
     if (lk >= 0) close(lk);
     return st;
@@ -759,7 +855,7 @@ kiln_status kiln_module_build(const char *const *parts, int n_parts, const kiln_
         kiln_log(KILN_LOG_WARN, "compile cache %s is unusable (%s); building in a private temporary directory",
                  r.dir[0] ? r.dir : "(none)", why);
     if (!priv) {
-        cache_lookup(r.dir, key, out, &priv);
+        cache_lookup(r.dir, key, o, out, &priv);
         if (*out) {
             if (info) info->from_cache = true;
             fmt_path(src, "%s/%s.c", r.dir, key);
@@ -782,7 +878,7 @@ kiln_status kiln_module_build(const char *const *parts, int n_parts, const kiln_
         if (!priv) remove_dir(bdir); /* a private dir keeps the failing part for the message */
         return st;
     }
-    if ((st = publish_and_load(priv ? NULL : r.dir, bdir, key, out, src)) != KILN_OK) return st;
+    if ((st = publish_and_load(priv ? NULL : r.dir, bdir, key, o, out, src)) != KILN_OK) return st;
     kiln_log(KILN_LOG_DEBUG, "built module %.12s (%d parts) in %.2f s: %s", key, n_parts, kiln_time_now() - t0,
              (*out)->path);
     fill_info(info, *out, src, t0);
@@ -799,7 +895,7 @@ void *kiln_module_sym(const kiln_module *m, const char *name) {
 
 void kiln_module_free(kiln_module *m) {
     if (!m) return;
-    dlclose(m->handle);
+    unload_file(m->file);
     if (m->private_dir[0]) remove_dir(m->private_dir);
     free(m);
 }
