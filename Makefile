@@ -37,6 +37,16 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# The code generator embeds the ops' scalar math (include/kiln/opmath.h) as
+# text, so generated modules compute what the kernels compute: each line of
+# the header becomes one line of a C string literal.
+$(BUILD)/gen/opmath_text.h: include/kiln/opmath.h
+	@mkdir -p $(dir $@)
+	sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $< > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/src/compile/codegen.o: $(BUILD)/gen/opmath_text.h
+$(BUILD)/src/compile/codegen.o: CFLAGS += -I$(BUILD)/gen
+
 $(BUILD)/libkiln.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^

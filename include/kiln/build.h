@@ -44,7 +44,9 @@ typedef struct {
     void *hook_user;
 } kiln_build_options;
 
-#define KILN_DEFAULT_CFLAGS "-O3 -march=native -fopenmp -fPIC"
+/* -ffp-contract=off: no a*b+c fused on the compiler's own initiative, as in
+ * kiln itself (-std=c11), so generated code rounds as the kernels do. */
+#define KILN_DEFAULT_CFLAGS "-O3 -march=native -fopenmp -fPIC -ffp-contract=off"
 
 typedef struct kiln_module kiln_module;
 

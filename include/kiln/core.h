@@ -62,17 +62,9 @@ typedef enum { KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2, KILN_F16 = 3 } kiln_dt
 size_t kiln_dtype_size(kiln_dtype dt);
 const char *kiln_dtype_name(kiln_dtype dt);
 
-/* bf16 <-> f32 (round to nearest even) */
-static inline uint16_t kiln_f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN */
-    uint32_t r = 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)((v.u + r) >> 16);
-}
-static inline float kiln_bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
-    return v.f;
-}
+/* bf16 <-> f32 (round to nearest even): kiln_f32_to_bf16, kiln_bf16_to_f32
+ * in kiln/opmath.h, the scalar math shared with generated code. */
+#include "kiln/opmath.h"
 
 /* IEEE binary16 <-> f32 (round to nearest even; overflow gives infinity,
  * NaN stays NaN, subnormals both ways) */

@@ -9,6 +9,7 @@
 #define KILN_KERNELS_H
 
 #include "kiln/core.h"
+#include "kiln/opmath.h" /* the scalar math (exp, silu, bf16 rounding, ...) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -153,9 +154,9 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
 }
 #endif
 
-/* ==== helpers shared by kernels and generated code ======================
- * Added by the kernels layer; inline so that loops using them vectorise
- * (glibc's expf does not vectorise without -ffast-math). */
+/* ==== helpers of the kernels =============================================
+ * Inline so that loops using them vectorise. The scalar math generated code
+ * shares (kiln_expf_fast, silu, bf16 rounding) is kiln/opmath.h. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -175,39 +176,5 @@ static inline float kiln_row_max(const float *x, int64_t n) {
     }
     return m;
 }
-
-/* exp(x) in float, relative error < 5e-7 against double for
- * x in [-87.33, 88.37]. Below that the true value is subnormal: it returns
- * 0 from about -87.7 down (absolute error < 1.2e-38); above 88.376 it returns
- * +inf (exact overflow is at 88.72). NaN propagates. Plain C so that
- * `#pragma omp simd` loops vectorise it. The clamps are written so they
- * become single vmaxps/vminps that pass NaN through, and the range ends need
- * no select: k = -127 builds a scale of +0, k = 128 one of +inf. The exponent
- * comes from bit arithmetic, not a float->int conversion, so NaN and inf
- * inputs are not undefined behaviour. */
-static inline float kiln_expf_fast(float x) {
-    float xc = x < -88.0f ? -88.0f : x;
-    xc = xc > 89.0f ? 89.0f : xc;
-    /* k = round(x / ln2) via the 1.5*2^23 trick; its bits hold k */
-    float kf = fmaf(xc, 1.44269504088896341f, 12582912.0f);
-    uint32_t kb;
-    memcpy(&kb, &kf, sizeof kb);
-    kf -= 12582912.0f;
-    float r = fmaf(kf, -0.693359375f, xc); /* Cody-Waite split of ln2 */
-    r = fmaf(kf, 2.12194440e-4f, r);
-    float p = 1.98412698e-4f; /* Taylor to r^7 on |r| <= ln2/2 */
-    p = fmaf(p, r, 1.38888889e-3f);
-    p = fmaf(p, r, 8.33333333e-3f);
-    p = fmaf(p, r, 4.16666667e-2f);
-    p = fmaf(p, r, 1.66666667e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    uint32_t sb = (kb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 128] */
-    float s;
-    memcpy(&s, &sb, sizeof s);
-    return p * s;
-}
-
 
 #endif

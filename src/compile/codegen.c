@@ -13,33 +13,11 @@
 typedef kiln_strbuf sbuf;
 #define put kiln_strbuf_printf
 
-/* exp with a 2^k range reduction and a degree-6 polynomial: vectorises, and
- * agrees with expf to a few ulp over the range the kernels use */
+/* The scalar math of the ops (kiln/opmath.h, the same text the kernels are
+ * compiled from), as a string made by the Makefile. */
 static const char *prelude =
-    "#include <stdint.h>\n"
-    "#include <string.h>\n"
-    "static inline float k_exp(float x) {\n"
-    "    if (x < -87.3f) return 0.0f;\n"
-    "    if (x > 88.7f) return __builtin_inff();\n"
-    "    float k = __builtin_floorf(x * 1.44269504088896341f + 0.5f);\n"
-    "    float r = x - k * 0.693359375f + k * 2.12194440e-4f;\n"
-    "    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f + r * 0.00138888892f)))));\n"
-    "    int32_t e = ((int32_t)k + 127) << 23;\n"
-    "    float s;\n"
-    "    memcpy(&s, &e, 4);\n"
-    "    return p * s;\n"
-    "}\n"
-    "static inline float k_silu(float x) { return x / (1.0f + k_exp(-x)); }\n"
-    "static inline uint16_t k_f2bf(float f) { /* round to nearest even, NaN kept quiet */\n"
-    "    uint32_t u;\n"
-    "    memcpy(&u, &f, 4);\n"
-    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);\n"
-    "    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
-    "}\n"
-    "static inline float k_silu_bwd(float x, float g) {\n"
-    "    float s = 1.0f / (1.0f + k_exp(-x));\n"
-    "    return g * s * (1.0f + x * (1.0f - s));\n"
-    "}\n";
+#include "opmath_text.h"
+    ;
 
 /* The names a row epilogue's templates use besides operands and attrs. */
 typedef struct {
@@ -92,7 +70,7 @@ static void emit_members(sbuf *b, const kiln_graph *g, int k, const int *ids, in
         if (!x->internal) {
             int q = 0;
             while (ids[q] != mem[s]) q++;
-            put(b, x->meta.dtype == KILN_BF16 ? "%sa%d[i] = k_f2bf(t%d);\n" : "%sa%d[i] = t%d;\n", indent, q, mem[s]);
+            put(b, x->meta.dtype == KILN_BF16 ? "%sa%d[i] = kiln_f32_to_bf16(t%d);\n" : "%sa%d[i] = t%d;\n", indent, q, mem[s]);
         }
     }
 }
@@ -186,7 +164,7 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool 
         if (x->internal) continue;
         int q = 0;
         while (ids[q] != mem[s]) q++;
-        put(b, x->meta.dtype == KILN_BF16 ? "            a%d[r * %lldLL + j] = k_f2bf(y);\n" : "            a%d[r * %lldLL + j] = y;\n",
+        put(b, x->meta.dtype == KILN_BF16 ? "            a%d[r * %lldLL + j] = kiln_f32_to_bf16(y);\n" : "            a%d[r * %lldLL + j] = y;\n",
             q, (long long)C);
     }
     put(b, "        }\n    }\n");

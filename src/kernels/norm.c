@@ -18,7 +18,7 @@ static float row_rstd(const float *restrict x, int64_t dim, float eps) {
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
     for (int64_t j = 0; j < dim; j++) ss += x[j] * x[j];
-    return (float)(1.0 / sqrt((double)ss / (double)dim + (double)eps));
+    return kiln_rms_rstd(ss, (float)dim, eps); /* as compiled row groups compute it */
 }
 
 void kiln_k_rmsnorm(const float *x, const float *w, float *y, int64_t rows, int64_t dim,

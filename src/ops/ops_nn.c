@@ -37,7 +37,7 @@ static double rms_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_met
     return 4.0 * (double)kiln_meta_numel(&in[0]);
 }
 /* (x * r) * w with r = 1 / sqrt(mean(x^2) + eps), as kiln_k_rmsnorm */
-static const kiln_row_epilogue rms_row = {.acc = "$x * $x", .fin = "1.0f / __builtin_sqrtf($s / $n + $f0)",
+static const kiln_row_epilogue rms_row = {.acc = "$x * $x", .fin = "kiln_rms_rstd($s, $n, $f0)",
                                           .out = "$1 * ($x * $r)"};
 const kiln_op_def kiln_opdef_rmsnorm = {.name = "rmsnorm", .n_in = 2, .save_in = 3, .shape = rms_shape, .forward = rms_fwd,
                                         .backward = rms_bw, .flops = rms_flops, .row = &rms_row};

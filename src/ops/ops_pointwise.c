@@ -153,7 +153,7 @@ static double silu_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_me
     (void)in, (void)a;
     return 4.0 * (double)kiln_meta_numel(out);
 }
-const kiln_op_def kiln_opdef_silu = {.name = "silu", .n_in = 1, .save_in = 1, .shape = silu_shape, .forward = silu_fwd, .cexpr = "k_silu($0)",
+const kiln_op_def kiln_opdef_silu = {.name = "silu", .n_in = 1, .save_in = 1, .shape = silu_shape, .forward = silu_fwd, .cexpr = "kiln_silu_f($0)",
                                      .backward = silu_bw, .flops = silu_flops};
 static kiln_status silubw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
@@ -165,7 +165,7 @@ static kiln_status silubw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_
     return KILN_OK;
 }
 const kiln_op_def kiln_opdef_silu_bwd = {.name = "silu_backward", .n_in = 2, .shape = silubw_shape, .forward = silubw_fwd,
-                                         .cexpr = "k_silu_bwd($0, $1)",
+                                         .cexpr = "kiln_silu_bwd_f($0, $1)",
                                          .flops = silu_flops};
 
 /* ---- sum, mean, expand, sum_to ------------------------------------------- */

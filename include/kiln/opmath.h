@@ -1,0 +1,88 @@
+/* kiln opmath: the scalar math of the ops, written once.
+ *
+ * The kernels use these functions; the code generator embeds this file's
+ * text verbatim at the top of every generated module (the Makefile turns it
+ * into a C string, build/gen/opmath_text.h), and the ops' C expressions call
+ * them. So eager kernels, the graph interpreter (which runs the kernels) and
+ * compiled code evaluate the same expression in the same order, and fused
+ * element-wise groups give the same bits compiled as eager.
+ *
+ * Rules for this file: libc headers only, static inline functions, no other
+ * kiln header and no kiln symbol (generated modules must not resolve kiln
+ * symbols); plain C that `#pragma omp simd` loops vectorise (no libm call
+ * in per-element code). Multiply-adds that should fuse are written as fmaf:
+ * kiln (-std=c11) and generated modules (-ffp-contract=off in the default
+ * module flags) never contract a*b+c on their own, so both round alike.
+ * Owned by core (it has no dependencies); core.h includes it for the bf16
+ * conversions.
+ */
+#ifndef KILN_OPMATH_H
+#define KILN_OPMATH_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* exp(x) in float, relative error < 5e-7 against double for
+ * x in [-87.33, 88.37]. Below that the true value is subnormal: it returns
+ * 0 from about -87.7 down (absolute error < 1.2e-38); above 88.376 it returns
+ * +inf (exact overflow is at 88.72). NaN propagates. Plain C so that
+ * `#pragma omp simd` loops vectorise it. The clamps are written so they
+ * become single vmaxps/vminps that pass NaN through, and the range ends need
+ * no select: k = -127 builds a scale of +0, k = 128 one of +inf. The exponent
+ * comes from bit arithmetic, not a float->int conversion, so NaN and inf
+ * inputs are not undefined behaviour. */
+static inline float kiln_expf_fast(float x) {
+    float xc = x < -88.0f ? -88.0f : x;
+    xc = xc > 89.0f ? 89.0f : xc;
+    /* k = round(x / ln2) via the 1.5*2^23 trick; its bits hold k */
+    float kf = fmaf(xc, 1.44269504088896341f, 12582912.0f);
+    uint32_t kb;
+    memcpy(&kb, &kf, sizeof kb);
+    kf -= 12582912.0f;
+    float r = fmaf(kf, -0.693359375f, xc); /* Cody-Waite split of ln2 */
+    r = fmaf(kf, 2.12194440e-4f, r);
+    float p = 1.98412698e-4f; /* Taylor to r^7 on |r| <= ln2/2 */
+    p = fmaf(p, r, 1.38888889e-3f);
+    p = fmaf(p, r, 8.33333333e-3f);
+    p = fmaf(p, r, 4.16666667e-2f);
+    p = fmaf(p, r, 1.66666667e-1f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    uint32_t sb = (kb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 128] */
+    float s;
+    memcpy(&s, &sb, sizeof s);
+    return p * s;
+}
+
+/* silu(x) = x * sigmoid(x) = x / (1 + e^-x); large negative x gives
+ * e^-x = inf and the quotient -0, as it should. */
+static inline float kiln_silu_f(float x) { return x / (1.0f + kiln_expf_fast(-x)); }
+
+/* g * d silu / dx = g * s (1 + x (1 - s)), s = sigmoid(x) */
+static inline float kiln_silu_bwd_f(float x, float g) {
+    float s = 1.0f / (1.0f + kiln_expf_fast(-x));
+    return g * (s * (1.0f + x * (1.0f - s)));
+}
+
+/* RMSNorm's row factor 1 / sqrt(ss / n + eps) from the row's sum of squares
+ * ss (summed in float), in double. */
+static inline float kiln_rms_rstd(float ss, float n, float eps) {
+    return (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
+}
+
+/* bf16 <-> f32: round to nearest even; NaN stays a (quiet) NaN. */
+static inline uint16_t kiln_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float kiln_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#endif
