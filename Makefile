@@ -1,5 +1,6 @@
 # kiln build. `make` builds build/libkiln.a, build/kiln, tests and benchmarks.
-# `make test` runs the suite; `make asan` builds it with ASan+UBSan into build-asan/.
+# `make test` runs the suite; `make asan` builds it with ASan+UBSan into build-asan/
+# (where every graph pass is followed by kiln_graph_verify).
 BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O3 -march=native
@@ -70,7 +71,8 @@ test: all
 # Sanitizer builds: gcc's -fsanitize=undefined leaves out float-cast-overflow,
 # so it is named. asan-clang is the same suite built with clang (-Wno-pass-failed:
 # clang reports `omp simd` loops it leaves scalar at -O1 as warnings).
-SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all
+# -DKILN_GRAPH_VERIFY: every graph pass is followed by kiln_graph_verify there.
+SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -DKILN_GRAPH_VERIFY
 SAN_OPT   := -O1 -g -march=native -fno-omit-frame-pointer
 asan:
 	$(MAKE) BUILD=build-asan OPT="$(SAN_OPT)" SAN="$(SAN_FLAGS)"

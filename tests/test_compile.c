@@ -47,6 +47,7 @@ static kiln_llama *train20_ex(const char *mode, bool reuse, int recompute, doubl
         CHECK_OK(kiln_compile_mode_parse(mode, &co));
         co.reuse_memory = reuse;
         co.recompute = recompute;
+        co.verify_graph = true;
         cs = kiln_train_compile(m, &co, true);
     }
     kiln_batch *mb[3];
@@ -427,6 +428,7 @@ static void elementwise_bitwise(void) {
         kiln_compile_options_default(&co);
         CHECK_OK(kiln_compile_mode_parse(modes[m], &co));
         co.strict = m < 3;
+        co.verify_graph = true;
         kiln_compiled *c = kiln_compile(ew_fn, &e, e.p, 3, 1, &co);
         for (int i = 0; i < 3; i++) memset(e.p[i]->grad->data, 0, sizeof(float) * (size_t)n);
         float got = 0;

@@ -108,6 +108,7 @@ static void compare(const char *name, bool rewrites, bool freeze) {
         kiln_graph_options_default(&o);
         o.rewrite_attention = o.rewrite_linear_ce = rewrites;
         o.reuse_memory = reuse;
+        o.verify = true;
         kiln_graph *g = NULL;
         CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, in, 4, &o, &g));
         if (!g) return;
@@ -162,6 +163,7 @@ static void bf16_casts(void) {
     kiln_dtype old = kiln_autocast_set(KILN_BF16);
     kiln_graph_options o;
     kiln_graph_options_default(&o);
+    o.verify = true;
     kiln_graph *g = NULL;
     CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, in, 4, &o, &g));
     kiln_autocast_set(old);
@@ -195,7 +197,72 @@ static void bf16_casts(void) {
     unload(&s);
 }
 
+/* kiln_graph_verify accepts every built graph (above, after every pass) and
+ * rejects each kind of broken IR, naming the rule. */
+static int find_op(const kiln_graph *g, int op, int from) {
+    for (int i = from; i < g->n; i++)
+        if (!g->v[i].dead && g->v[i].kind == KILN_V_OP && g->v[i].op == op) return i;
+    return -1;
+}
+static void expect_broken(kiln_graph *g, const char *what, const char *needle) {
+    kiln_status st = kiln_graph_verify(g);
+    CHECK(st == KILN_ERR_INVALID && strstr(kiln_last_error(), needle), "verify catches %s (got %d: %s)", what, (int)st,
+          kiln_last_error());
+}
+static void verify_rejects(void) {
+    setup s = {0};
+    CHECK(load(&s, "tiny_gqa", false), "load: %s", kiln_last_error());
+    if (!s.m) return;
+    kiln_tensor *in[4] = {s.ids, s.labels, s.mask, s.scale};
+    kiln_graph_options o;
+    kiln_graph_options_default(&o);
+    o.verify = true;
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, in, 4, &o, &g));
+    if (!g) return;
+    CHECK_OK(kiln_graph_verify(g));
+    int mul = find_op(g, KILN_OP_MUL, 0), fa = find_op(g, KILN_OP_FLASH_ATTN, 0), rms = find_op(g, KILN_OP_RMSNORM, 0);
+    while (rms >= 0 && g->v[rms].group == KILN_GROUP_NONE) rms = find_op(g, KILN_OP_RMSNORM, rms + 1); /* a fused one */
+    CHECK(mul >= 0 && fa >= 0 && rms >= 0, "the graph has mul, flash attention and rmsnorm nodes");
+    if (mul < 0 || fa < 0 || rms < 0) return;
+    kiln_value keep = g->v[mul];
+    g->v[mul].in[0] = mul + 1;
+    expect_broken(g, "an input after its reader", "not an earlier value");
+    g->v[mul] = keep;
+    g->v[mul].meta.shape[0]++;
+    expect_broken(g, "a shape that is not the op's", "shape rule");
+    g->v[mul] = keep;
+    g->v[mul].n_in = 1;
+    expect_broken(g, "a wrong arity", "input count");
+    g->v[mul] = keep;
+    int p = g->v[mul].in[1];
+    bool was = g->v[p].dead;
+    g->v[p].dead = true;
+    expect_broken(g, "a read of a dead value", "dead value");
+    g->v[p].dead = was;
+    int aux = g->v[fa].aux_of[0];
+    g->v[aux].aux = 1;
+    expect_broken(g, "a broken aux link", "link");
+    g->v[aux].aux = 0;
+    int k = g->v[rms].group;
+    CHECK(k != KILN_GROUP_NONE, "rmsnorm is fused");
+    if (k != KILN_GROUP_NONE) {
+        g->v[rms].group = KILN_GROUP_NONE;
+        expect_broken(g, "a group member outside its group", "group");
+        g->v[rms].group = k;
+        int outside = find_op(g, KILN_OP_MATMUL, 0);
+        bool internal = g->v[outside].internal;
+        g->v[outside].internal = true;
+        expect_broken(g, "an internal value outside any group", "internal");
+        g->v[outside].internal = internal;
+    }
+    CHECK_OK(kiln_graph_verify(g));
+    kiln_graph_free(g);
+    unload(&s);
+}
+
 int main(void) {
+    verify_rejects();
     compare("tiny_gqa", false, false);
     compare("tiny_gqa", true, false);
     compare("tiny_tied", true, false);

@@ -90,6 +90,8 @@ typedef struct {
     bool reuse_memory;    /* false: every buffer its own (to check the plan) */
     bool fuse;            /* group element-wise chains into single loops */
     int recompute;        /* KILN_RECOMPUTE_*: activations recomputed in backward */
+    bool verify;          /* kiln_graph_verify after tracing and every pass (default:
+                             on in builds with -DKILN_GRAPH_VERIFY, the sanitizer build) */
 } kiln_graph_options;
 void kiln_graph_options_default(kiln_graph_options *o);
 
@@ -99,24 +101,37 @@ kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params,
                              kiln_tensor *const *example, int n_inputs, const kiln_graph_options *o, kiln_graph **out);
 void kiln_graph_free(kiln_graph *g);
 
-/* Passes (each small and separately callable; build runs them in order). */
-int kiln_pass_rewrite_attention(kiln_graph *g);  /* returns rewrites made */
-int kiln_pass_rewrite_linear_ce(kiln_graph *g);
-int kiln_pass_dce(kiln_graph *g);                 /* returns nodes removed */
-int kiln_pass_cse(kiln_graph *g);                 /* returns nodes merged */
-int kiln_pass_acc_into_grad(kiln_graph *g);       /* GEMMs that accumulate in place */
+/* Passes (each small and separately callable; build runs them in order,
+ * src/graph/pipeline.c). Each returns a status (an allocation failure is an
+ * error, never a silently partial pass) and, through the optional count,
+ * what it did. */
+kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *rewrites);
+kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *rewrites);
+kiln_status kiln_pass_dce(kiln_graph *g, int *removed);
+kiln_status kiln_pass_cse(kiln_graph *g, int *merged);
+kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *gemms); /* GEMMs that accumulate in place */
 /* bf16 products: each fp32 operand is cast to bf16 once, right after its
  * producer (shared by every product that reads it, forward and backward),
  * so fusion folds the cast into the producer's loop and backward keeps the
- * half-size copy. Returns casts inserted. */
-int kiln_pass_cast_bf16(kiln_graph *g);
-int kiln_pass_fuse(kiln_graph *g);                /* returns fused groups of 2+ ops */
+ * half-size copy. */
+kiln_status kiln_pass_cast_bf16(kiln_graph *g, int *casts);
+kiln_status kiln_pass_fuse(kiln_graph *g, int *groups); /* groups of 2+ ops */
 /* Rematerialisation: forward values of the chosen blocks that backward reads
- * are recomputed just before their first backward use; returns copies made. */
-int kiln_pass_recompute(kiln_graph *g, int mode);
+ * are recomputed just before their first backward use. */
+kiln_status kiln_pass_recompute(kiln_graph *g, int mode, int *copies);
 /* Schedule position of value v: a fused member runs with its group's last. */
 int kiln_graph_exec_pos(const kiln_graph *g, int v);
 kiln_status kiln_pass_plan(kiln_graph *g, bool reuse);
+
+/* Checks the IR's invariants: every input an earlier, live value; each op's
+ * arity and its shape and dtype against its definition's shape rule; extra
+ * outputs linked both ways with the op's shapes; parameters, inputs and
+ * gradient sinks against their tensors; results live; fused groups
+ * consistent (members live ops listed once, in order; internal values read
+ * only inside their group and never results). KILN_ERR_INVALID naming the
+ * value and the broken rule. kiln_graph_build runs it after every pass when
+ * options.verify is set (the tests, and by default the sanitizer build). */
+kiln_status kiln_graph_verify(const kiln_graph *g);
 
 /* Group k's kernel arguments, in the order generated code reads them: its
  * external inputs (first use order), then its members that reach memory.

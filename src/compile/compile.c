@@ -284,6 +284,7 @@ static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *
     go.rewrite_attention = go.rewrite_linear_ce = c->o.rewrites;
     go.reuse_memory = c->o.reuse_memory;
     go.recompute = c->o.recompute;
+    go.verify |= c->o.verify_graph;
     kiln_status st = kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &v->g);
     if (!st) st = kiln_interp_new(v->g, &v->r);
     if (st) {
@@ -362,6 +363,7 @@ static int dynamic_instance(kiln_compiled *c, kiln_tensor *const *in) {
     go.rewrite_attention = go.rewrite_linear_ce = c->o.rewrites;
     go.reuse_memory = c->o.reuse_memory;
     go.recompute = c->o.recompute;
+    go.verify |= c->o.verify_graph;
     kiln_graph *g = NULL;
     if (kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &g)) {
         kiln_clear_error();

@@ -16,4 +16,15 @@ int kiln_graph_root(const kiln_graph *g, int v);
 void kiln_graph_count_uses(kiln_graph *g);
 /* The single live reader of v, or -1. */
 int kiln_graph_only_user(const kiln_graph *g, int v);
+
+/* Tracing (trace.c): runs fn with a recording dispatcher into a new graph
+ * (params, inputs, the forward; outputs and diff set); the tracer keeps a
+ * symbolic tensor for every value, for autograd, whose backward rules run
+ * as ops too. kiln_trace_backward binds the values passes added since, then
+ * appends the backward of g->diff. */
+typedef struct kiln_tracer kiln_tracer;
+kiln_status kiln_trace(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params, kiln_tensor *const *example,
+                       int n_inputs, bool backward, kiln_graph **g, kiln_tracer **t);
+kiln_status kiln_trace_backward(kiln_tracer *t);
+void kiln_tracer_free(kiln_tracer *t);
 #endif

@@ -25,25 +25,6 @@ static void set_data(kiln_interp *r, int v, void *p) {
     r->ptrs[v] = p;
 }
 
-int kiln_graph_group_args(const kiln_graph *g, int k, int *ids, int cap) {
-    int n = 0;
-    const int *mem = &g->group_members[g->group_start[k]];
-    int nm = g->group_start[k + 1] - g->group_start[k];
-    for (int s = 0; s < nm; s++) {
-        const kiln_value *x = &g->v[mem[s]];
-        for (int j = 0; j < x->n_in; j++) {
-            int src = x->in[j];
-            if (g->v[src].group == k) continue;
-            bool seen = false;
-            for (int q = 0; q < n; q++) seen |= ids[q] == src;
-            if (!seen && n < cap) ids[n++] = src;
-        }
-    }
-    for (int s = 0; s < nm; s++)
-        if (!g->v[mem[s]].internal && n < cap) ids[n++] = mem[s];
-    return n;
-}
-
 void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn) {
     if (k >= 0 && k < r->g->n_groups) r->groups[k] = fn;
 }

@@ -5,50 +5,9 @@
 #include <string.h>
 #include "internal.h"
 
-void kiln_graph_replace_uses(kiln_graph *g, int from, int to) {
-    for (int i = from + 1; i < g->n; i++)
-        for (int j = 0; j < g->v[i].n_in; j++)
-            if (g->v[i].in[j] == from) g->v[i].in[j] = to;
-    for (int i = 0; i < g->n_outputs; i++)
-        if (g->outputs[i] == from) g->outputs[i] = to;
-    if (g->diff == from) g->diff = to;
-}
-
-int kiln_graph_root(const kiln_graph *g, int v) {
-    while (g->v[v].alias >= 0) v = g->v[v].alias;
-    return v;
-}
-
-void kiln_graph_count_uses(kiln_graph *g) {
-    for (int i = 0; i < g->n; i++) g->v[i].n_uses = 0;
-    for (int i = 0; i < g->n; i++) {
-        if (g->v[i].dead || g->v[i].kind == KILN_V_AUX) continue;
-        for (int j = 0; j < g->v[i].n_in; j++) g->v[g->v[i].in[j]].n_uses++;
-    }
-    for (int i = 0; i < g->n_outputs; i++) g->v[g->outputs[i]].n_uses++;
-    if (g->diff >= 0) g->v[g->diff].n_uses++;
-}
-
-int kiln_graph_only_user(const kiln_graph *g, int v) {
-    int user = -1;
-    for (int i = v + 1; i < g->n; i++) {
-        const kiln_value *x = &g->v[i];
-        if (x->dead || x->kind == KILN_V_AUX) continue;
-        for (int j = 0; j < x->n_in; j++)
-            if (x->in[j] == v) {
-                if (user >= 0 && user != i) return -1;
-                user = i;
-            }
-    }
-    for (int i = 0; i < g->n_outputs; i++)
-        if (g->outputs[i] == v) return -1;
-    if (g->diff == v) return -1;
-    return user;
-}
-
-int kiln_pass_dce(kiln_graph *g) {
-    bool *live = calloc((size_t)g->n, sizeof *live);
-    if (!live) return 0;
+kiln_status kiln_pass_dce(kiln_graph *g, int *removed_out) {
+    bool *live = calloc((size_t)g->n + 1, sizeof *live);
+    if (!live) return kiln_error(KILN_ERR_OOM, "out of memory removing dead code");
     for (int i = 0; i < g->n_outputs; i++) live[g->outputs[i]] = true;
     if (g->diff >= 0) live[g->diff] = true;
     for (int i = g->n - 1; i >= 0; i--) {
@@ -71,7 +30,8 @@ int kiln_pass_dce(kiln_graph *g) {
             removed++;
         }
     free(live);
-    return removed;
+    if (removed_out) *removed_out = removed;
+    return KILN_OK;
 }
 
 static bool same_node(const kiln_value *a, const kiln_value *b) {
@@ -80,13 +40,13 @@ static bool same_node(const kiln_value *a, const kiln_value *b) {
            a->meta.ndim == b->meta.ndim && !memcmp(a->meta.shape, b->meta.shape, sizeof a->meta.shape);
 }
 
-int kiln_pass_cse(kiln_graph *g) {
+kiln_status kiln_pass_cse(kiln_graph *g, int *merged_out) {
     int merged = 0;
     /* bucket by a hash of (op, inputs, attrs) */
     int cap = 1;
     while (cap < g->n * 2) cap *= 2;
     int *table = malloc(sizeof(int) * (size_t)cap);
-    if (!table) return 0;
+    if (!table) return kiln_error(KILN_ERR_OOM, "out of memory merging common subexpressions");
     for (int i = 0; i < cap; i++) table[i] = -1;
     for (int i = 0; i < g->n; i++) {
         kiln_value *x = &g->v[i];
@@ -112,19 +72,25 @@ int kiln_pass_cse(kiln_graph *g) {
         }
     }
     free(table);
-    return merged;
+    if (merged_out) *merged_out = merged;
+    return KILN_OK;
 }
 
-/* Turns value `v` into a multi-output op, appending its extra outputs. */
-static bool become(kiln_graph *g, int v, int op, int n_in, const int *in, kiln_attrs attrs) {
+/* Turns value `v` into a multi-output op, appending its extra outputs. The
+ * graph is unchanged unless every extra output could be added. */
+static kiln_status become(kiln_graph *g, int v, int op, int n_in, const int *in, kiln_attrs attrs) {
     const kiln_op_def *d = kiln_op_get(op);
     kiln_meta im[KILN_OP_MAX_IN], am[KILN_OP_MAX_AUX];
     for (int i = 0; i < n_in; i++) im[i] = g->v[in[i]].meta;
-    if (d->aux_shape && d->aux_shape(im, &attrs, am)) return false;
+    if (d->aux_shape && d->aux_shape(im, &attrs, am)) return kiln_last_status();
+    int n0 = g->n;
     for (int a = 0; a < d->n_aux; a++) {
         kiln_value av = {.kind = KILN_V_AUX, .n_in = 1, .in = {v}, .aux = a, .meta = am[a], .scope = g->v[v].scope};
         int id = kiln_graph_add(g, av);
-        if (id < 0) return false;
+        if (id < 0) {
+            g->n = n0;
+            return kiln_last_status();
+        }
         g->v[v].aux_of[a] = id;
     }
     kiln_value *x = &g->v[v];
@@ -132,15 +98,16 @@ static bool become(kiln_graph *g, int v, int op, int n_in, const int *in, kiln_a
     x->n_in = n_in;
     memcpy(x->in, in, sizeof(int) * (size_t)n_in);
     x->attrs = attrs;
-    return true;
+    return KILN_OK;
 }
 
 static bool is_op(const kiln_graph *g, int v, int op) { return g->v[v].kind == KILN_V_OP && !g->v[v].dead && g->v[v].op == op; }
 
 /* softmax(scale(q·k_repᵀ) + mask(pad))·v_rep  ->  flash_attn(q, k, v, pad) */
-int kiln_pass_rewrite_attention(kiln_graph *g) {
+kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
     int done = 0;
-    for (int o = 0; o < g->n; o++) {
+    kiln_status st = KILN_OK;
+    for (int o = 0; o < g->n && !st; o++) {
         if (!is_op(g, o, KILN_OP_MATMUL) || g->v[o].attrs.i[0] != KILN_MM_BATCHED || g->v[o].attrs.i[1] || g->v[o].attrs.i[2])
             continue;
         int p = g->v[o].in[0], vr = g->v[o].in[1];
@@ -161,16 +128,18 @@ int kiln_pass_rewrite_attention(kiln_graph *g) {
         if (rk != rv || qm->ndim != 4 || km->ndim != 4 || g->v[mask].attrs.i[0] != qm->shape[2]) continue;
         int in[4] = {q, k, v, g->v[mask].in[0]};
         kiln_attrs a = {.f = {g->v[s1].attrs.f[0]}};
-        if (become(g, o, KILN_OP_FLASH_ATTN, 4, in, a)) done++;
+        if (!(st = become(g, o, KILN_OP_FLASH_ATTN, 4, in, a))) done++;
     }
-    if (done) kiln_pass_dce(g);
-    return done;
+    if (!st && done) st = kiln_pass_dce(g, NULL);
+    if (done_out) *done_out = done;
+    return st;
 }
 
 /* cross_entropy(h·Wᵀ, targets)  ->  linear_cross_entropy(h, W, targets) */
-int kiln_pass_rewrite_linear_ce(kiln_graph *g) {
+kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
     int done = 0;
-    for (int c = 0; c < g->n; c++) {
+    kiln_status st = KILN_OK;
+    for (int c = 0; c < g->n && !st; c++) {
         if (!is_op(g, c, KILN_OP_CROSS_ENTROPY)) continue;
         int logits = g->v[c].in[0];
         if (!is_op(g, logits, KILN_OP_MATMUL) || kiln_graph_only_user(g, logits) != c ||
@@ -180,15 +149,16 @@ int kiln_pass_rewrite_linear_ce(kiln_graph *g) {
         int h = g->v[logits].in[0], W = g->v[logits].in[1];
         int in[3] = {h, W, g->v[c].in[1]};
         kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad}};
-        if (become(g, c, KILN_OP_LINEAR_CE, 3, in, a)) done++;
+        if (!(st = become(g, c, KILN_OP_LINEAR_CE, 3, in, a))) done++;
     }
-    if (done) kiln_pass_dce(g);
-    return done;
+    if (!st && done) st = kiln_pass_dce(g, NULL);
+    if (done_out) *done_out = done;
+    return st;
 }
 
 /* dW = aᵀ·b feeding only a gradient sink: the GEMM adds into the parameter's
  * .grad itself (beta = 1), so the product needs no buffer and no extra pass. */
-int kiln_pass_acc_into_grad(kiln_graph *g) {
+kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *done_out) {
     int done = 0;
     for (int s = 0; s < g->n; s++) {
         if (g->v[s].dead || g->v[s].kind != KILN_V_GRAD_ACC) continue;
@@ -208,27 +178,8 @@ int kiln_pass_acc_into_grad(kiln_graph *g) {
         g->v[x].index = g->v[s].index;
         done++;
     }
-    return done;
-}
-
-int kiln_graph_insert(kiln_graph *g, int pos, kiln_value v) {
-    if (kiln_graph_add(g, v) < 0) return -1; /* grows the array; fixed up below */
-    kiln_value nv = g->v[g->n - 1];
-    memmove(&g->v[pos + 1], &g->v[pos], sizeof(kiln_value) * (size_t)(g->n - 1 - pos));
-    g->v[pos] = nv;
-#define SHIFT(x) ((x) >= pos ? (x) + 1 : (x))
-    for (int i = 0; i < g->n; i++) {
-        if (i == pos) continue;
-        kiln_value *x = &g->v[i];
-        for (int j = 0; j < x->n_in; j++) x->in[j] = SHIFT(x->in[j]);
-        if (x->kind == KILN_V_OP)
-            for (int a = 0; a < kiln_op_get(x->op)->n_aux; a++) x->aux_of[a] = SHIFT(x->aux_of[a]);
-    }
-    for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = SHIFT(g->outputs[i]);
-    if (g->diff >= 0) g->diff = SHIFT(g->diff);
-    if (pos < g->n_forward) g->n_forward++;
-#undef SHIFT
-    return pos;
+    if (done_out) *done_out = done;
+    return KILN_OK;
 }
 
 static int cast_of(const kiln_graph *g, int p) {
@@ -237,9 +188,10 @@ static int cast_of(const kiln_graph *g, int p) {
     return -1;
 }
 
-int kiln_pass_cast_bf16(kiln_graph *g) {
+kiln_status kiln_pass_cast_bf16(kiln_graph *g, int *inserted_out) {
     int inserted = 0;
-    for (int i = 0; i < g->n; i++) {
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < g->n && !st; i++) {
         if (!is_op(g, i, KILN_OP_MATMUL) || !g->v[i].attrs.i[3]) continue;
         for (int j = 0; j < 2; j++) {
             int p = g->v[i].in[j];
@@ -249,7 +201,10 @@ int kiln_pass_cast_bf16(kiln_graph *g) {
                 kiln_value cv = {.kind = KILN_V_OP, .op = KILN_OP_CAST_BF16, .n_in = 1, .in = {p}, .meta = g->v[p].meta,
                                  .requires_grad = g->v[p].requires_grad, .scope = g->v[p].scope};
                 cv.meta.dtype = KILN_BF16;
-                if (kiln_graph_insert(g, p + 1, cv) < 0) return inserted;
+                if (kiln_graph_insert(g, p + 1, cv) < 0) {
+                    st = kiln_last_status(); /* the graph is whole: the casts so far are complete */
+                    break;
+                }
                 c = p + 1;
                 i++; /* the product moved one place up */
                 inserted++;
@@ -257,5 +212,6 @@ int kiln_pass_cast_bf16(kiln_graph *g) {
             g->v[i].in[j] = c;
         }
     }
-    return inserted;
+    if (inserted_out) *inserted_out = inserted;
+    return st;
 }

@@ -75,9 +75,10 @@ static bool clone_unit(rebuild *r, int u) {
     return true;
 }
 
-int kiln_pass_recompute(kiln_graph *g, int mode) {
+kiln_status kiln_pass_recompute(kiln_graph *g, int mode, int *copies_out) {
     int nf = g->n_forward;
-    if (mode == KILN_RECOMPUTE_NONE || nf <= 0) return 0;
+    if (copies_out) *copies_out = 0;
+    if (mode == KILN_RECOMPUTE_NONE || nf <= 0) return KILN_OK;
     int *unit = malloc(sizeof(int) * (size_t)g->n);
     rebuild r = {.g = g, .unit = unit, .nf = nf};
     r.newid = malloc(sizeof(int) * (size_t)g->n);
@@ -143,13 +144,13 @@ int kiln_pass_recompute(kiln_graph *g, int mode) {
     free(r.newid);
     free(r.clone);
     free(r.done);
-    return r.copies;
+    if (copies_out) *copies_out = r.copies;
+    return KILN_OK;
 oom:
     free(r.out.v);
     free(unit);
     free(r.newid);
     free(r.clone);
     free(r.done);
-    kiln_error(KILN_ERR_OOM, "out of memory recomputing activations");
-    return -1;
+    return kiln_error(KILN_ERR_OOM, "out of memory recomputing activations");
 }

@@ -1,42 +1,12 @@
-/* Tracing (a dispatcher that records nodes instead of computing), autograd
- * on the graph with the registry's backward rules, and kiln_graph_build. */
+/* Tracing (a dispatcher that records nodes instead of computing) and
+ * autograd on the graph with the registry's backward rules. The passes that
+ * run around them are the pipeline in pipeline.c. */
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 
-void kiln_graph_options_default(kiln_graph_options *o) {
-    *o = (kiln_graph_options){.backward = true, .rewrite_attention = true, .rewrite_linear_ce = true, .reuse_memory = true,
-                              .fuse = true};
-}
-
-int kiln_graph_add(kiln_graph *g, kiln_value v) {
-    if (g->n == g->cap) {
-        int cap = g->cap ? g->cap * 2 : 256;
-        kiln_value *nv = realloc(g->v, sizeof *nv * (size_t)cap);
-        if (!nv) {
-            kiln_error(KILN_ERR_OOM, "out of memory growing the graph");
-            return -1;
-        }
-        g->v = nv;
-        g->cap = cap;
-    }
-    v.offset = -1;
-    v.alias = -1;
-    v.group = KILN_GROUP_NONE;
-    g->v[g->n] = v;
-    return g->n++;
-}
-
-void kiln_graph_free(kiln_graph *g) {
-    if (!g) return;
-    free(g->v);
-    free(g->group_start);
-    free(g->group_members);
-    free(g);
-}
-
 /* ---- the tracer ---------------------------------------------------------- */
-typedef struct {
+struct kiln_tracer {
     kiln_graph *g;
     kiln_tensor **sym; /* value id -> tensor standing for it (retained) */
     int sym_cap;
@@ -44,7 +14,8 @@ typedef struct {
     const kiln_tensor **keys;
     int *vals;
     int hcap, hcount;
-} tracer;
+};
+typedef struct kiln_tracer tracer;
 
 static size_t hash_ptr(const void *p, int cap) {
     uintptr_t x = (uintptr_t)p;
@@ -225,16 +196,28 @@ static kiln_status autograd(tracer *t, int diff) {
     return st;
 }
 
-/* ---- build ------------------------------------------------------------------- */
-kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params,
-                             kiln_tensor *const *example, int n_inputs, const kiln_graph_options *o, kiln_graph **out) {
-    *out = NULL;
+/* ---- the tracer's entry points ------------------------------------------------ */
+void kiln_tracer_free(kiln_tracer *t) {
+    if (!t) return;
+    tracer_free(t);
+    free(t);
+}
+
+kiln_status kiln_trace(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params, kiln_tensor *const *example,
+                       int n_inputs, bool backward, kiln_graph **out_g, kiln_tracer **out_t) {
+    *out_g = NULL;
+    *out_t = NULL;
     kiln_graph *g = calloc(1, sizeof *g);
-    tracer t = {.g = g};
-    kiln_status st = g ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
+    tracer *t = calloc(1, sizeof *t);
     kiln_tensor *in_sym[KILN_OP_MAX_IN * 2] = {0};
+    kiln_status st = g && t ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
     if (!st && n_inputs > (int)(sizeof in_sym / sizeof in_sym[0])) st = kiln_error(KILN_ERR_INVALID, "too many graph inputs");
-    if (st) goto done;
+    if (st) {
+        free(g);
+        free(t);
+        return st;
+    }
+    t->g = g;
     g->params = params;
     g->diff = -1;
     g->n_params = n_params;
@@ -242,64 +225,53 @@ kiln_status kiln_graph_build(kiln_trace_fn fn, void *user, kiln_tensor **params,
     for (int i = 0; i < n_params && !st; i++) {
         kiln_value v = {.kind = KILN_V_PARAM, .index = i, .meta = kiln_meta_of(params[i]), .requires_grad = params[i]->requires_grad};
         int id = kiln_graph_add(g, v);
-        st = id < 0 ? kiln_last_status() : bind(&t, id, params[i]);
+        st = id < 0 ? kiln_last_status() : bind(t, id, params[i]);
     }
     for (int i = 0; i < n_inputs && !st; i++) {
         kiln_value v = {.kind = KILN_V_INPUT, .index = i, .meta = kiln_meta_of(example[i])};
         int id = kiln_graph_add(g, v);
         in_sym[i] = symbolic(&v.meta);
-        st = id < 0 || !in_sym[i] ? kiln_last_status() : bind(&t, id, in_sym[i]);
+        st = id < 0 || !in_sym[i] ? kiln_last_status() : bind(t, id, in_sym[i]);
     }
-    if (st) goto done;
-    kiln_dispatcher prev = kiln_op_set_dispatcher((kiln_dispatcher){trace_dispatch, &t});
     kiln_tensor *report[4] = {0}, *diff = NULL;
     int n_report = 0;
-    st = fn(user, in_sym, report, &n_report, o->backward ? &diff : NULL);
+    if (!st) {
+        kiln_dispatcher prev = kiln_op_set_dispatcher((kiln_dispatcher){trace_dispatch, t});
+        st = fn(user, in_sym, report, &n_report, backward ? &diff : NULL);
+        kiln_op_set_dispatcher(prev);
+    }
     for (int i = 0; i < n_report && !st; i++) {
-        int id = report[i] ? map_get(&t, report[i]) : -1;
+        int id = report[i] ? map_get(t, report[i]) : -1;
         if (id < 0) st = kiln_error(KILN_ERR_INVALID, "traced function returned output %d that is not a graph value", i);
         g->outputs[g->n_outputs++] = id;
     }
-    int diff_id = diff ? map_get(&t, diff) : -1;
-    g->diff = diff_id;
-    if (!st && o->backward && diff_id < 0) st = kiln_error(KILN_ERR_INVALID, "traced function returned no value to differentiate");
-    if (!st && o->rewrite_attention) kiln_pass_rewrite_attention(g);
-    if (!st && o->rewrite_linear_ce) kiln_pass_rewrite_linear_ce(g);
-    for (int id = 0; id < g->n && !st; id++) /* values the rewrites added */
-        if (id >= t.sym_cap || !t.sym[id]) {
-            kiln_tensor *s = symbolic(&g->v[id].meta);
-            st = s ? bind(&t, id, s) : kiln_last_status();
-            kiln_tensor_release(s);
-        }
-    if (!st && o->backward) {
-        kiln_pass_dce(g); /* drop what the rewrites replaced before differentiating */
-        st = autograd(&t, diff_id);
-    }
-    kiln_op_set_dispatcher(prev);
+    g->diff = diff ? map_get(t, diff) : -1;
+    if (!st && backward && g->diff < 0) st = kiln_error(KILN_ERR_INVALID, "traced function returned no value to differentiate");
     for (int i = 0; i < n_report; i++) kiln_tensor_release(report[i]);
     kiln_tensor_release(diff);
-    if (st) goto done;
-    kiln_pass_dce(g);
-    kiln_pass_cast_bf16(g);
-    kiln_pass_cse(g);
-    kiln_pass_dce(g);
-    kiln_pass_acc_into_grad(g);
-    if (o->backward && o->recompute) {
-        if (kiln_pass_recompute(g, o->recompute) < 0) {
-            st = kiln_last_status();
-            goto done;
-        }
-        kiln_pass_dce(g);
-    }
-    if (o->fuse) kiln_pass_fuse(g);
-    st = kiln_pass_plan(g, o->reuse_memory);
-done:
-    for (int i = 0; i < n_inputs && i < (int)(sizeof in_sym / sizeof in_sym[0]); i++) kiln_tensor_release(in_sym[i]);
-    tracer_free(&t);
+    for (int i = 0; i < n_inputs; i++) kiln_tensor_release(in_sym[i]);
     if (st) {
+        kiln_tracer_free(t);
         kiln_graph_free(g);
         return st;
     }
-    *out = g;
+    *out_g = g;
+    *out_t = t;
     return KILN_OK;
+}
+
+kiln_status kiln_trace_backward(kiln_tracer *t) {
+    kiln_graph *g = t->g;
+    kiln_status st = KILN_OK;
+    for (int id = 0; id < g->n && !st; id++) /* values the rewrites added */
+        if (id >= t->sym_cap || !t->sym[id]) {
+            kiln_tensor *s = symbolic(&g->v[id].meta);
+            st = s ? bind(t, id, s) : kiln_last_status();
+            kiln_tensor_release(s);
+        }
+    if (st) return st;
+    kiln_dispatcher prev = kiln_op_set_dispatcher((kiln_dispatcher){trace_dispatch, t});
+    st = autograd(t, g->diff);
+    kiln_op_set_dispatcher(prev);
+    return st;
 }

@@ -81,6 +81,7 @@ static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_d
         d->strideB = br * bc;
         d->strideC = d->M * d->N;
         *out = *A;
+        out->dtype = KILN_F32; /* fp32 accumulation and output, bf16 operands or not */
         out->shape[n - 2] = d->M;
         out->shape[n - 1] = d->N;
     } else if (mode == KILN_MM_ROWS) {
@@ -95,6 +96,7 @@ static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_d
         d->ldb = B->shape[1];
         d->ldc = d->N;
         *out = *A;
+        out->dtype = KILN_F32;
         out->shape[out->ndim - 1] = d->N;
     } else if (mode == KILN_MM_GRAD) {
         if (A->ndim < 1 || B->ndim < 1 || kiln_meta_rows(A) != kiln_meta_rows(B))
