@@ -49,7 +49,6 @@ typedef struct {
 void kiln_compile_options_default(kiln_compile_options *o);
 /* Parses "default", "reduce-overhead", "max-autotune", "interpret", "off". */
 kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o);
-const char *kiln_compile_mode_name(kiln_compile_mode m);
 /* "none", "attention" or "layer" into o->recompute. */
 kiln_status kiln_recompute_parse(const char *s, kiln_compile_options *o);
 

@@ -112,7 +112,6 @@ kiln_alloc_stats kiln_alloc_get_stats(void);
 void kiln_alloc_reset_peak(void);
 /* Peak resident set size of the process in bytes (from the OS). */
 size_t kiln_peak_rss(void);
-size_t kiln_current_rss(void);
 
 /* ---- tensors ----------------------------------------------------------- */
 typedef struct kiln_storage kiln_storage;
@@ -134,7 +133,6 @@ typedef struct kiln_tensor {
     bool requires_grad;     /* leaves: parameters to train */
     struct kiln_tensor *grad; /* leaves: accumulated gradient (+=) */
     kiln_node_base *node;   /* producer in the eager tape, or NULL (leaf) */
-    struct kiln_tensor *tmp_grad; /* scratch used by backward */
     char name[96];
 } kiln_tensor;
 

@@ -34,8 +34,6 @@ kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad);
 /* kiln_backward calls the gradient-ready hook (kiln/ops.h) once a
  * parameter's gradient is complete for that backward (its last accumulation
  * on the tape), in the order backward finishes them. */
-/* How many ops the eager engine has run on this thread (for benchmarks). */
-uint64_t kiln_eager_op_count(void);
 /* Per-op wall time on this thread: pass a table of KILN_OP_COUNT entries
  * (zeroed here) to start, NULL to stop. */
 typedef struct {

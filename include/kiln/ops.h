@@ -145,7 +145,6 @@ typedef struct {
 const kiln_op_def *kiln_op_get(int op);
 const char *kiln_op_name(int op);
 double kiln_op_flops(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
-double kiln_op_bytes(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
 kiln_meta kiln_meta_of(const kiln_tensor *t);
 int64_t kiln_meta_numel(const kiln_meta *m);
 const char *kiln_meta_str(const kiln_meta *m, char *buf, size_t n); /* "[2, 3] f32" */

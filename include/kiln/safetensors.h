@@ -59,7 +59,6 @@ void kiln_st_close(kiln_st_file *f); /* NULL ok */
 int kiln_st_count(const kiln_st_file *f);
 const kiln_st_tensor *kiln_st_at(const kiln_st_file *f, int i); /* NULL if out of range */
 const kiln_st_tensor *kiln_st_find(const kiln_st_file *f, const char *name); /* NULL if absent */
-const char *kiln_st_path(const kiln_st_file *f);
 
 /* "__metadata__" entries, keys sorted. */
 const char *kiln_st_metadata(const kiln_st_file *f, const char *key); /* NULL if absent */

@@ -185,7 +185,6 @@ kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user);
 void kiln_trainer_request_stop(kiln_trainer *t);
 const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t);
 kiln_llama *kiln_trainer_model(kiln_trainer *t);
-const kiln_compiled *kiln_trainer_compiled(const kiln_trainer *t); /* NULL when eager */
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t);
 /* The micro-batch choice of a run with global_batch (NULL otherwise). */
 const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t);

@@ -38,11 +38,6 @@ void kiln_compile_options_default(kiln_compile_options *o) {
                                 .max_variants = 8};
 }
 
-const char *kiln_compile_mode_name(kiln_compile_mode m) {
-    static const char *names[] = {"off", "default", "reduce-overhead", "max-autotune"};
-    return m >= 0 && m <= KILN_COMPILE_MAX_AUTOTUNE ? names[m] : "?";
-}
-
 kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o) {
     if (!strcmp(s, "off") || !strcmp(s, "none") || !strcmp(s, "eager")) o->mode = KILN_COMPILE_OFF;
     else if (!strcmp(s, "default")) o->mode = KILN_COMPILE_DEFAULT;

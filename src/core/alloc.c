@@ -135,4 +135,3 @@ static size_t status_kb(const char *key) {
     return v * 1024;
 }
 size_t kiln_peak_rss(void) { return status_kb("VmHWM:"); }
-size_t kiln_current_rss(void) { return status_kb("VmRSS:"); }

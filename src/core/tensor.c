@@ -140,7 +140,6 @@ void kiln_tensor_release(kiln_tensor *t) {
         free(s);
     }
     kiln_tensor_release(t->grad);
-    kiln_tensor_release(t->tmp_grad);
     kiln_node_release(t->node);
     free(t);
 }

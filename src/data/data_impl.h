@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include "kiln/data.h"
 
+#include "data_names.h" /* links the kd_ helpers below as kiln_kd_* */
+
 /* ---- u64 -> u64 open-addressing map (key UINT64_MAX is reserved) ---- */
 typedef struct {
     uint64_t *keys, *vals;

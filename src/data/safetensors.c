@@ -403,7 +403,6 @@ const kiln_st_tensor *kiln_st_find(const kiln_st_file *f, const char *name) {
     return NULL;
 }
 
-const char *kiln_st_path(const kiln_st_file *f) { return f ? f->path : NULL; }
 
 const char *kiln_st_metadata(const kiln_st_file *f, const char *key) {
     if (!f || !key) return NULL;

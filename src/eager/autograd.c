@@ -14,7 +14,6 @@ typedef struct node {
 } node;
 
 static _Thread_local bool grad_off;
-static _Thread_local uint64_t op_count;
 static _Thread_local kiln_op_profile *profile; /* per-op time when profiling */
 
 static void free_saved(node *n) {
@@ -52,7 +51,6 @@ static kiln_tensor *saved_alias(kiln_tensor *t) {
 static kiln_tensor *eager_dispatch(void *ctx, int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs,
                                    const kiln_meta *out_meta, kiln_tensor **aux) {
     (void)ctx;
-    op_count++;
     double t0 = profile ? kiln_time_now() : 0;
     kiln_tensor *t = kiln_op_execute(op, in, attrs, out_meta, aux);
     if (profile) {
@@ -108,7 +106,6 @@ bool kiln_grad_set_enabled(bool on) {
     return was;
 }
 bool kiln_grad_enabled(void) { return !grad_off; }
-uint64_t kiln_eager_op_count(void) { return op_count; }
 void kiln_eager_profile(kiln_op_profile *table) {
     profile = table;
     if (table) memset(table, 0, sizeof(kiln_op_profile) * KILN_OP_COUNT);

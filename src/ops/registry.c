@@ -64,15 +64,6 @@ double kiln_op_flops(int op, const kiln_meta *in, const kiln_attrs *a, const kil
     return d ? (double)kiln_meta_numel(out) : 0;
 }
 
-double kiln_op_bytes(int op, const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
-    (void)a;
-    const kiln_op_def *d = kiln_op_get(op);
-    if (!d || d->is_view) return 0;
-    double b = (double)kiln_meta_numel(out) * (double)kiln_dtype_size(out->dtype);
-    for (int i = 0; i < d->n_in; i++) b += (double)kiln_meta_numel(&in[i]) * (double)kiln_dtype_size(in[i].dtype);
-    return b;
-}
-
 static _Thread_local kiln_dispatcher current;
 static _Thread_local int scope;
 

@@ -258,7 +258,6 @@ void kiln_trainer_free(kiln_trainer *t) {
 void kiln_trainer_request_stop(kiln_trainer *t) { t->stop = 1; }
 const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t) { return &t->st; }
 kiln_llama *kiln_trainer_model(kiln_trainer *t) { return t->model; }
-const kiln_compiled *kiln_trainer_compiled(const kiln_trainer *t) { return t->cs_train; }
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t) { return &t->cfg; }
 const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t) { return t->has_mem ? &t->mem : NULL; }
 
