@@ -27,13 +27,13 @@
 #include <unistd.h>
 
 #include "kiln/build.h"
+#include "loaded.h"
 
 #define PATHN 1024
 
-typedef struct loaded_file loaded_file;
 struct kiln_module {
     void *handle;
-    loaded_file *file;
+    kiln_loaded *file;
     char path[PATHN];
     char private_dir[PATHN]; /* removed at free; empty when loaded from the cache */
 };
@@ -512,78 +512,6 @@ static entry_state check_entry(const char *so, const char *sha, int *so_fd, char
     return ENTRY_OK;
 }
 
-/* Modules are dlopen()ed through the descriptor of the file that was hashed
- * (/proc/self/fd/N names the open file itself, not a path that could be
- * swapped). The dynamic loader knows a loaded object by that name, though:
- * were N closed and reused for another file while the object is still
- * loaded, dlopen() of the new /proc/self/fd/N would return the old object.
- * So a loaded file keeps its descriptor open as long as it is loaded, and a
- * file loaded twice (the same device and inode) shares one handle. */
-struct loaded_file {
-    dev_t dev;
-    ino_t ino;
-    int fd, refs;
-    void *handle; /* one dlopen() reference, held by this entry */
-    loaded_file *next;
-};
-static loaded_file *loaded_files;
-static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void fd_path(char out[64], int fd) { sfmt(out, 64, "/proc/self/fd/%d", fd); }
-
-/* The loaded entry for the open file fd (taking fd over), or NULL + error. */
-static loaded_file *load_file(int fd, const char *path) {
-    struct stat st;
-    char fdp[64];
-    if (fstat(fd, &st) != 0) {
-        kiln_error(KILN_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    pthread_mutex_lock(&load_mu);
-    loaded_file *e = loaded_files;
-    while (e && (e->dev != st.st_dev || e->ino != st.st_ino)) e = e->next;
-    if (e) {
-        e->refs++;
-        close(fd);
-    } else if (!(e = calloc(1, sizeof *e))) {
-        kiln_error(KILN_ERR_OOM, "out of memory");
-        close(fd);
-    } else {
-        fd_path(fdp, fd);
-        *e = (loaded_file){.dev = st.st_dev, .ino = st.st_ino, .fd = fd, .refs = 1, .next = loaded_files};
-        if ((e->handle = dlopen(fdp, RTLD_NOW | RTLD_LOCAL))) {
-            loaded_files = e;
-        } else {
-            kiln_error(KILN_ERR_IO, "cannot load %s (through %s): %s", path, fdp, dlerror());
-            close(fd);
-            free(e);
-            e = NULL;
-        }
-    }
-    pthread_mutex_unlock(&load_mu);
-    return e;
-}
-
-static void unload_file(loaded_file *e) {
-    char fdp[64];
-    pthread_mutex_lock(&load_mu);
-    if (--e->refs == 0) {
-        dlclose(e->handle);
-        fd_path(fdp, e->fd);
-        /* an object the loader keeps (marked not to be deleted) keeps its name */
-        e->handle = dlopen(fdp, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-        if (!e->handle) {
-            loaded_file **p = &loaded_files;
-            while (*p != e) p = &(*p)->next;
-            *p = e->next;
-            close(e->fd);
-            free(e);
-        }
-    }
-    pthread_mutex_unlock(&load_mu);
-}
-
 /* Loads the checked, open file fd (taking it over); `path` is for messages. */
 static kiln_status load(int fd, const char *path, const char *private_dir, kiln_module **out) {
     kiln_module *m = calloc(1, sizeof *m);
@@ -591,11 +519,11 @@ static kiln_status load(int fd, const char *path, const char *private_dir, kiln_
         close(fd);
         return kiln_error(KILN_ERR_OOM, "out of memory");
     }
-    if (!(m->file = load_file(fd, path))) {
+    if (!(m->file = kiln_loaded_open(fd, path))) {
         free(m);
         return kiln_last_status();
     }
-    m->handle = m->file->handle;
+    m->handle = kiln_loaded_handle(m->file);
     sfmt(m->path, sizeof m->path, "%s", path);
     if (private_dir) sfmt(m->private_dir, sizeof m->private_dir, "%s", private_dir);
     *out = m;
@@ -895,7 +823,7 @@ void *kiln_module_sym(const kiln_module *m, const char *name) {
 
 void kiln_module_free(kiln_module *m) {
     if (!m) return;
-    unload_file(m->file);
+    kiln_loaded_close(m->file);
     if (m->private_dir[0]) remove_dir(m->private_dir);
     free(m);
 }
