@@ -55,8 +55,10 @@ static kiln_status mkdir_p(const char *dir) {
  * config.json, or the weights of --init. */
 static kiln_status build_model(kiln_trainer *t, const kiln_shard_info *info) {
     kiln_train_config *c = &t->cfg;
-    if (c->init[0]) {
-        kiln_status st = kiln_load_model_dir(c->init, &t->model);
+    if (c->init[0]) { /* a run dir: the checkpoint --resume would continue from */
+        char dir[1100];
+        kiln_status st = kiln_model_dir_resolve(c->init, dir, sizeof dir);
+        if (!st) st = kiln_load_model_dir(dir, &t->model);
         return st ? kiln_error_context(st, "--init %s", c->init) : KILN_OK;
     }
     kiln_llama_config mc;
@@ -221,6 +223,8 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
         t->st.steps_per_epoch = per_epoch; /* from this run's ranks x accum, which may differ */
     }
     if (kiln_dist_rank() == 0 && ((st = mkdir_p(c->run_dir)) || (st = open_metrics(t, resume)))) goto fail;
+    if (kiln_dist_rank() == 0 && kiln_checkpoint_clean(c->run_dir)) /* what a killed save left */
+        kiln_log(KILN_LOG_WARN, "cleaning %s: %s", c->run_dir, kiln_last_error());
     kiln_compile_options co;
     kiln_train_compile_options(c, &co); /* validated above */
     if (co.mode != KILN_COMPILE_OFF) {
