@@ -194,6 +194,18 @@ void kiln_strbuf_printf(kiln_strbuf *b, const char *fmt, ...) __attribute__((for
 kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t n);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *n excludes it). */
 kiln_status kiln_read_file(const char *path, char **data, size_t *n);
+/* The same guarantees for a file written piece by piece (large exports that
+ * must never be held whole in memory): _open creates a uniquely named temp
+ * file beside `path` (O_EXCL); _write appends through a small buffer (the
+ * first failure is kept and every later call returns it); _commit flushes,
+ * fsyncs, renames over `path` and fsyncs the directory; _abort (NULL ok)
+ * removes the temp file. Both _commit and _abort free the handle. */
+typedef struct kiln_atomic_file kiln_atomic_file;
+kiln_status kiln_atomic_open(const char *path, kiln_atomic_file **out);
+kiln_status kiln_atomic_write(kiln_atomic_file *f, const void *data, size_t n);
+uint64_t kiln_atomic_tell(const kiln_atomic_file *f); /* bytes written so far */
+kiln_status kiln_atomic_commit(kiln_atomic_file *f);
+void kiln_atomic_abort(kiln_atomic_file *f);
 
 /* Target id meaning "no loss here" (padding), as in PyTorch/Hugging Face. */
 #define KILN_IGNORE_INDEX (-100)
