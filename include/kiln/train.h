@@ -12,6 +12,7 @@
 
 #include "kiln/compile.h"
 #include "kiln/data.h"
+#include "kiln/gguf.h"
 #include "kiln/model.h"
 
 #ifdef __cplusplus
@@ -325,6 +326,36 @@ bool kiln_sample_is_stop(const kiln_sample_config *sc, int32_t id);
  * on_token (may be NULL) is called for each new id. */
 kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, const kiln_sample_config *sc,
                           int32_t *out, int *n_out, void (*on_token)(int32_t id, void *user), void *user);
+
+/* ---- export ---------------------------------------------------------------
+ * A model directory (a run dir or any directory with config.json,
+ * model.safetensors and tokenizer.json) as one GGUF file for llama.cpp:
+ * architecture "llama" with its llama.* metadata, the byte-level BPE
+ * tokenizer as tokenizer.ggml.* (model "gpt2", pre "gpt-2", tokens, token
+ * types, merges, bos/eos/pad, add_bos_token as kiln generate does it, the
+ * chat template of tokenizer_config.json when there is one), tensors under
+ * llama.cpp's names (token_embd, blk.N.attn_q/k/v/output, ffn_gate/up/down,
+ * attn_norm, ffn_norm, output_norm, output unless tied) with each q/k head's
+ * rows reordered from Hugging Face's rotate_half halves to the adjacent
+ * pairs llama.cpp rotates. Matrices are written as `type`, norms as F32 (a
+ * Q8_0 matrix whose rows are not whole blocks of 32 as F16). Refused with
+ * the field named: another model_type, biases, rope_scaling, a tokenizer
+ * with a normalizer, byte fallback or a pre-tokenizer other than GPT-2's
+ * ByteLevel, non-finite weights. The file is written atomically. */
+typedef struct {
+    kiln_ggml_type type;   /* of the matrices */
+    const char *tokenizer; /* NULL: DIR/tokenizer.json */
+    const char *name;      /* general.name; NULL: the directory's name */
+} kiln_export_gguf_opts;
+typedef struct {
+    int n_tensors;
+    int64_t n_tokens, n_merges, n_params;
+    uint64_t data_bytes;
+} kiln_export_gguf_stats;
+kiln_status kiln_export_gguf(const char *dir, const char *out_path, const kiln_export_gguf_opts *opts,
+                             kiln_export_gguf_stats *stats);
+/* "f32", "f16", "bf16", "q8_0" */
+kiln_status kiln_export_type_parse(const char *s, kiln_ggml_type *out);
 
 #ifdef __cplusplus
 }

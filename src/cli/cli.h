@@ -10,6 +10,7 @@ int kiln_cmd_train(int argc, char **argv);
 int kiln_cmd_eval(int argc, char **argv);
 int kiln_cmd_generate(int argc, char **argv);
 int kiln_cmd_plot(int argc, char **argv);
+int kiln_cmd_export(int argc, char **argv);
 /* Writes the loss/lr SVG of a run (out_path NULL: RUN_DIR/loss.svg).
  * Returns 0 or a kiln_status with kiln_last_error() set; prints nothing. */
 int kiln_cli_write_plot(const char *run_dir, const char *out_path);

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"generate", kiln_cmd_generate, "sample text from a run's model"},
     {"plot", kiln_cmd_plot, "SVG of training/validation loss and lr of one or two runs"},
     {"bench", kiln_cmd_bench, "time training steps of a model configuration"},
+    {"export", kiln_cmd_export, "write a model as GGUF for llama.cpp (--gguf OUT.gguf --type f32|f16|bf16|q8_0)"},
     {"compile", kiln_cmd_compile, "show what the compiler does to a model's training step (--explain)"},
 };
 

@@ -1,0 +1,83 @@
+/* `kiln export DIR --gguf OUT.gguf [--type T]`: a model for llama.cpp.
+ * Each output format is one function below; the command picks it from the
+ * flags, so further formats (a merged model directory) slot in beside it. */
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+#include "kiln/train.h"
+
+static const char *export_usage =
+    "usage: kiln export RUN_OR_MODEL_DIR --gguf OUT.gguf [--type f32|f16|bf16|q8_0]\n"
+    "                   [--tokenizer FILE] [--name NAME]\n"
+    "\n"
+    "Writes the model of RUN_OR_MODEL_DIR (a run directory: its newest\n"
+    "checkpoint; or any directory with config.json, model.safetensors and\n"
+    "tokenizer.json) as one GGUF file that llama.cpp, Ollama, LM Studio and\n"
+    "node-llama-cpp load: llama architecture metadata, the tokenizer, and the\n"
+    "tensors under llama.cpp's names. Matrices are written in --type, norms\n"
+    "in f32. The file appears only when it is complete.\n"
+    "\n"
+    "options:\n"
+    "  --gguf FILE         the GGUF file to write\n"
+    "  --type T            f32 (default), f16, bf16, or q8_0 (8-bit blocks of 32\n"
+    "                      with one f16 scale, llama.cpp's Q8_0)\n"
+    "  --tokenizer FILE    tokenizer.json (default: DIR/tokenizer.json)\n"
+    "  --name NAME         general.name in the file (default: the directory's name)\n"
+    "  -h, --help          this text\n";
+
+typedef struct {
+    const char *dir, *gguf, *type, *tokenizer, *name;
+} export_args;
+
+static int export_gguf(const export_args *a) {
+    kiln_export_gguf_opts o = {KILN_GGML_F32, a->tokenizer, a->name};
+    if (a->type && kiln_export_type_parse(a->type, &o.type)) {
+        fprintf(stderr, "kiln export: --type: %s\n", kiln_last_error());
+        return 2;
+    }
+    kiln_export_gguf_stats s = {0};
+    double t0 = kiln_time_now();
+    if (kiln_export_gguf(a->dir, a->gguf, &o, &s)) {
+        fprintf(stderr, "kiln export: %s\n", kiln_last_error());
+        return 1;
+    }
+    printf("kiln export: %s -> %s (GGUF v3, %s, %lld parameters in %d tensors, %.2f MB of data; %lld tokens, %lld merges) "
+           "in %.2f s\n",
+           a->dir, a->gguf, kiln_ggml_type_name(o.type), (long long)s.n_params, s.n_tensors, s.data_bytes / 1e6,
+           (long long)s.n_tokens, (long long)s.n_merges, kiln_time_now() - t0);
+    return 0;
+}
+
+int kiln_cmd_export(int argc, char **argv) {
+    static const char *const names[] = {"--gguf", "--type", "--tokenizer", "--name"};
+    export_args a = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int k = kiln_cli_arg("export", argc, argv, &i, names, 4, &v);
+        if (k == KILN_ARG_HELP) {
+            fputs(export_usage, stdout);
+            return 0;
+        }
+        if (k == KILN_ARG_ERROR) return 2;
+        if (k == KILN_ARG_POS) {
+            if (a.dir) {
+                fprintf(stderr, "kiln export: unexpected argument '%s' (one model directory)\n", v);
+                return 2;
+            }
+            a.dir = v;
+        }
+        if (k == 0) a.gguf = v;
+        if (k == 1) a.type = v;
+        if (k == 2) a.tokenizer = v;
+        if (k == 3) a.name = v;
+    }
+    if (!a.dir) {
+        fputs(export_usage, stderr);
+        return 2;
+    }
+    if (!a.gguf) {
+        fprintf(stderr, "kiln export: say what to write: --gguf OUT.gguf (see --help)\n");
+        return 2;
+    }
+    return export_gguf(&a);
+}
