@@ -62,12 +62,9 @@ const char *kiln_ggml_type_name(kiln_ggml_type t); /* "F32", ...; NULL if unknow
 /* Bytes of n values (n a multiple of 32 for Q8_0); 0 for an unknown type. */
 size_t kiln_ggml_nbytes(kiln_ggml_type t, int64_t n);
 /* Converts n floats (n a multiple of 32 for Q8_0) as llama.cpp's reference
- * code does: F16 round to nearest even (subnormals kept, overflow to inf),
- * BF16 round to nearest even (NaN kept quiet), Q8_0 d = max|x| / 127 and
- * q = round-half-away(x / d). out holds kiln_ggml_nbytes(t, n) bytes. */
+ * code does (F16 and BF16 through core's kiln_f32_to_f16/_bf16: round to
+ * nearest even), Q8_0 d = max|x| / 127 and q = round-half-away(x / d). out holds kiln_ggml_nbytes(t, n) bytes. */
 kiln_status kiln_ggml_convert(kiln_ggml_type t, const float *x, int64_t n, void *out);
-uint16_t kiln_f32_to_f16(float f);
-float kiln_f16_to_f32(uint16_t h);
 
 typedef struct kiln_gguf_writer kiln_gguf_writer;
 kiln_status kiln_gguf_writer_new(kiln_gguf_writer **out);

@@ -328,7 +328,8 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
                           int32_t *out, int *n_out, void (*on_token)(int32_t id, void *user), void *user);
 
 /* ---- export ---------------------------------------------------------------
- * A model directory (a run dir or any directory with config.json,
+ * A model directory (a run directory: its newest complete checkpoint, as
+ * kiln_model_dir_resolve; or any directory with config.json,
  * model.safetensors and tokenizer.json) as one GGUF file for llama.cpp:
  * architecture "llama" with its llama.* metadata, the byte-level BPE
  * tokenizer as tokenizer.ggml.* (model "gpt2", pre "gpt-2", tokens, token
@@ -352,7 +353,7 @@ typedef struct {
     int64_t n_tokens, n_merges, n_params;
     uint64_t data_bytes;
 } kiln_export_gguf_stats;
-kiln_status kiln_export_gguf(const char *dir, const char *out_path, const kiln_export_gguf_opts *opts,
+kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path, const kiln_export_gguf_opts *opts,
                              kiln_export_gguf_stats *stats);
 /* "f32", "f16", "bf16", "q8_0" */
 kiln_status kiln_export_type_parse(const char *s, kiln_ggml_type *out);

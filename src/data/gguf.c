@@ -58,35 +58,6 @@ size_t kiln_ggml_nbytes(kiln_ggml_type t, int64_t n) {
     return 0;
 }
 
-uint16_t kiln_f32_to_f16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    uint32_t sign = (v.u >> 16) & 0x8000u, absu = v.u & 0x7fffffffu;
-    if (absu > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((absu >> 13) & 0x3ffu)); /* NaN stays NaN */
-    if (absu >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
-    if (absu < 0x38800000u) {
-        /* below the smallest normal half (2^-14): a subnormal, i.e. a
-         * multiple of 2^-24; adding 0.5 as a float rounds to it (to even) */
-        union { uint32_t u; float f; } a = {absu}, half = {0x3f000000u};
-        a.f += half.f;
-        return (uint16_t)(sign | (a.u - half.u));
-    }
-    uint32_t mant_odd = (absu >> 13) & 1u;
-    absu += 0xc8000fffu + mant_odd; /* re-bias the exponent (-112 << 23) and round to nearest even */
-    return (uint16_t)(sign | (absu >> 13));
-}
-
-float kiln_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    union { uint32_t u; float f; } v;
-    if (e == 0x1f) v.u = sign | 0x7f800000u | (m << 13);
-    else if (e) v.u = sign | ((e + 112u) << 23) | (m << 13);
-    else {
-        v.f = (float)m * 0x1p-24f;
-        v.u |= sign;
-    }
-    return v.f;
-}
-
 kiln_status kiln_ggml_convert(kiln_ggml_type t, const float *x, int64_t n, void *out) {
     switch (t) {
     case KILN_GGML_F32: memcpy(out, x, (size_t)n * 4); return KILN_OK;

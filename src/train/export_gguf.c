@@ -187,7 +187,7 @@ static kiln_status read_vocab(const char *path, int64_t n_vocab, vocab *v) {
 /* tokenizer_config.json's chat_template, when the directory has one */
 static kiln_status read_chat_template(const char *dir, char **out) {
     *out = NULL;
-    char path[PATH_CAP];
+    char path[PATH_CAP + 32];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     FILE *f = fopen(path, "rb");
     if (!f) return KILN_OK;
@@ -339,9 +339,12 @@ static kiln_status write_tensor(kiln_gguf_writer *w, const out_tensor *o, void *
     return KILN_OK;
 }
 
-kiln_status kiln_export_gguf(const char *dir, const char *out_path, const kiln_export_gguf_opts *opts,
+kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path, const kiln_export_gguf_opts *opts,
                              kiln_export_gguf_stats *stats) {
-    char path[PATH_CAP], tok_path[PATH_CAP];
+    char dir[PATH_CAP], path[PATH_CAP + 32], tok_path[PATH_CAP + 32];
+    /* a run directory stands for its newest complete checkpoint */
+    kiln_status rs = kiln_model_dir_resolve(run_or_model_dir, dir, sizeof dir);
+    if (rs) return rs;
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (opts->tokenizer) snprintf(tok_path, sizeof tok_path, "%s", opts->tokenizer);
     else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
@@ -359,8 +362,8 @@ kiln_status kiln_export_gguf(const char *dir, const char *out_path, const kiln_e
     kiln_gguf_writer *w = NULL;
     vocab v = {0};
     out_tensor *ot = calloc((size_t)(3 + 9 * c->num_hidden_layers), sizeof *ot);
-    const char *slash = strrchr(dir, '/');
-    const char *name = opts->name ? opts->name : (slash && slash[1] ? slash + 1 : dir);
+    const char *slash = strrchr(run_or_model_dir, '/');
+    const char *name = opts->name ? opts->name : (slash && slash[1] ? slash + 1 : run_or_model_dir);
     if (!ot) st = kiln_error(KILN_ERR_OOM, "out of memory");
     if (!st) st = kiln_gguf_writer_new(&w);
     if (!st) st = set_arch(w, c, name, opts->type);
@@ -390,5 +393,5 @@ kiln_status kiln_export_gguf(const char *dir, const char *out_path, const kiln_e
     vocab_free(&v);
     kiln_gguf_writer_free(w);
     kiln_llama_free(m);
-    return st ? kiln_error_context(st, "exporting %s to %s", dir, out_path) : KILN_OK;
+    return st ? kiln_error_context(st, "exporting %s to %s", run_or_model_dir, out_path) : KILN_OK;
 }
