@@ -435,7 +435,14 @@ static void make_random_model(const char *mdir, const char *tok_path) {
 static void refusals(const char *run_dir) {
     char out[600], cfg[600];
     snprintf(out, sizeof out, "%s/x.gguf", dir);
+    CHECK(run((const char *[]){kiln, "export", "--help", NULL}) == 0, "export --help");
+    char *h = output();
+    CHECK(strstr(h, "usage: kiln export") != NULL, "export --help: %s", h);
+    free(h);
     CHECK(run((const char *[]){kiln, "export", run_dir, "--gguf", out, "--type", "q4_0", NULL}) == 2, "unknown --type");
+    h = output();
+    CHECK(strstr(h, "q4_0") != NULL, "unknown type not named: %s", h);
+    free(h);
     CHECK(run((const char *[]){kiln, "export", run_dir, NULL}) == 2, "no --gguf");
     CHECK(run((const char *[]){kiln, "export", "/nonexistent/model", "--gguf", out, NULL}) == 1, "missing dir");
     char *o = output();
@@ -452,6 +459,21 @@ static void refusals(const char *run_dir) {
     o = output();
     CHECK(strstr(o, "model_type qwen2") && strstr(o, "config.json"), "refusal does not name the field: %s", o);
     free(o);
+    /* a tokenizer llama.cpp's gpt2 tokenizer would not reproduce */
+    char tp[600], bad[600];
+    snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
+    snprintf(bad, sizeof bad, "%s/tokenizer-nfc.json", dir);
+    json_t *t = json_load_file(tp, 0, NULL);
+    CHECK(t != NULL, "read %s", tp);
+    if (t) {
+        json_object_set_new(t, "normalizer", json_pack("{s:s}", "type", "NFC"));
+        json_dump_file(t, bad, 0);
+        json_decref(t);
+        CHECK(run((const char *[]){kiln, "export", run_dir, "--gguf", out, "--tokenizer", bad, NULL}) == 1, "NFC tokenizer accepted");
+        o = output();
+        CHECK(strstr(o, "tokenizer-nfc.json") && strstr(o, "normalizer"), "refusal does not name file and field: %s", o);
+        free(o);
+    }
     CHECK(access(out, F_OK) != 0, "a refused export left %s", out);
 }
 
