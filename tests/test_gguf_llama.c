@@ -28,6 +28,8 @@ static char kiln[1100], script[1200], dir[256], root[1100];
 static ggml_ref G;
 static bool have_ref;
 static const char *types[4] = {"f32", "f16", "bf16", "q8_0"};
+static const char *chat_template =
+    "{% for m in messages %}<|bos|>{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}";
 
 /* Runs argv (NULL-terminated) with stdout+stderr into dir/out.txt. */
 static int run(const char *const *argv) {
@@ -164,7 +166,7 @@ static void round_weights(kiln_llama *m, int type) {
     }
 }
 
-static void check_metadata(const char *path, const kiln_llama_config *c, int type) {
+static void check_metadata(const char *path, const kiln_llama_config *c, int type, const char *tmpl) {
     if (!have_ref) return;
     struct gguf_context *g = ggml_ref_open(&G, path);
     CHECK(g != NULL, "llama.cpp's gguf reader refused %s", path);
@@ -199,8 +201,25 @@ static void check_metadata(const char *path, const kiln_llama_config *c, int typ
     CHECK(id >= 0 && G.get_arr_type(g, id) == 8 && (int64_t)G.get_arr_n(g, id) == c->vocab_size, "tokenizer.ggml.tokens");
     id = G.find_key(g, "tokenizer.ggml.token_type");
     CHECK(id >= 0 && G.get_arr_type(g, id) == 5 && (int64_t)G.get_arr_n(g, id) == c->vocab_size, "token_type");
+    if (id >= 0 && G.get_arr_n(g, id) > 3) {
+        const int32_t *tt = G.get_arr_data(g, id);
+        CHECK(tt[0] == 3 && tt[1] == 3 && tt[2] == 3 && tt[3] == 1, "token types %d %d %d %d: specials control, bytes normal",
+              tt[0], tt[1], tt[2], tt[3]);
+    }
+    id = G.find_key(g, "tokenizer.ggml.merges");
+    CHECK(id >= 0 && G.get_arr_type(g, id) == 8 && G.get_arr_n(g, id) > 0, "tokenizer.ggml.merges");
+    const char *ids[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"};
+    for (uint32_t i = 0; i < 3; i++) {
+        id = G.find_key(g, ids[i]);
+        uint32_t v = 99;
+        if (id >= 0 && G.get_kv_type(g, id) == 4) memcpy(&v, G.get_val_data(g, id), 4);
+        CHECK(v == i, "%s = %u, want %u", ids[i], v, i);
+    }
     id = G.find_key(g, "tokenizer.ggml.add_bos_token");
-    CHECK(id >= 0 && G.get_kv_type(g, id) == 7, "add_bos_token");
+    CHECK(id >= 0 && G.get_kv_type(g, id) == 7 && *(const uint8_t *)G.get_val_data(g, id) == 1, "add_bos_token");
+    id = G.find_key(g, "tokenizer.chat_template");
+    CHECK((id >= 0) == (tmpl != NULL), "tokenizer.chat_template present iff tokenizer_config.json has one");
+    if (id >= 0 && tmpl) CHECK(!strcmp(G.get_val_str(g, id), tmpl), "chat template '%s'", G.get_val_str(g, id));
     /* norms F32, matrices in the requested type */
     int want = type == 0 ? 0 : type == 1 ? 1 : type == 2 ? 30 : 8, bad = 0;
     for (int64_t i = 0; i < G.get_n_tensors(g); i++) {
@@ -277,7 +296,7 @@ static void check_model(const char *mdir, const char *tag) {
         CHECK(rc == 0 && strstr(o, "GGUF v3"), "kiln export %s --type %s: rc %d\n%s", mdir, types[t], rc, o);
         if (t == 0) printf("%s", o);
         free(o);
-        check_metadata(out, &m->cfg, t);
+        check_metadata(out, &m->cfg, t, strcmp(tag, "random") ? NULL : chat_template);
     }
     /* a validation window: bos + the first tokens of val.bin (or of the
      * corpus text when there is none) */
@@ -428,6 +447,11 @@ static void make_random_model(const char *mdir, const char *tok_path) {
     CHECK_OK(kiln_tokenizer_load(tok_path, &tok));
     snprintf(p, sizeof p, "%s/tokenizer.json", mdir);
     CHECK_OK(kiln_tokenizer_save(tok, p));
+    /* and a chat template, which goes into tokenizer.chat_template */
+    json_t *tc = json_pack("{s:s}", "chat_template", chat_template);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", mdir);
+    CHECK(json_dump_file(tc, p, 0) == 0, "write %s", p);
+    json_decref(tc);
     kiln_tokenizer_free(tok);
     kiln_llama_free(m);
 }
