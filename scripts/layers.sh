@@ -12,9 +12,9 @@ declare -A allowed=(
   [graph]="core kernels ops graph"
   [compile]="core kernels ops graph compile build"
   [model]="core ops model"
-  [data]="core data safetensors"
-  [train]="core kernels ops eager graph compile build model data safetensors train"
-  [cli]="core kernels ops eager graph compile build model data safetensors train"
+  [data]="core data safetensors gguf"
+  [train]="core kernels ops eager graph compile build model data safetensors gguf train"
+  [cli]="core kernels ops eager graph compile build model data safetensors gguf train"
 )
 bad=0
 for layer in core kernels ops eager graph compile model data train cli; do
