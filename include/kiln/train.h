@@ -333,8 +333,9 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * model.safetensors and tokenizer.json) as one GGUF file for llama.cpp:
  * architecture "llama" with its llama.* metadata, the byte-level BPE
  * tokenizer as tokenizer.ggml.* (model "gpt2", pre "gpt-2", tokens, token
- * types, merges, bos/eos/pad, add_bos_token as kiln generate does it, the
- * chat template of tokenizer_config.json when there is one), tensors under
+ * types, merges, bos/eos/pad and a second eos as eot (kiln_model_meta),
+ * add_bos_token as kiln generate does it, the chat template when the
+ * directory has one), tensors under
  * llama.cpp's names (token_embd, blk.N.attn_q/k/v/output, ffn_gate/up/down,
  * attn_norm, ffn_norm, output_norm, output unless tied) with each q/k head's
  * rows reordered from Hugging Face's rotate_half halves to the adjacent

@@ -184,59 +184,49 @@ static kiln_status read_vocab(const char *path, int64_t n_vocab, vocab *v) {
     return st;
 }
 
-/* tokenizer_config.json's chat_template, when the directory has one */
-static kiln_status read_chat_template(const char *dir, char **out) {
-    *out = NULL;
-    char path[PATH_CAP + 32];
-    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return KILN_OK;
-    fclose(f);
-    json_error_t e;
-    json_t *root = json_load_file(path, 0, &e);
-    if (!root) return kiln_error(KILN_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, e.line, e.text);
-    json_t *ct = json_object_get(root, "chat_template");
-    kiln_status st = KILN_OK;
-    if (json_is_string(ct)) {
-        if (!(*out = strdup(json_string_value(ct)))) st = kiln_error(KILN_ERR_OOM, "out of memory");
-    } else if (ct && !json_is_null(ct)) {
-        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: chat_template is not a string (named templates are not exported)", path);
-    }
-    json_decref(root);
-    return st;
-}
-
-static int64_t special_id(int64_t from_config, int from_tokenizer) {
-    return from_config >= 0 ? from_config : from_tokenizer;
-}
-
+/* The special ids and the chat template as kiln generate uses them: the
+ * prompt starts with the tokenizer's bos; generation stops at any of the
+ * model's eos ids (generation_config.json, config.json, tokenizer_config.json
+ * through kiln_model_meta). llama.cpp holds one eos and one end-of-turn id. */
 static kiln_status set_tokenizer(kiln_gguf_writer *w, const kiln_llama_config *c, const char *tok_path,
                                  const char *dir, vocab *v) {
     kiln_tokenizer *tok = NULL;
+    kiln_model_meta meta = {.bos_id = -1, .pad_id = -1};
     kiln_status st = kiln_tokenizer_load(tok_path, &tok); /* kiln must be able to use it as well */
-    if (st) return st;
-    int64_t bos = special_id(c->bos_token_id, kiln_tokenizer_bos(tok)), eos = special_id(c->eos_token_id, kiln_tokenizer_eos(tok)),
-            pad = special_id(c->pad_token_id, kiln_tokenizer_pad(tok));
+    if (!st) st = kiln_model_meta_load(dir, tok, &meta);
+    if (st) {
+        kiln_tokenizer_free(tok);
+        return st;
+    }
+    bool add_bos = kiln_tokenizer_bos(tok) >= 0;
+    int64_t bos = add_bos ? kiln_tokenizer_bos(tok) : meta.bos_id;
+    int64_t pad = meta.pad_id >= 0 ? meta.pad_id : kiln_tokenizer_pad(tok);
+    int64_t eos = meta.n_eos > 0 ? meta.eos_ids[0] : kiln_tokenizer_eos(tok), eot = meta.n_eos > 1 ? meta.eos_ids[1] : -1;
     if (kiln_tokenizer_vocab_size(tok) > c->vocab_size)
         st = kiln_error(KILN_ERR_INVALID, "%s has %d tokens but the model only %lld", tok_path, kiln_tokenizer_vocab_size(tok),
                         (long long)c->vocab_size);
+    if (!st && meta.n_eos > 2)
+        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: %d eos ids; GGUF holds two (tokenizer.ggml.eos_token_id, eot_token_id)", dir,
+                        meta.n_eos);
     kiln_tokenizer_free(tok);
     if (!st) st = read_vocab(tok_path, c->vocab_size, v);
-    char *tmpl = NULL;
-    if (!st) st = read_chat_template(dir, &tmpl);
     if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
     if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.pre", v->pre);
     if (!st) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->lens, (uint64_t)v->n);
     if (!st) st = kiln_gguf_set_array(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, v->types, (uint64_t)v->n);
     if (!st) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.merges", (const char *const *)v->merges, NULL, v->n_merges);
-    if (!st && bos >= 0) st = kiln_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
-    if (!st && eos >= 0) st = kiln_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
-    if (!st && pad >= 0) st = kiln_gguf_set_u32(w, "tokenizer.ggml.padding_token_id", (uint32_t)pad);
-    /* kiln generate starts every prompt with bos when there is one */
-    if (!st) st = kiln_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", bos >= 0);
+    struct { const char *k; int64_t id; } ids[] = {{"tokenizer.ggml.bos_token_id", bos}, {"tokenizer.ggml.eos_token_id", eos},
+                                                   {"tokenizer.ggml.eot_token_id", eot}, {"tokenizer.ggml.padding_token_id", pad}};
+    for (int i = 0; i < 4 && !st; i++) {
+        if (ids[i].id >= c->vocab_size)
+            st = kiln_error(KILN_ERR_RANGE, "%s: %s %lld is outside the vocabulary (%lld)", dir, ids[i].k, (long long)ids[i].id,
+                            (long long)c->vocab_size);
+        else if (ids[i].id >= 0) st = kiln_gguf_set_u32(w, ids[i].k, (uint32_t)ids[i].id);
+    }
+    if (!st) st = kiln_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos);
     if (!st) st = kiln_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", false);
-    if (!st && tmpl) st = kiln_gguf_set_str(w, "tokenizer.chat_template", tmpl);
-    free(tmpl);
+    if (!st && meta.chat_template) st = kiln_gguf_set_str(w, "tokenizer.chat_template", meta.chat_template);
+    kiln_model_meta_free(&meta);
     return st;
 }
 
