@@ -84,6 +84,15 @@ void kiln_k_rmsnorm_backward(const float *x, const float *w, const float *dy,
  * inverse rotation (the backward). D must be even. */
 void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
                  int64_t pos0, float theta, bool inverse);
+/* The same with given frequencies inv[D/2] (angle of position p: p * inv[j]). */
+void kiln_k_rope_freq(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos0,
+                      const float *inv, bool inverse);
+/* Frequencies of Hugging Face's rope_scaling types: DEFAULT theta^(-2j/D);
+ * LINEAR those / factor; LLAMA3 (_compute_llama3_parameters) per band by
+ * wavelength against orig_max / low and orig_max / high. */
+enum { KILN_K_ROPE_DEFAULT = 0, KILN_K_ROPE_LINEAR = 1, KILN_K_ROPE_LLAMA3 = 2 };
+void kiln_k_rope_inv_freq(int64_t D, double theta, int type, double factor, double low, double high, int64_t orig_max,
+                          float *inv);
 
 /* ---- softmax over the last dim ----------------------------------------- */
 void kiln_k_softmax(const float *x, float *y, int64_t rows, int64_t n);

@@ -44,7 +44,8 @@ extern "C" {
     X(RMSNORM, rmsnorm)                 /* (x[...,C], w[C]) f0=eps */                                \
     X(RMSNORM_BWD_X, rmsnorm_bwd_x)     /* (x, w, g) f0=eps */                                       \
     X(RMSNORM_BWD_W, rmsnorm_bwd_w)     /* (x, w, g) f0=eps -> [C] */                                \
-    X(ROPE, rope)                       /* (x[B,T,H,D]) f0=theta i0=pos0 i1=inverse */               \
+    X(ROPE, rope)                       /* (x[B,T,H,D]) f0=theta i0=pos0 i1=inverse, scaling:      */ \
+                                        /* i2=type f1=factor i3=orig_max i4,i5=low,high (f64 bits)  */ \
     X(REPEAT_KV, repeat_kv)             /* (x[B,Hkv,T,D]) i0=n_rep -> [B,Hkv*n_rep,T,D] */           \
     X(REPEAT_KV_BWD, repeat_kv_bwd)     /* (g[B,H,T,D]) i0=n_rep -> [B,H/n_rep,T,D] */               \
     X(TRANSPOSE12, transpose12)         /* [A,B,C,D] -> [A,C,B,D] */                                 \
@@ -235,6 +236,18 @@ kiln_tensor *kiln_rmsnorm(kiln_tensor *x, kiln_tensor *w, double eps);
 kiln_tensor *kiln_rmsnorm_backward_x(kiln_tensor *x, kiln_tensor *w, kiln_tensor *g, double eps);
 kiln_tensor *kiln_rmsnorm_backward_w(kiln_tensor *x, kiln_tensor *w, kiln_tensor *g, double eps);
 kiln_tensor *kiln_rope(kiln_tensor *x, double theta, int64_t pos0, bool inverse);
+/* Hugging Face's rope_scaling (config.json): DEFAULT none; LINEAR every
+ * frequency / factor; LLAMA3 (Llama 3.1+) by frequency band: wavelengths
+ * above original_max_position_embeddings / low_freq_factor are divided by
+ * factor, below original_max / high_freq_factor kept, interpolated between. */
+typedef enum { KILN_ROPE_DEFAULT = 0, KILN_ROPE_LINEAR = 1, KILN_ROPE_LLAMA3 = 2 } kiln_rope_type;
+typedef struct {
+    kiln_rope_type type;
+    double factor, low_freq_factor, high_freq_factor;
+    int64_t original_max_position_embeddings;
+} kiln_rope_scaling;
+/* kiln_rope with scaled frequencies (s NULL or DEFAULT: kiln_rope). */
+kiln_tensor *kiln_rope_scaled(kiln_tensor *x, double theta, int64_t pos0, bool inverse, const kiln_rope_scaling *s);
 kiln_tensor *kiln_repeat_kv(kiln_tensor *x, int64_t n_rep);
 kiln_tensor *kiln_repeat_kv_backward(kiln_tensor *g, int64_t n_rep);
 kiln_tensor *kiln_transpose12(kiln_tensor *x);

@@ -3,20 +3,48 @@
  *   out[j]       = x[j] c - x[j + D/2] s
  *   out[j + D/2] = x[j + D/2] c + x[j] s
  * inverse = true rotates by -angle, which is the transpose: the backward.
- * Angles are formed in float (pos as float times f_j as float), as HF does. */
+ * Angles are formed in float (pos as float times f_j as float), as HF does.
+ * The frequencies f_j may be rescaled (rope_scaling: linear, llama3). */
 #include "kiln/kernels.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #define KILN_ROPE_PAR (1 << 15)
 #define KILN_ROPE_BLK 256
 
-/* cos/sin of pos * f_j for j in [j0, j1), stored from index 0 */
-static void rope_table(float *restrict cs, float *restrict sn, int64_t j0, int64_t j1,
-                       int64_t D, int64_t pos, float theta) {
+/* inv_freq[j] = theta^(-2j/D), rounded to float as HF's float32 tensor, then
+ * Hugging Face's rope_scaling rules (modeling_rope_utils): linear divides
+ * every frequency by factor; llama3 keeps the high frequencies (wavelength
+ * below original_max / high_freq_factor), divides the low ones (wavelength
+ * above original_max / low_freq_factor) by factor, and interpolates between
+ * the two in the band between. */
+void kiln_k_rope_inv_freq(int64_t D, double theta, int type, double factor, double low, double high, int64_t orig_max,
+                          float *inv) {
+    const double two_pi = 6.283185307179586476925286766559;
+    for (int64_t j = 0; j < D / 2; j++) {
+        float f = (float)(1.0 / pow(theta, (double)(2 * j) / (double)D));
+        if (type == KILN_K_ROPE_LINEAR) {
+            f = (float)((double)f / factor);
+        } else if (type == KILN_K_ROPE_LLAMA3) {
+            double old = (double)orig_max, wl = two_pi / (double)f;
+            double lo_wl = old / low, hi_wl = old / high;
+            if (wl > lo_wl) f = (float)((double)f / factor);
+            else if (!(wl < hi_wl)) {
+                double sm = (old / wl - low) / (high - low);
+                f = (float)((1.0 - sm) * (double)f / factor + sm * (double)f);
+            }
+        }
+        inv[j] = f;
+    }
+}
+
+/* cos/sin of pos * f_j for j in [j0, j1), stored from index 0; the angle is
+ * formed in float (pos as float times f_j as float), as HF does */
+static void rope_table(float *restrict cs, float *restrict sn, int64_t j0, int64_t j1, int64_t pos,
+                       const float *restrict inv) {
     for (int64_t j = j0; j < j1; j++) {
-        float inv = (float)(1.0 / pow((double)theta, (double)(2 * j) / (double)D));
-        float a = (float)pos * inv;
+        float a = (float)pos * inv[j];
         cs[j - j0] = cosf(a);
         sn[j - j0] = sinf(a);
     }
@@ -36,8 +64,26 @@ static void rope_pairs(const float *x0, const float *x1, float *o0, float *o1,
     }
 }
 
-void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
-                 int64_t pos0, float theta, bool inverse) {
+/* Frequencies [j0, j1) of every row; inv indexed from j0 (out of memory
+ * path: one block of one position's table at a time, same values). */
+static void rope_block(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos0,
+                       const float *inv, int64_t j0, int64_t j1, float sign) {
+    float cs[KILN_ROPE_BLK], sn[KILN_ROPE_BLK];
+    int64_t half = D / 2;
+    for (int64_t t = 0; t < T; t++) {
+        rope_table(cs, sn, 0, j1 - j0, pos0 + t, inv);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++) {
+                int64_t i = (b * T + t) * H + h;
+                const float *xi = x + i * D;
+                float *oi = out + i * D;
+                rope_pairs(xi + j0, xi + half + j0, oi + j0, oi + half + j0, cs, sn, j1 - j0, sign);
+            }
+    }
+}
+
+void kiln_k_rope_freq(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos0,
+                      const float *inv, bool inverse) {
     int64_t half = D / 2, rows = B * T * H;
     float sign = inverse ? -1.0f : 1.0f;
     bool par = rows * D > KILN_ROPE_PAR;
@@ -48,8 +94,7 @@ void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, in
         {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < T; t++)
-                rope_table(tab + 2 * t * half, tab + (2 * t + 1) * half, 0, half, D, pos0 + t,
-                           theta);
+                rope_table(tab + 2 * t * half, tab + (2 * t + 1) * half, 0, half, pos0 + t, inv);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < rows; i++) {
                 int64_t t = (i / H) % T;
@@ -62,19 +107,28 @@ void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, in
         free(tab);
         return;
     }
-    /* out of memory: a block of one position's table at a time (same values) */
-    float cs[KILN_ROPE_BLK], sn[KILN_ROPE_BLK];
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
-            int64_t j1 = j0 + KILN_ROPE_BLK < half ? j0 + KILN_ROPE_BLK : half;
-            rope_table(cs, sn, j0, j1, D, pos0 + t, theta);
-            for (int64_t b = 0; b < B; b++)
-                for (int64_t h = 0; h < H; h++) {
-                    int64_t i = (b * T + t) * H + h;
-                    const float *xi = x + i * D;
-                    float *oi = out + i * D;
-                    rope_pairs(xi + j0, xi + half + j0, oi + j0, oi + half + j0, cs, sn,
-                               j1 - j0, sign);
-                }
-        }
+    for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
+        int64_t j1 = j0 + KILN_ROPE_BLK < half ? j0 + KILN_ROPE_BLK : half;
+        rope_block(x, out, B, T, H, D, pos0, inv + j0, j0, j1, sign);
+    }
+}
+
+void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
+                 int64_t pos0, float theta, bool inverse) {
+    int64_t half = D / 2;
+    if (half <= 0) return;
+    float *inv = malloc((size_t)half * sizeof(float));
+    if (inv) {
+        kiln_k_rope_inv_freq(D, theta, KILN_K_ROPE_DEFAULT, 1, 1, 1, 1, inv);
+        kiln_k_rope_freq(x, out, B, T, H, D, pos0, inv, inverse);
+        free(inv);
+        return;
+    }
+    /* out of memory: the frequencies a block at a time */
+    float blk[KILN_ROPE_BLK];
+    for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
+        int64_t j1 = j0 + KILN_ROPE_BLK < half ? j0 + KILN_ROPE_BLK : half;
+        for (int64_t j = j0; j < j1; j++) blk[j - j0] = (float)(1.0 / pow((double)theta, (double)(2 * j) / (double)D));
+        rope_block(x, out, B, T, H, D, pos0, blk, j0, j1, inverse ? -1.0f : 1.0f);
+    }
 }

@@ -1,5 +1,6 @@
 /* Neural-network ops: normalisation, rotary embedding, attention pieces,
  * softmax and the loss. */
+#include <stdlib.h>
 #include "internal.h"
 
 static kiln_status need_ok(const kiln_bw_ctx *c, kiln_tensor **gin) {
@@ -71,20 +72,43 @@ const kiln_op_def kiln_opdef_rmsnorm_bwd_w = {.name = "rmsnorm_backward_w", .n_i
                                               .forward = rmsbw_fwd, .flops = rms_flops};
 
 /* ---- rope ------------------------------------------------------------------ */
+static double attr_f64(int64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+static int64_t f64_attr(double d) {
+    int64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
 static kiln_status rope_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (in[0].ndim != 4 || in[0].dtype != KILN_F32 || in[0].shape[3] % 2)
         return kiln_op_shape_error("rope", in, 1, "need x [B, T, H, D] f32 with even D");
     if (!(a->f[0] > 0) || a->i[0] < 0) return kiln_op_shape_error("rope", in, 1, "theta must be > 0 and pos0 >= 0");
+    if (a->i[2] < KILN_ROPE_DEFAULT || a->i[2] > KILN_ROPE_LLAMA3 || (a->i[2] && !(a->f[1] > 0)) ||
+        (a->i[2] == KILN_ROPE_LLAMA3 && (a->i[3] <= 0 || !(attr_f64(a->i[4]) > 0) || !(attr_f64(a->i[5]) > attr_f64(a->i[4])))))
+        return kiln_op_shape_error("rope", in, 1, "bad rope scaling (type %lld, factor %g)", (long long)a->i[2], a->f[1]);
     *out = in[0];
     return KILN_OK;
 }
 static kiln_status rope_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
     const int64_t *s = in[0]->shape;
-    kiln_k_rope(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], (float)a->f[0], a->i[1] != 0);
+    if (!a->i[2]) {
+        kiln_k_rope(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], (float)a->f[0], a->i[1] != 0);
+        return KILN_OK;
+    }
+    float *inv = malloc((size_t)(s[3] / 2 ? s[3] / 2 : 1) * sizeof(float));
+    if (!inv) return kiln_error(KILN_ERR_OOM, "rope: out of memory for %lld frequencies", (long long)(s[3] / 2));
+    kiln_k_rope_inv_freq(s[3], (float)a->f[0], (int)a->i[2], a->f[1], attr_f64(a->i[4]), attr_f64(a->i[5]), a->i[3], inv);
+    kiln_k_rope_freq(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], inv, a->i[1] != 0);
+    free(inv);
     return KILN_OK;
 }
 static kiln_status rope_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
-    gin[0] = kiln_rope(g, c->attrs.f[0], c->attrs.i[0], !c->attrs.i[1]);
+    kiln_attrs a = c->attrs; /* the same rotation backwards: the transpose */
+    a.i[1] = !a.i[1];
+    gin[0] = kiln_op_call(KILN_OP_ROPE, &g, 1, &a);
     return need_ok(c, gin);
 }
 static double rope_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
@@ -280,6 +304,13 @@ kiln_tensor *kiln_rmsnorm_backward_w(kiln_tensor *x, kiln_tensor *w, kiln_tensor
 }
 kiln_tensor *kiln_rope(kiln_tensor *x, double theta, int64_t pos0, bool inverse) {
     kiln_attrs a = {.i = {pos0, inverse}, .f = {theta}};
+    return kiln_op_call(KILN_OP_ROPE, &x, 1, &a);
+}
+kiln_tensor *kiln_rope_scaled(kiln_tensor *x, double theta, int64_t pos0, bool inverse, const kiln_rope_scaling *s) {
+    if (!s || s->type == KILN_ROPE_DEFAULT) return kiln_rope(x, theta, pos0, inverse);
+    kiln_attrs a = {.i = {pos0, inverse, s->type, s->original_max_position_embeddings, f64_attr(s->low_freq_factor),
+                          f64_attr(s->high_freq_factor)},
+                    .f = {theta, s->factor}};
     return kiln_op_call(KILN_OP_ROPE, &x, 1, &a);
 }
 kiln_tensor *kiln_repeat_kv(kiln_tensor *x, int64_t n_rep) {
