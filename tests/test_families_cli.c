@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "kiln/model.h"
+#include "kiln/train.h"
 #include "test.h"
 
 static char kiln[1024], dir[256];
@@ -123,6 +125,60 @@ static void other_commands(void) {
           "compile --explain on a model beyond memory refused (rc %d)", rc);
 }
 
+static int train_with(const char *data, const char *tok, const char *config, const char *run, const char *seq) {
+    return run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", config, "--run-dir", run, "--steps",
+                                     "2", "--seq-len", seq, "--batch", "1", "--no-plot", "--eval-every", "0", NULL});
+}
+
+/* Families: refused fields name the file, field and value; a Qwen3 config
+ * trains and is saved as Qwen3 (its q/k norms in the weights). */
+static void families(const char *data, const char *tok) {
+    char cfg[512], run[512];
+    const char *base = "\"vocab_size\": 300, \"hidden_size\": 32, \"intermediate_size\": 40, \"num_hidden_layers\": 1,"
+                       " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 64";
+    char json[1024];
+    snprintf(run, sizeof run, "%s/famrun", dir);
+    snprintf(cfg, sizeof cfg, "%s/yarn.json", dir);
+    snprintf(json, sizeof json, "{\"model_type\": \"qwen2\", %s, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}}", base);
+    write_text(cfg, json);
+    int rc = train_with(data, tok, cfg, run, "16");
+    CHECK(rc == 1 && output_has((const char *[]){cfg, "rope_scaling", "\"yarn\"", NULL}), "rope_scaling yarn refused (rc %d)", rc);
+    snprintf(cfg, sizeof cfg, "%s/gemma.json", dir);
+    snprintf(json, sizeof json, "{\"model_type\": \"gemma\", %s}", base);
+    write_text(cfg, json);
+    rc = train_with(data, tok, cfg, run, "16");
+    CHECK(rc == 1 && output_has((const char *[]){cfg, "model_type", "\"gemma\"", NULL}), "model_type gemma refused (rc %d)", rc);
+    snprintf(cfg, sizeof cfg, "%s/mistral.json", dir);
+    snprintf(json, sizeof json, "{\"model_type\": \"mistral\", %s, \"sliding_window\": 8}", base);
+    write_text(cfg, json);
+    rc = train_with(data, tok, cfg, run, "16");
+    CHECK(rc == 1 && output_has((const char *[]){"--seq-len 16", "sliding_window 8", NULL}),
+          "--seq-len beyond mistral's sliding_window refused at start (rc %d)", rc);
+
+    snprintf(cfg, sizeof cfg, "%s/qwen3.json", dir);
+    snprintf(json, sizeof json,
+             "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", %s, \"head_dim\": 16,"
+             " \"tie_word_embeddings\": true, \"rope_theta\": 1000000.0, \"torch_dtype\": \"bfloat16\"}",
+             base);
+    write_text(cfg, json);
+    rc = train_with(data, tok, cfg, run, "16");
+    CHECK(rc == 0, "a qwen3 config.json trains (rc %d)", rc);
+    char path[600];
+    snprintf(path, sizeof path, "%s/config.json", run);
+    kiln_llama_config c;
+    CHECK(kiln_llama_config_load(path, &c) == KILN_OK && c.family == KILN_FAMILY_QWEN3 && c.head_dim == 16 &&
+              c.hidden_size == 32 && c.tie_word_embeddings,
+          "the run's config.json is still qwen3 with head_dim 16: %s", kiln_last_error());
+    char *text = NULL;
+    size_t n;
+    CHECK(kiln_read_file(path, &text, &n) == KILN_OK && strstr(text, "Qwen3ForCausalLM"), "architectures Qwen3ForCausalLM saved");
+    free(text);
+    kiln_llama *m = NULL;
+    CHECK(kiln_load_model_dir(run, &m) == KILN_OK && m && kiln_llama_param(m, "model.layers.0.self_attn.q_norm.weight"),
+          "the saved weights hold qwen3's q_norm: %s", kiln_last_error());
+    kiln_llama_free(m);
+}
+
 int main(int argc, char **argv) {
     (void)argc;
     char self[1024];
@@ -148,6 +204,7 @@ int main(int argc, char **argv) {
     CHECK(run_kiln((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
     train_refuses(data, tok);
     other_commands();
+    families(data, tok);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);

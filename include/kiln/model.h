@@ -16,13 +16,33 @@
 extern "C" {
 #endif
 
+/* The Hugging Face model families kiln builds from one model code: the
+ * differences are switches (biases, q/k norms, window), not copies. */
+typedef enum { KILN_FAMILY_LLAMA, KILN_FAMILY_MISTRAL, KILN_FAMILY_QWEN2, KILN_FAMILY_QWEN3 } kiln_family;
+
+#define KILN_MAX_EOS 8
+
 typedef struct {
+    kiln_family family; /* model_type: llama, mistral, qwen2, qwen3 */
     int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers;
     int64_t num_attention_heads, num_key_value_heads, max_position_embeddings;
-    int64_t head_dim; /* hidden_size / num_attention_heads unless given */
+    int64_t head_dim; /* may differ from hidden_size / num_attention_heads */
     double rms_norm_eps, rope_theta;
+    kiln_rope_scaling rope_scaling; /* rope_scaling: null, linear or llama3 */
+    double initializer_range;       /* std of the initial weights */
     bool tie_word_embeddings;
+    bool attention_bias; /* llama, qwen3: biases on q, k, v and o (qwen2 has q/k/v biases always) */
+    bool mlp_bias;       /* llama: biases on gate, up and down */
+    /* mistral: sliding_window (0 = null); qwen2/qwen3: sliding_window,
+     * use_sliding_window and max_window_layers as written (the window
+     * applies to layers >= max_window_layers when use_sliding_window) */
+    int64_t sliding_window, max_window_layers;
+    bool use_sliding_window;
     int64_t bos_token_id, eos_token_id, pad_token_id; /* -1: not set */
+    /* eos_token_id given as a list: its other entries (eos_token_id holds the first) */
+    bool eos_is_list;
+    int n_eos_more;
+    int64_t eos_more[KILN_MAX_EOS - 1];
 } kiln_llama_config;
 
 /* Fills defaults that HF uses (eps 1e-6, theta 10000, untied...). */
@@ -34,7 +54,22 @@ kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c);
 kiln_status kiln_llama_config_resolve(const char *name_or_path, kiln_llama_config *c);
 bool kiln_llama_config_is_preset(const char *name_or_path);
 kiln_status kiln_llama_config_validate(const kiln_llama_config *c);
-/* Parses config.json text (path only names the source in errors). */
+/* model_type and the architectures entry of a family ("llama",
+ * "LlamaForCausalLM"). */
+const char *kiln_family_name(kiln_family f);
+const char *kiln_family_architecture(kiln_family f);
+/* The attention window (sliding_window where this config's attention uses
+ * one, else 0). kiln does not implement windowed attention: a forward over
+ * more positions than this is refused. */
+int64_t kiln_llama_config_window(const kiln_llama_config *c);
+/* true when id is eos_token_id or one of the list's other entries */
+bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id);
+/* Field by field (padding bytes are not part of a config). */
+bool kiln_llama_config_equal(const kiln_llama_config *a, const kiln_llama_config *b);
+/* Parses config.json text (path only names the source in errors). Every
+ * field must be one kiln implements for the model_type, or one of a short
+ * list it ignores on purpose (torch_dtype, transformers_version, use_cache,
+ * ...); anything else is refused naming the file and the field. */
 kiln_status kiln_llama_config_parse(const char *json, const char *source, kiln_llama_config *c);
 kiln_status kiln_llama_config_load(const char *path, kiln_llama_config *c);
 /* JSON text (malloc'd) with HF field names; written atomically by _save. */
@@ -44,6 +79,9 @@ kiln_status kiln_llama_config_save(const char *path, const kiln_llama_config *c)
 typedef struct {
     kiln_tensor *input_layernorm, *q_proj, *k_proj, *v_proj, *o_proj;
     kiln_tensor *post_attention_layernorm, *gate_proj, *up_proj, *down_proj;
+    /* NULL where the family has none */
+    kiln_tensor *q_bias, *k_bias, *v_bias, *o_bias, *gate_bias, *up_bias, *down_bias;
+    kiln_tensor *q_norm, *k_norm; /* qwen3: RMSNorm weights [head_dim] */
 } kiln_llama_layer;
 
 typedef struct {

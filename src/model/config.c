@@ -1,4 +1,5 @@
-/* LlamaConfig <-> config.json, with Hugging Face field names. */
+/* The model configuration: defaults, presets, validation and config.json
+ * output with Hugging Face field names (parsing: config_parse.c). */
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -7,13 +8,59 @@
 #include <string.h>
 #include "kiln/model.h"
 
+static const char *const family_names[] = {"llama", "mistral", "qwen2", "qwen3"};
+static const char *const family_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+
+const char *kiln_family_name(kiln_family f) { return (unsigned)f < 4 ? family_names[f] : "?"; }
+const char *kiln_family_architecture(kiln_family f) { return (unsigned)f < 4 ? family_archs[f] : "?"; }
+
 void kiln_llama_config_default(kiln_llama_config *c) {
-    *c = (kiln_llama_config){
-        .vocab_size = 32000, .hidden_size = 4096, .intermediate_size = 11008, .num_hidden_layers = 32,
-        .num_attention_heads = 32, .num_key_value_heads = 0, .max_position_embeddings = 2048, .head_dim = 0,
-        .rms_norm_eps = 1e-6, .rope_theta = 10000.0, .tie_word_embeddings = false,
-        .bos_token_id = -1, .eos_token_id = -1, .pad_token_id = -1,
-    };
+    memset(c, 0, sizeof *c); /* padding too: configs are compared and hashed */
+    c->family = KILN_FAMILY_LLAMA;
+    c->vocab_size = 32000, c->hidden_size = 4096, c->intermediate_size = 11008, c->num_hidden_layers = 32;
+    c->num_attention_heads = 32, c->num_key_value_heads = 0, c->max_position_embeddings = 2048, c->head_dim = 0;
+    c->rms_norm_eps = 1e-6, c->rope_theta = 10000.0, c->initializer_range = 0.02;
+    c->rope_scaling = (kiln_rope_scaling){.type = KILN_ROPE_DEFAULT, .factor = 1, .low_freq_factor = 1, .high_freq_factor = 4,
+                                          .original_max_position_embeddings = 8192};
+    c->bos_token_id = -1, c->eos_token_id = -1, c->pad_token_id = -1;
+}
+
+int64_t kiln_llama_config_window(const kiln_llama_config *c) {
+    switch (c->family) {
+    case KILN_FAMILY_MISTRAL: return c->sliding_window;
+    case KILN_FAMILY_QWEN2:
+    case KILN_FAMILY_QWEN3: /* HF: layers >= max_window_layers slide when use_sliding_window */
+        return c->use_sliding_window && c->max_window_layers < c->num_hidden_layers ? c->sliding_window : 0;
+    default: return 0;
+    }
+}
+
+bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id) {
+    if (id < 0) return false;
+    if (id == c->eos_token_id) return true;
+    for (int i = 0; i < c->n_eos_more; i++)
+        if (c->eos_more[i] == id) return true;
+    return false;
+}
+
+bool kiln_llama_config_equal(const kiln_llama_config *a, const kiln_llama_config *b) {
+    const kiln_rope_scaling *r = &a->rope_scaling, *q = &b->rope_scaling;
+    bool rope = r->type == q->type &&
+                (r->type == KILN_ROPE_DEFAULT ||
+                 (r->factor == q->factor && (r->type == KILN_ROPE_LINEAR ||
+                                             (r->low_freq_factor == q->low_freq_factor && r->high_freq_factor == q->high_freq_factor &&
+                                              r->original_max_position_embeddings == q->original_max_position_embeddings))));
+    bool eos = a->eos_token_id == b->eos_token_id && a->eos_is_list == b->eos_is_list && a->n_eos_more == b->n_eos_more;
+    for (int i = 0; eos && i < a->n_eos_more; i++) eos = a->eos_more[i] == b->eos_more[i];
+    return rope && eos && a->family == b->family && a->vocab_size == b->vocab_size && a->hidden_size == b->hidden_size &&
+           a->intermediate_size == b->intermediate_size && a->num_hidden_layers == b->num_hidden_layers &&
+           a->num_attention_heads == b->num_attention_heads && a->num_key_value_heads == b->num_key_value_heads &&
+           a->max_position_embeddings == b->max_position_embeddings && a->head_dim == b->head_dim &&
+           a->rms_norm_eps == b->rms_norm_eps && a->rope_theta == b->rope_theta &&
+           a->initializer_range == b->initializer_range && a->tie_word_embeddings == b->tie_word_embeddings &&
+           a->attention_bias == b->attention_bias && a->mlp_bias == b->mlp_bias && a->sliding_window == b->sliding_window &&
+           a->max_window_layers == b->max_window_layers && a->use_sliding_window == b->use_sliding_window &&
+           a->bos_token_id == b->bos_token_id && a->pad_token_id == b->pad_token_id;
 }
 
 kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c) {
@@ -60,19 +107,39 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
     if (c->num_hidden_layers > 65536) /* the parameter list is indexed by int */
         return kiln_error(KILN_ERR_INVALID, "config: num_hidden_layers %lld is above kiln's limit of 65536",
                           (long long)c->num_hidden_layers);
-    if (c->head_dim * c->num_attention_heads != c->hidden_size)
-        return kiln_error(KILN_ERR_INVALID,
-                          "config: hidden_size %lld is not num_attention_heads %lld x head_dim %lld (kiln needs them equal)",
-                          (long long)c->hidden_size, (long long)c->num_attention_heads, (long long)c->head_dim);
+    if ((unsigned)c->family > KILN_FAMILY_QWEN3) return kiln_error(KILN_ERR_INVALID, "config: unknown model family %d", (int)c->family);
+    if (c->sliding_window < 0 || c->sliding_window > (1ll << 31) || c->max_window_layers < 0 || c->max_window_layers > (1ll << 31))
+        return kiln_error(KILN_ERR_INVALID, "config: sliding_window %lld / max_window_layers %lld must be integers in [0, 2^31]",
+                          (long long)c->sliding_window, (long long)c->max_window_layers);
     if (c->num_attention_heads % c->num_key_value_heads)
         return kiln_error(KILN_ERR_INVALID, "config: num_key_value_heads %lld does not divide num_attention_heads %lld",
                           (long long)c->num_key_value_heads, (long long)c->num_attention_heads);
     if (c->head_dim % 2) return kiln_error(KILN_ERR_INVALID, "config: head_dim %lld must be even for rotary embeddings", (long long)c->head_dim);
-    struct { const char *name; double v; } fl[] = {{"rms_norm_eps", c->rms_norm_eps}, {"rope_theta", c->rope_theta}};
+    const kiln_rope_scaling *rs = &c->rope_scaling;
+    struct { const char *name; double v; } fl[] = {{"rms_norm_eps", c->rms_norm_eps}, {"rope_theta", c->rope_theta},
+                                                   {"initializer_range", c->initializer_range},
+                                                   {"rope_scaling.factor", rs->factor},
+                                                   {"rope_scaling.low_freq_factor", rs->low_freq_factor},
+                                                   {"rope_scaling.high_freq_factor", rs->high_freq_factor}};
     for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) /* used as float32: positive and finite there too */
         if (!isfinite(fl[i].v) || !(fl[i].v > 0) || fl[i].v > FLT_MAX || !((float)fl[i].v > 0))
             return kiln_error(KILN_ERR_INVALID, "config: %s must be a positive number representable as a float32, got %.17g",
                               fl[i].name, fl[i].v);
+    if (rs->type < KILN_ROPE_DEFAULT || rs->type > KILN_ROPE_LLAMA3)
+        return kiln_error(KILN_ERR_INVALID, "config: unknown rope_scaling type %d", (int)rs->type);
+    if (rs->type == KILN_ROPE_LLAMA3 && !(rs->high_freq_factor > rs->low_freq_factor))
+        return kiln_error(KILN_ERR_INVALID, "config: rope_scaling.high_freq_factor %.17g must be above low_freq_factor %.17g",
+                          rs->high_freq_factor, rs->low_freq_factor);
+    if (rs->type == KILN_ROPE_LLAMA3 &&
+        (rs->original_max_position_embeddings <= 0 || rs->original_max_position_embeddings > (1ll << 31)))
+        return kiln_error(KILN_ERR_INVALID, "config: rope_scaling.original_max_position_embeddings must be a positive integer below 2^31, got %lld",
+                          (long long)rs->original_max_position_embeddings);
+    if (c->n_eos_more < 0 || c->n_eos_more > KILN_MAX_EOS - 1 || (c->n_eos_more && !c->eos_is_list))
+        return kiln_error(KILN_ERR_INVALID, "config: eos_token_id list of %d entries (at most %d)", c->n_eos_more + 1, KILN_MAX_EOS);
+    for (int i = 0; i < c->n_eos_more; i++)
+        if (c->eos_more[i] < 0 || c->eos_more[i] >= c->vocab_size)
+            return kiln_error(KILN_ERR_INVALID, "config: eos_token_id entry %lld is outside the vocabulary (%lld)",
+                              (long long)c->eos_more[i], (long long)c->vocab_size);
     int64_t ids[3] = {c->bos_token_id, c->eos_token_id, c->pad_token_id};
     const char *idn[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
     for (int i = 0; i < 3; i++)
@@ -84,132 +151,27 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
     return st ? kiln_error_context(st, "config") : KILN_OK;
 }
 
-/* A JSON number as written, for messages: integers exactly, reals in the
- * shortest form that reads back ("5e+121", "1.5"). */
-static const char *num_str(json_t *v, char *buf, size_t n) {
-    if (json_is_integer(v)) snprintf(buf, n, "%lld", (long long)json_integer_value(v));
-    else if (json_is_real(v)) {
-        double d = json_real_value(v);
-        for (int prec = 6; prec <= 17; prec++) {
-            snprintf(buf, n, "%.*g", prec, d);
-            if (strtod(buf, NULL) == d) break;
-        }
-    } else if (json_is_string(v)) snprintf(buf, n, "\"%.60s\"", json_string_value(v));
-    else snprintf(buf, n, "%s", json_is_true(v) ? "true" : json_is_false(v) ? "false" : json_is_null(v) ? "null" : "an object or array");
-    return buf;
+static json_t *rope_scaling_json(const kiln_rope_scaling *r) {
+    if (r->type == KILN_ROPE_DEFAULT) return json_null();
+    json_t *o = json_object();
+    json_object_set_new(o, "rope_type", json_string(r->type == KILN_ROPE_LINEAR ? "linear" : "llama3"));
+    json_object_set_new(o, "factor", json_real(r->factor));
+    if (r->type == KILN_ROPE_LLAMA3) {
+        json_object_set_new(o, "low_freq_factor", json_real(r->low_freq_factor));
+        json_object_set_new(o, "high_freq_factor", json_real(r->high_freq_factor));
+        json_object_set_new(o, "original_max_position_embeddings", json_integer(r->original_max_position_embeddings));
+    }
+    return o;
 }
 
-/* Integer fields: a JSON integer, or a real with an integral value inside
- * +-2^53 (where doubles still count exactly: "64.0" is fine, "5e121" and
- * "1.5" are not). Checked before any conversion, so nothing out of range is
- * ever cast. */
-static kiln_status json_int(json_t *v, const char *src, const char *key, int64_t *out) {
-    char b[64];
-    if (json_is_integer(v)) {
-        *out = (int64_t)json_integer_value(v);
-        return KILN_OK;
-    }
-    if (json_is_real(v)) {
-        double d = json_real_value(v);
-        if (isfinite(d) && d == floor(d) && fabs(d) <= 9007199254740992.0) {
-            *out = (int64_t)d;
-            return KILN_OK;
-        }
-        return kiln_error(KILN_ERR_INVALID, "%s: field %s must be an integer, got %s", src, key, num_str(v, b, sizeof b));
-    }
-    return kiln_error(KILN_ERR_INVALID, "%s: field %s must be an integer, got %s", src, key, num_str(v, b, sizeof b));
-}
-
-static kiln_status get_int(json_t *root, const char *src, const char *key, bool required, int64_t *out) {
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        return required ? kiln_error(KILN_ERR_INVALID, "%s: missing field %s", src, key) : KILN_OK;
-    }
-    return json_int(v, src, key, out);
-}
-
-/* Float fields are used as float32 (the kernels' and the generated code's
- * type): the value must be finite and positive both as written and once
- * rounded to float, so 1e300 (inf as a float) and 1e-50 (0 as a float) are
- * refused here with the file and field named, not turned into inf/0 later. */
-static kiln_status json_pos_float(json_t *v, const char *src, const char *key, double *out) {
-    char b[64];
-    if (!json_is_number(v)) return kiln_error(KILN_ERR_INVALID, "%s: field %s must be a number, got %s", src, key, num_str(v, b, sizeof b));
-    double d = json_number_value(v);
-    if (!isfinite(d) || !(d > 0) || d > FLT_MAX || !((float)d > 0))
-        return kiln_error(KILN_ERR_INVALID, "%s: field %s must be a positive number representable as a float32, got %s", src, key,
-                          num_str(v, b, sizeof b));
-    *out = d;
-    return KILN_OK;
-}
-
-static kiln_status get_num(json_t *root, const char *src, const char *key, double *out) {
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) return KILN_OK;
-    return json_pos_float(v, src, key, out);
-}
-
-kiln_status kiln_llama_config_parse(const char *text, const char *src, kiln_llama_config *c) {
-    json_error_t err;
-    json_t *root = json_loads(text, 0, &err);
-    if (!root) return kiln_error(KILN_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", src, err.line, err.column, err.text);
-    kiln_status st = KILN_OK;
-    if (!json_is_object(root)) {
-        st = kiln_error(KILN_ERR_FORMAT, "%s: top level must be a JSON object", src);
-        goto done;
-    }
-    kiln_llama_config_default(c);
-    struct { const char *k; int64_t *v; bool req; } ints[] = {
-        {"vocab_size", &c->vocab_size, true}, {"hidden_size", &c->hidden_size, true},
-        {"intermediate_size", &c->intermediate_size, true}, {"num_hidden_layers", &c->num_hidden_layers, true},
-        {"num_attention_heads", &c->num_attention_heads, true}, {"num_key_value_heads", &c->num_key_value_heads, false},
-        {"max_position_embeddings", &c->max_position_embeddings, false}, {"head_dim", &c->head_dim, false},
-        {"bos_token_id", &c->bos_token_id, false}, {"eos_token_id", &c->eos_token_id, false},
-        {"pad_token_id", &c->pad_token_id, false},
-    };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !st; i++) st = get_int(root, src, ints[i].k, ints[i].req, ints[i].v);
-    if (!st) st = get_num(root, src, "rms_norm_eps", &c->rms_norm_eps);
-    if (!st) st = get_num(root, src, "rope_theta", &c->rope_theta);
-    if (st) goto done;
-    json_t *tie = json_object_get(root, "tie_word_embeddings");
-    if (tie && !json_is_boolean(tie)) {
-        st = kiln_error(KILN_ERR_INVALID, "%s: field tie_word_embeddings must be true or false", src);
-        goto done;
-    }
-    c->tie_word_embeddings = tie && json_is_true(tie);
-    json_t *act = json_object_get(root, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu"))) {
-        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: hidden_act must be \"silu\" (Llama)", src);
-        goto done;
-    }
-    json_t *rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: rope_scaling is not supported", src);
-        goto done;
-    }
-    if (c->num_key_value_heads == 0) c->num_key_value_heads = c->num_attention_heads;
-    if (c->head_dim == 0 && c->num_attention_heads > 0) c->head_dim = c->hidden_size / c->num_attention_heads;
-    st = kiln_llama_config_validate(c);
-    if (st) kiln_error_context(st, "%s", src);
-done:
-    json_decref(root);
-    return st;
-}
-
-kiln_status kiln_llama_config_load(const char *path, kiln_llama_config *c) {
-    char *text;
-    size_t n;
-    kiln_status st = kiln_read_file(path, &text, &n);
-    if (st) return st;
-    st = kiln_llama_config_parse(text, path, c);
-    free(text);
-    return st;
-}
-
+/* Every field the family's Hugging Face config class reads, so that
+ * library builds the model kiln trained (same model_type, architecture,
+ * biases, norms, rope scaling and window). */
 char *kiln_llama_config_to_json(const kiln_llama_config *c) {
     json_t *o = json_object();
-    json_object_set_new(o, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-    json_object_set_new(o, "model_type", json_string("llama"));
+    if (!o) return NULL;
+    json_object_set_new(o, "architectures", json_pack("[s]", kiln_family_architecture(c->family)));
+    json_object_set_new(o, "model_type", json_string(kiln_family_name(c->family)));
     json_object_set_new(o, "hidden_act", json_string("silu"));
     json_object_set_new(o, "torch_dtype", json_string("float32"));
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
@@ -222,13 +184,34 @@ char *kiln_llama_config_to_json(const kiln_llama_config *c) {
     json_object_set_new(o, "max_position_embeddings", json_integer(c->max_position_embeddings));
     json_object_set_new(o, "rms_norm_eps", json_real(c->rms_norm_eps));
     json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(o, "rope_scaling", rope_scaling_json(&c->rope_scaling));
+    json_object_set_new(o, "initializer_range", json_real(c->initializer_range));
     json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-    json_object_set_new(o, "attention_bias", json_false());
-    json_object_set_new(o, "mlp_bias", json_false());
+    json_object_set_new(o, "attention_dropout", json_real(0.0));
+    json_object_set_new(o, "use_cache", json_true());
+    if (c->family == KILN_FAMILY_LLAMA || c->family == KILN_FAMILY_QWEN3)
+        json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+    if (c->family == KILN_FAMILY_LLAMA) {
+        json_object_set_new(o, "mlp_bias", json_boolean(c->mlp_bias));
+        json_object_set_new(o, "pretraining_tp", json_integer(1)); /* read and ignored: it only splits HF's matmuls */
+    }
+    if (c->family != KILN_FAMILY_LLAMA)
+        json_object_set_new(o, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null());
+    if (c->family == KILN_FAMILY_QWEN2 || c->family == KILN_FAMILY_QWEN3) {
+        json_object_set_new(o, "use_sliding_window", json_boolean(c->use_sliding_window));
+        json_object_set_new(o, "max_window_layers", json_integer(c->max_window_layers));
+    }
     if (c->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(c->bos_token_id));
-    if (c->eos_token_id >= 0) json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
+    if (c->eos_is_list) {
+        json_t *l = json_array();
+        if (c->eos_token_id >= 0) json_array_append_new(l, json_integer(c->eos_token_id));
+        for (int i = 0; i < c->n_eos_more; i++) json_array_append_new(l, json_integer(c->eos_more[i]));
+        json_object_set_new(o, "eos_token_id", l);
+    } else if (c->eos_token_id >= 0) {
+        json_object_set_new(o, "eos_token_id", json_integer(c->eos_token_id));
+    }
     if (c->pad_token_id >= 0) json_object_set_new(o, "pad_token_id", json_integer(c->pad_token_id));
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(o);
     return s;
 }

@@ -18,33 +18,48 @@ typedef struct {
     char name[96];
     int ndim;
     int64_t shape[2];
-    enum { INIT_NORMAL, INIT_ONES } init;
+    enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } init; /* HF: weights normal, norms one, biases zero */
     kiln_tensor **slot;
 } pspec;
 
-#define PSPEC_MAX 16
+#define PSPEC_MAX 20
 
-/* The parameters of layer l (ly may be NULL when only sizes are wanted). */
+/* The parameters of layer l (ly may be NULL when only sizes are wanted):
+ * the Llama layer, plus the family's switches: q/k/v(/o) biases, MLP
+ * biases, per-head q/k RMSNorm weights. */
 static int layer_specs(const kiln_llama_config *c, kiln_llama_layer *ly, int64_t l, pspec *o) {
-    int64_t C = c->hidden_size, I = c->intermediate_size;
-    int64_t qd = c->num_attention_heads * c->head_dim, kd = c->num_key_value_heads * c->head_dim;
+    int64_t C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
+    int64_t qd = c->num_attention_heads * D, kd = c->num_key_value_heads * D;
+    bool qkv_b = c->attention_bias || c->family == KILN_FAMILY_QWEN2, o_b = c->attention_bias;
+    bool mlp_b = c->mlp_bias, qk_norm = c->family == KILN_FAMILY_QWEN3;
     int n = 0;
 #define S(field, part, ini, nd, d0, d1)                                                                  \
     do {                                                                                              \
-        snprintf(o[n].name, sizeof o[n].name, "model.layers.%lld.%s.weight", (long long)l, part);       \
+        snprintf(o[n].name, sizeof o[n].name, "model.layers.%lld.%s", (long long)l, part);              \
         o[n].ndim = nd, o[n].shape[0] = d0, o[n].shape[1] = d1, o[n].init = ini;                      \
         o[n].slot = ly ? &ly->field : NULL;                                                           \
         n++;                                                                                          \
     } while (0)
-    S(input_layernorm, "input_layernorm", INIT_ONES, 1, C, 0);
-    S(q_proj, "self_attn.q_proj", INIT_NORMAL, 2, qd, C);
-    S(k_proj, "self_attn.k_proj", INIT_NORMAL, 2, kd, C);
-    S(v_proj, "self_attn.v_proj", INIT_NORMAL, 2, kd, C);
-    S(o_proj, "self_attn.o_proj", INIT_NORMAL, 2, C, qd);
-    S(post_attention_layernorm, "post_attention_layernorm", INIT_ONES, 1, C, 0);
-    S(gate_proj, "mlp.gate_proj", INIT_NORMAL, 2, I, C);
-    S(up_proj, "mlp.up_proj", INIT_NORMAL, 2, I, C);
-    S(down_proj, "mlp.down_proj", INIT_NORMAL, 2, C, I);
+    S(input_layernorm, "input_layernorm.weight", INIT_ONES, 1, C, 0);
+    S(q_proj, "self_attn.q_proj.weight", INIT_NORMAL, 2, qd, C);
+    if (qkv_b) S(q_bias, "self_attn.q_proj.bias", INIT_ZEROS, 1, qd, 0);
+    S(k_proj, "self_attn.k_proj.weight", INIT_NORMAL, 2, kd, C);
+    if (qkv_b) S(k_bias, "self_attn.k_proj.bias", INIT_ZEROS, 1, kd, 0);
+    S(v_proj, "self_attn.v_proj.weight", INIT_NORMAL, 2, kd, C);
+    if (qkv_b) S(v_bias, "self_attn.v_proj.bias", INIT_ZEROS, 1, kd, 0);
+    S(o_proj, "self_attn.o_proj.weight", INIT_NORMAL, 2, C, qd);
+    if (o_b) S(o_bias, "self_attn.o_proj.bias", INIT_ZEROS, 1, C, 0);
+    if (qk_norm) {
+        S(q_norm, "self_attn.q_norm.weight", INIT_ONES, 1, D, 0);
+        S(k_norm, "self_attn.k_norm.weight", INIT_ONES, 1, D, 0);
+    }
+    S(post_attention_layernorm, "post_attention_layernorm.weight", INIT_ONES, 1, C, 0);
+    S(gate_proj, "mlp.gate_proj.weight", INIT_NORMAL, 2, I, C);
+    if (mlp_b) S(gate_bias, "mlp.gate_proj.bias", INIT_ZEROS, 1, I, 0);
+    S(up_proj, "mlp.up_proj.weight", INIT_NORMAL, 2, I, C);
+    if (mlp_b) S(up_bias, "mlp.up_proj.bias", INIT_ZEROS, 1, I, 0);
+    S(down_proj, "mlp.down_proj.weight", INIT_NORMAL, 2, C, I);
+    if (mlp_b) S(down_bias, "mlp.down_proj.bias", INIT_ZEROS, 1, C, 0);
 #undef S
     return n;
 }
@@ -104,7 +119,8 @@ static kiln_tensor *new_param(kiln_llama *m, const pspec *p, float std, uint64_t
         kiln_rng rng = {seed, (uint64_t)m->n_params << 40};
         kiln_rng_normal(&rng, kiln_f32(t), n, 0.0f, std);
     } else {
-        for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = 1.0f;
+        float v = p->init == INIT_ONES ? 1.0f : 0.0f;
+        for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = v;
     }
     m->params[m->n_params++] = t;
     *p->slot = t;
@@ -137,7 +153,7 @@ kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
     m->layers = calloc((size_t)L, sizeof *m->layers);
     m->params = calloc((size_t)L * PSPEC_MAX + PSPEC_MAX, sizeof *m->params);
     if (!m->layers || !m->params) goto oom;
-    const float s = 0.02f;
+    const float s = (float)c->initializer_range; /* HF: normal(0, initializer_range) */
     /* creation order = the params order: embedding, layers, norm, lm_head */
     int no = outer_specs(c, m, sp);
     if (!new_param(m, &sp[0], s, seed)) goto oom;
@@ -267,12 +283,21 @@ static kiln_tensor *cache_append(kiln_tensor *store, kiln_tensor *x, int64_t len
         var = next_;                    \
     } while (0)
 
-/* x [B, T, C] -> [B, heads, T, D], rotated when `rotate` */
-static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, bool rotate, int64_t pos0) {
+/* x·Wᵀ (+ b where the family has a bias) */
+static kiln_tensor *proj(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
+    kiln_tensor *y = kiln_linear(x, w);
+    if (b) NEXT(y, kiln_add(y, b));
+    return y;
+}
+
+/* x [B, T, C] -> [B, heads, T, D]: per-head RMSNorm (qwen3's q_norm/k_norm,
+ * over each head's D features, before RoPE) and rotation where asked */
+static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, kiln_tensor *norm, bool rotate, int64_t pos0) {
     if (!x) return NULL;
     int64_t s[4] = {x->shape[0], x->shape[1], nh, c->head_dim};
     kiln_tensor *t = kiln_reshape(x, 4, s);
-    if (rotate) NEXT(t, kiln_rope(t, c->rope_theta, pos0, false));
+    if (norm) NEXT(t, kiln_rmsnorm(t, norm, c->rms_norm_eps));
+    if (rotate) NEXT(t, kiln_rope_scaled(t, c->rope_theta, pos0, false, &c->rope_scaling));
     NEXT(t, kiln_transpose12(t));
     return t;
 }
@@ -282,12 +307,12 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     const kiln_llama_config *c = &m->cfg;
     int64_t B = x->shape[0], T = x->shape[1], pos0 = kc ? kc->len : 0;
     int64_t rep = c->num_attention_heads / c->num_key_value_heads;
-    kiln_tensor *t = kiln_linear(x, ly->q_proj);
-    kiln_tensor *q = heads(t, c, c->num_attention_heads, true, pos0);
-    NEXT(t, kiln_linear(x, ly->k_proj));
-    kiln_tensor *k = heads(t, c, c->num_key_value_heads, true, pos0);
-    NEXT(t, kiln_linear(x, ly->v_proj));
-    kiln_tensor *v = heads(t, c, c->num_key_value_heads, false, pos0);
+    kiln_tensor *t = proj(x, ly->q_proj, ly->q_bias);
+    kiln_tensor *q = heads(t, c, c->num_attention_heads, ly->q_norm, true, pos0);
+    NEXT(t, proj(x, ly->k_proj, ly->k_bias));
+    kiln_tensor *k = heads(t, c, c->num_key_value_heads, ly->k_norm, true, pos0);
+    NEXT(t, proj(x, ly->v_proj, ly->v_bias));
+    kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, pos0);
     kiln_tensor_release(t);
     if (kc) {
         NEXT(k, cache_append(kc->k[l], k, kc->len));
@@ -309,17 +334,17 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     NEXT(o, kiln_transpose12(o));
     int64_t flat[3] = {B, T, c->num_attention_heads * c->head_dim};
     NEXT(o, kiln_reshape(o, 3, flat));
-    NEXT(o, kiln_linear(o, ly->o_proj));
+    NEXT(o, proj(o, ly->o_proj, ly->o_bias));
     return o;
 }
 
 static kiln_tensor *mlp(kiln_llama_layer *ly, kiln_tensor *x) {
-    kiln_tensor *g = kiln_linear(x, ly->gate_proj);
-    kiln_tensor *u = kiln_linear(x, ly->up_proj);
+    kiln_tensor *g = proj(x, ly->gate_proj, ly->gate_bias);
+    kiln_tensor *u = proj(x, ly->up_proj, ly->up_bias);
     NEXT(g, kiln_silu(g));
     NEXT(g, kiln_mul(g, u));
     kiln_tensor_release(u);
-    NEXT(g, kiln_linear(g, ly->down_proj));
+    NEXT(g, proj(g, ly->down_proj, ly->down_bias));
     return g;
 }
 
@@ -347,6 +372,16 @@ kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pa
     if (pos0 + T > c->max_position_embeddings || (kc && (pos0 + T > kc->max_len || B != kc->B))) {
         kiln_error(KILN_ERR_RANGE, "llama forward: positions up to %lld exceed max_position_embeddings %lld or the cache",
                    (long long)(pos0 + T), (long long)c->max_position_embeddings);
+        return NULL;
+    }
+    int64_t window = kiln_llama_config_window(c);
+    if (window && pos0 + T > window) {
+        /* every query sees every earlier key, which equals the window only
+         * while the sequence fits in it */
+        kiln_error(KILN_ERR_UNSUPPORTED,
+                   "llama forward: %lld positions exceed the model's sliding_window %lld (config.json); kiln does not implement "
+                   "windowed attention: use sequences of at most %lld tokens",
+                   (long long)(pos0 + T), (long long)window, (long long)window);
         return NULL;
     }
     kiln_tensor *pm = pad_mask && !kc ? kiln_tensor_retain(pad_mask) : ones_mask(B, pos0 + T);

@@ -1,0 +1,347 @@
+/* The model families of config.json against PyTorch fixtures written with
+ * Hugging Face's semantics for each (tests/reference/make_family_fixtures.py):
+ * Llama with llama3 rope scaling, biases and a decoupled head_dim, Llama
+ * with linear rope scaling, Mistral, Qwen2 (q/k/v biases), Qwen3 (q/k
+ * norms, decoupled head_dim). Logits, loss and every gradient to 1e-4,
+ * eager and compiled; the checkpoint kiln writes is read back by the
+ * reference (python3 with torch, skipped with a line without it); every
+ * refusal names the file, the field and the value. */
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "kiln/eager.h"
+#include "kiln/model.h"
+#include "kiln/safetensors.h"
+#include "kiln/train.h"
+#include "test.h"
+
+#define FIX "tests/fixtures/"
+
+static const char *const families[] = {"llama3", "linear", "mistral", "qwen2", "qwen3"};
+static const char *const model_types[] = {"llama", "llama", "mistral", "qwen2", "qwen3"};
+static char tmpdir[64];
+static bool have_torch;
+
+static kiln_tensor *wrap_st(const kiln_st_tensor *t) {
+    return kiln_tensor_wrap((void *)t->data, t->dtype, t->ndim, t->shape);
+}
+
+/* max |a-b| / max |b| */
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double d = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)b[i]));
+    }
+    return s > 0 ? d / s : d;
+}
+
+/* worst gradient error over the parameters, against grad.<name> */
+static double grads_err(const char *name, const char *how, kiln_llama *m, kiln_st_file *f) {
+    double worst = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        kiln_tensor *p = m->params[i];
+        char gname[160];
+        snprintf(gname, sizeof gname, "grad.%s", p->name);
+        const kiln_st_tensor *g = kiln_st_find(f, gname);
+        CHECK(g && p->grad, "%s %s: gradient of %s missing", name, how, p->name);
+        if (!g || !p->grad) continue;
+        double e = rel_err(kiln_f32(p->grad), g->data, kiln_tensor_numel(p));
+        CHECK(e < 1e-4, "%s %s: gradient of %s differs from PyTorch by %.3g", name, how, p->name, e);
+        worst = fmax(worst, e);
+    }
+    return worst;
+}
+
+/* One plain gradient step (w -= 0.5 g) so the saved weights are kiln's own,
+ * not the fixture's; then saves the model as a checkpoint directory
+ * (config.json + model.safetensors) with kiln's logits on the fixture batch
+ * beside it, reads it back with kiln, and has the reference read it as
+ * Hugging Face would and reproduce those logits. */
+static void save_and_read_back(const char *name, kiln_llama *m, kiln_tensor *ids, kiln_tensor *mask) {
+    char dir[160], path[200];
+    snprintf(dir, sizeof dir, "%s/%s", tmpdir, name);
+    mkdir(dir, 0755);
+    for (int i = 0; i < m->n_params; i++)
+        for (int64_t j = 0; m->params[i]->grad && j < kiln_tensor_numel(m->params[i]); j++)
+            kiln_f32(m->params[i])[j] -= 0.5f * kiln_f32(m->params[i]->grad)[j];
+    kiln_tensor *logits = kiln_llama_forward(m, ids, mask, NULL);
+    CHECK(logits != NULL, "%s: forward after the step: %s", name, kiln_last_error());
+    if (!logits) return;
+    kiln_st_tensor lt = {.name = "logits", .dtype = KILN_F32, .ndim = logits->ndim, .data = logits->data,
+                         .nbytes = kiln_tensor_nbytes(logits)};
+    memcpy(lt.shape, logits->shape, sizeof lt.shape);
+    snprintf(path, sizeof path, "%s/kiln_logits.safetensors", dir);
+    CHECK_OK(kiln_st_save(path, &lt, 1, NULL));
+    kiln_tensor_release(logits);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    CHECK_OK(kiln_llama_config_save(path, &m->cfg));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK_OK(kiln_save_weights(path, m));
+    kiln_llama *back = NULL;
+    CHECK_OK(kiln_load_model_dir(dir, &back));
+    if (back) {
+        CHECK(kiln_llama_config_equal(&back->cfg, &m->cfg), "%s: config.json round trip keeps every field", name);
+        bool same = back->n_params == m->n_params;
+        for (int i = 0; same && i < m->n_params; i++)
+            same = !strcmp(back->params[i]->name, m->params[i]->name) &&
+                   !memcmp(back->params[i]->data, m->params[i]->data, kiln_tensor_nbytes(m->params[i]));
+        CHECK(same, "%s: weights read back identical", name);
+    }
+    kiln_llama_free(back);
+    if (!have_torch) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 tests/reference/make_family_fixtures.py --check %s %s", dir, name);
+    int rc = system(cmd);
+    CHECK(rc == 0, "%s: the PyTorch reference reads kiln's checkpoint as %s and reproduces the logits (%s)", name,
+          kiln_family_architecture(m->cfg.family), cmd);
+}
+
+static void check_family(int fi) {
+    const char *name = families[fi];
+    char path[256];
+    kiln_llama_config cfg;
+    snprintf(path, sizeof path, FIX "family_%s.config.json", name);
+    CHECK_OK(kiln_llama_config_load(path, &cfg));
+    CHECK(!strcmp(kiln_family_name(cfg.family), model_types[fi]), "%s: model_type %s", name, kiln_family_name(cfg.family));
+    snprintf(path, sizeof path, FIX "family_%s.safetensors", name);
+    kiln_st_file *f = NULL;
+    CHECK_OK(kiln_st_open(path, &f));
+    kiln_llama *m = f ? kiln_llama_new(&cfg, 1) : NULL;
+    CHECK(m != NULL, "%s model: %s", name, kiln_last_error());
+    if (!m) {
+        kiln_st_close(f);
+        return;
+    }
+    /* exactly the fixture's parameters: each present with its size, and no
+     * fixture parameter left over */
+    int fixture_params = 0;
+    for (int i = 0; i < kiln_st_count(f); i++) {
+        const char *n = kiln_st_at(f, i)->name;
+        fixture_params += !strncmp(n, "model.", 6) || !strcmp(n, "lm_head.weight");
+    }
+    CHECK(fixture_params == m->n_params, "%s: %d parameters, fixture has %d", name, m->n_params, fixture_params);
+    for (int i = 0; i < m->n_params; i++) {
+        kiln_tensor *p = m->params[i];
+        const kiln_st_tensor *t = kiln_st_find(f, p->name);
+        CHECK(t && t->nbytes == kiln_tensor_nbytes(p), "%s: parameter %s missing or wrong size", name, p->name);
+        if (t && t->nbytes == kiln_tensor_nbytes(p)) memcpy(p->data, t->data, t->nbytes);
+    }
+    kiln_tensor *ids = wrap_st(kiln_st_find(f, "input_ids"));
+    kiln_tensor *mask = wrap_st(kiln_st_find(f, "attention_mask"));
+    kiln_tensor *labels = wrap_st(kiln_st_find(f, "labels"));
+    const float *ref_logits = kiln_st_find(f, "logits")->data, ref_loss = *(const float *)kiln_st_find(f, "loss")->data;
+    int64_t count = 0;
+    for (int64_t i = 0; i < kiln_tensor_numel(labels); i++) count += kiln_i32(labels)[i] != KILN_IGNORE_INDEX;
+
+    /* eager */
+    kiln_eager_enable();
+    kiln_tensor *logits = kiln_llama_forward(m, ids, mask, NULL);
+    CHECK(logits != NULL, "%s forward: %s", name, kiln_last_error());
+    double el = logits ? rel_err(kiln_f32(logits), ref_logits, kiln_tensor_numel(logits)) : 1;
+    CHECK(el < 1e-4, "%s: logits differ from PyTorch by %.3g", name, el);
+    kiln_tensor_release(logits);
+    kiln_tensor *sum = kiln_llama_loss(m, ids, labels, mask);
+    kiln_tensor *loss = sum ? kiln_scale(sum, 1.0 / (double)count) : NULL;
+    double e_loss = loss ? t_rel(kiln_f32(loss)[0], ref_loss) : 1;
+    CHECK(e_loss < 1e-4, "%s eager: loss %.7f vs PyTorch %.7f", name, loss ? kiln_f32(loss)[0] : 0.0f, ref_loss);
+    if (loss) CHECK_OK(kiln_backward(loss));
+    double eg = grads_err(name, "eager", m, f);
+    kiln_tensor_release(loss);
+    kiln_tensor_release(sum);
+    printf("%-8s eager:    logits %.2e, loss %.2e, worst gradient %.2e over %d tensors\n", name, el, e_loss, eg, m->n_params);
+
+    /* compiled: the training step traced, generated as C and built */
+    kiln_llama_zero_grad(m);
+    kiln_eager_disable();
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    kiln_compiled *cs = kiln_train_compile(m, &co, true);
+    CHECK(cs != NULL, "%s: compile: %s", name, kiln_last_error());
+    if (cs) {
+        int64_t one = 1;
+        kiln_tensor *in[4] = {ids, labels, mask, kiln_tensor_new(KILN_F32, 1, &one)};
+        kiln_f32(in[3])[0] = 1.0f / (float)count;
+        float rep[1] = {0};
+        CHECK_OK(kiln_compiled_run(cs, in, rep));
+        double ec = t_rel(rep[0] / (double)count, ref_loss);
+        CHECK(ec < 1e-4, "%s compiled: loss %.7f vs PyTorch %.7f", name, rep[0] / (double)count, ref_loss);
+        double gc = grads_err(name, "compiled", m, f);
+        kiln_compile_stats st = kiln_compiled_stats(cs);
+        printf("%-8s compiled: loss %.2e, worst gradient %.2e (%s)\n", name, ec, gc,
+               st.interpreted ? "interpreted" : "generated C");
+        kiln_tensor_release(in[3]);
+        kiln_compiled_free(cs);
+    }
+    kiln_eager_enable();
+    save_and_read_back(name, m, ids, mask);
+
+    kiln_tensor_release(ids);
+    kiln_tensor_release(mask);
+    kiln_tensor_release(labels);
+    kiln_llama_free(m);
+    kiln_st_close(f);
+}
+
+/* Generation's key/value cache with every family's switches: one token at
+ * a time (RoPE scaling at position pos0, q/k norms, biases) gives the
+ * logits of the full forward. */
+static void cache_matches(int fi) {
+    char path[256];
+    kiln_llama_config cfg;
+    snprintf(path, sizeof path, FIX "family_%s.config.json", families[fi]);
+    if (kiln_llama_config_load(path, &cfg)) return;
+    kiln_llama *m = kiln_llama_new(&cfg, 5);
+    for (int i = 0; m && i < m->n_params; i++) /* non-zero biases: the zero init would hide them */
+        if (strstr(m->params[i]->name, ".bias"))
+            for (int64_t j = 0; j < kiln_tensor_numel(m->params[i]); j++) kiln_f32(m->params[i])[j] = 0.01f * (float)(j % 7) - 0.03f;
+    const int T = 12;
+    int64_t s[2] = {1, T}, s1[2] = {1, 1};
+    kiln_tensor *ids = kiln_tensor_new(KILN_I32, 2, s);
+    for (int t = 0; t < T; t++) kiln_i32(ids)[t] = 3 + (t * 7) % 50;
+    kiln_eager_disable(); /* inference: no tape */
+    kiln_tensor *full = m ? kiln_llama_forward(m, ids, NULL, NULL) : NULL;
+    kiln_llama_cache *kc = m ? kiln_llama_cache_new(m, 1, T) : NULL;
+    double worst = full && kc ? 0 : 1;
+    for (int t = 0; t < T && kc && full; t++) {
+        kiln_tensor *one = kiln_tensor_new(KILN_I32, 2, s1);
+        kiln_i32(one)[0] = kiln_i32(ids)[t];
+        kiln_tensor *lg = kiln_llama_forward(m, one, NULL, kc);
+        if (!lg) {
+            worst = 1;
+            kiln_tensor_release(one);
+            break;
+        }
+        worst = fmax(worst, rel_err(kiln_f32(lg), kiln_f32(full) + (int64_t)t * cfg.vocab_size, cfg.vocab_size));
+        kiln_tensor_release(lg);
+        kiln_tensor_release(one);
+    }
+    kiln_eager_enable();
+    CHECK(worst < 1e-5, "%s: cached generation gives the full forward's logits (worst %.3g): %s", families[fi], worst,
+          kiln_last_error());
+    kiln_llama_cache_free(kc);
+    kiln_tensor_release(full);
+    kiln_tensor_release(ids);
+    kiln_llama_free(m);
+}
+
+/* ---- refusals --------------------------------------------------------------- */
+/* A config.json of family `mt` with extra fields (",\"k\": v", later keys
+ * win in jansson) must be refused naming the file and every needle. */
+static void refused(const char *mt, const char *extra, const char *n1, const char *n2) {
+    char json[1200];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"%s\", \"vocab_size\": 61, \"hidden_size\": 48, \"intermediate_size\": 40,"
+             " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2%s}",
+             mt, extra);
+    kiln_llama_config c;
+    kiln_status st = kiln_llama_config_parse(json, "models/x/config.json", &c);
+    const char *e = kiln_last_error();
+    CHECK(st != KILN_OK && strstr(e, "models/x/config.json") && strstr(e, n1) && (!n2 || strstr(e, n2)),
+          "%s %s: refused naming the file, '%s' and '%s'; got %d: %s", mt, extra, n1, n2 ? n2 : "", st, e);
+}
+
+static void accepted(const char *mt, const char *extra, kiln_llama_config *c) {
+    char json[1200];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"%s\", \"vocab_size\": 61, \"hidden_size\": 48, \"intermediate_size\": 40,"
+             " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2%s}",
+             mt, extra);
+    kiln_status st = kiln_llama_config_parse(json, "ok.json", c);
+    CHECK(st == KILN_OK, "%s %s accepted: %s", mt, extra, st ? kiln_last_error() : "");
+}
+
+static void refusals(void) {
+    refused("gemma", "", "model_type", "\"gemma\"");
+    refused("llama", ", \"hidden_act\": \"gelu\"", "hidden_act", "\"gelu\"");
+    refused("qwen2", ", \"hidden_act\": \"gelu_pytorch_tanh\"", "hidden_act", "gelu_pytorch_tanh");
+    refused("llama", ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}", "rope_scaling", "\"yarn\"");
+    refused("qwen2", ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}", "rope_scaling", "\"dynamic\"");
+    refused("llama", ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0, \"beta_fast\": 32}", "rope_scaling.beta_fast",
+            "32");
+    refused("llama", ", \"rope_scaling\": {\"rope_type\": \"linear\"}", "rope_scaling.factor", NULL);
+    refused("llama", ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 1e300}", "rope_scaling.factor", "1e+300");
+    refused("llama",
+            ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0,"
+            " \"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 32}",
+            "high_freq_factor", "1");
+    refused("llama", ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0}",
+            "original_max_position_embeddings", NULL);
+    refused("llama", ", \"rope_scaling\": {\"rope_type\": \"linear\", \"type\": \"llama3\", \"factor\": 2.0}", "rope_scaling",
+            "\"llama3\"");
+    refused("llama", ", \"rope_scaling\": 3", "rope_scaling", "3");
+    refused("llama", ", \"quantization_config\": {\"bits\": 4}", "quantization_config", NULL);
+    refused("mistral", ", \"attention_bias\": true", "attention_bias", "true"); /* not a Mistral field: HF would ignore it */
+    refused("qwen2", ", \"mlp_bias\": true", "mlp_bias", "true");
+    refused("llama", ", \"sliding_window\": 16", "sliding_window", "16");
+    refused("llama", ", \"attention_dropout\": 0.1", "attention_dropout", "0.1");
+    refused("llama", ", \"rope_interleaved\": true", "rope_interleaved", "true");
+    refused("llama", ", \"architectures\": [\"LlamaForSequenceClassification\"]", "architectures",
+            "LlamaForSequenceClassification");
+    refused("qwen3", ", \"architectures\": [\"Qwen2ForCausalLM\"]", "architectures", "Qwen2ForCausalLM");
+    refused("llama", ", \"attention_bias\": \"yes\"", "attention_bias", "\"yes\"");
+    refused("llama", ", \"eos_token_id\": [1, 2.5]", "eos_token_id", "2.5");
+    refused("llama", ", \"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]", "eos_token_id", "9");
+    refused("llama", ", \"eos_token_id\": [1, 99]", "eos_token_id", "99");
+    refused("mistral", ", \"sliding_window\": -4", "sliding_window", "-4");
+    refused("qwen2", ", \"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1,"
+            " \"layer_types\": [\"full_attention\", \"full_attention\"]",
+            "layer_types[1]", "\"full_attention\"");
+    refused("qwen3", ", \"head_dim\": 15", "head_dim", "15");
+
+    /* accepted: the fields of the real files, with their meaning */
+    kiln_llama_config c;
+    accepted("llama", ", \"eos_token_id\": [128001, 128008, 128009], \"vocab_size\": 128256", &c);
+    CHECK(c.eos_token_id == 128001 && c.n_eos_more == 2 && kiln_llama_config_is_eos(&c, 128009) && !kiln_llama_config_is_eos(&c, 5),
+          "eos_token_id list kept");
+    accepted("llama", ", \"rope_scaling\": null, \"pretraining_tp\": 1, \"torch_dtype\": \"bfloat16\", \"use_cache\": true,"
+             " \"transformers_version\": \"4.45.0\", \"_name_or_path\": \"x\", \"rope_interleaved\": false,"
+             " \"is_llama_config\": true, \"transformers.js_config\": {}", &c);
+    accepted("qwen3", "", &c);
+    CHECK(c.head_dim == 128, "qwen3 head_dim defaults to 128 as Qwen3Config does (got %lld)", (long long)c.head_dim);
+    accepted("mistral", ", \"sliding_window\": null", &c);
+    CHECK(kiln_llama_config_window(&c) == 0, "mistral sliding_window null: no window");
+    accepted("mistral", "", &c);
+    CHECK(kiln_llama_config_window(&c) == 4096, "mistral sliding_window defaults to 4096 as MistralConfig does");
+    accepted("qwen2", ", \"use_sliding_window\": false, \"sliding_window\": 32768, \"max_window_layers\": 28", &c);
+    CHECK(kiln_llama_config_window(&c) == 0, "qwen2 with use_sliding_window false: no window");
+    accepted("qwen2", ", \"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1,"
+             " \"layer_types\": [\"full_attention\", \"sliding_attention\"]", &c);
+    CHECK(kiln_llama_config_window(&c) == 16, "qwen2 with use_sliding_window: window 16");
+
+    /* a run longer than the window is refused by the forward, naming it */
+    accepted("mistral", ", \"sliding_window\": 8", &c);
+    kiln_llama *m = kiln_llama_new(&c, 1);
+    int64_t s[2] = {1, 9};
+    kiln_tensor *ids = kiln_tensor_zeros(KILN_I32, 2, s);
+    kiln_tensor *out = m ? kiln_llama_forward(m, ids, NULL, NULL) : NULL;
+    CHECK(out == NULL && kiln_last_status() == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "sliding_window 8") &&
+              strstr(kiln_last_error(), "9 positions"),
+          "9 positions with sliding_window 8 refused: %s", kiln_last_error());
+    kiln_tensor_release(out);
+    s[1] = 8;
+    kiln_tensor_release(ids);
+    ids = kiln_tensor_zeros(KILN_I32, 2, s);
+    out = m ? kiln_llama_forward(m, ids, NULL, NULL) : NULL;
+    CHECK(out != NULL, "8 positions fit the window: %s", out ? "" : kiln_last_error());
+    kiln_tensor_release(out);
+    kiln_tensor_release(ids);
+    kiln_llama_free(m);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_families_XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    have_torch = system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+    if (!have_torch) printf("skipping the PyTorch read-back of kiln's checkpoints: /usr/bin/python3 with torch not found\n");
+    kiln_eager_enable();
+    for (int i = 0; i < (int)(sizeof families / sizeof families[0]); i++) {
+        check_family(i);
+        cache_matches(i);
+    }
+    refusals();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    TEST_END();
+}
