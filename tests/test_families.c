@@ -329,6 +329,86 @@ static void refusals(void) {
     kiln_llama_free(m);
 }
 
+/* The config.json files of public models as their hubs ship them (every
+ * field), parsed and sized without allocating: the parameter counts are the
+ * published ones (the safetensors totals of each model), not kiln's. */
+static void real_configs(void) {
+    static const struct {
+        const char *name, *json;
+        int64_t params;
+        kiln_family family;
+    } models[] = {
+        {"Llama-3.2-1B",
+         "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,\"bos_token_id\":128000,"
+         "\"eos_token_id\":128001,\"head_dim\":64,\"hidden_act\":\"silu\",\"hidden_size\":2048,\"initializer_range\":0.02,"
+         "\"intermediate_size\":8192,\"max_position_embeddings\":131072,\"mlp_bias\":false,\"model_type\":\"llama\","
+         "\"num_attention_heads\":32,\"num_hidden_layers\":16,\"num_key_value_heads\":8,\"pretraining_tp\":1,"
+         "\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":32.0,\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,"
+         "\"original_max_position_embeddings\":8192,\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,"
+         "\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.45.0.dev0\","
+         "\"use_cache\":true,\"vocab_size\":128256}",
+         1235814400, KILN_FAMILY_LLAMA},
+        {"Qwen2.5-0.5B",
+         "{\"architectures\":[\"Qwen2ForCausalLM\"],\"attention_dropout\":0.0,\"bos_token_id\":151643,\"eos_token_id\":151643,"
+         "\"hidden_act\":\"silu\",\"hidden_size\":896,\"initializer_range\":0.02,\"intermediate_size\":4864,"
+         "\"max_position_embeddings\":32768,\"max_window_layers\":24,\"model_type\":\"qwen2\",\"num_attention_heads\":14,"
+         "\"num_hidden_layers\":24,\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000.0,"
+         "\"sliding_window\":32768,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.40.1\","
+         "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}",
+         494032768, KILN_FAMILY_QWEN2},
+        {"Qwen3-0.6B",
+         "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,\"bos_token_id\":151643,"
+         "\"eos_token_id\":151645,\"head_dim\":128,\"hidden_act\":\"silu\",\"hidden_size\":1024,\"initializer_range\":0.02,"
+         "\"intermediate_size\":3072,\"max_position_embeddings\":40960,\"max_window_layers\":28,\"model_type\":\"qwen3\","
+         "\"num_attention_heads\":16,\"num_hidden_layers\":28,\"num_key_value_heads\":8,\"rms_norm_eps\":1e-06,"
+         "\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,\"tie_word_embeddings\":true,"
+         "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\",\"use_cache\":true,\"use_sliding_window\":false,"
+         "\"vocab_size\":151936}",
+         596049920, KILN_FAMILY_QWEN3},
+        {"SmolLM2-135M",
+         "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,\"bos_token_id\":0,"
+         "\"eos_token_id\":0,\"hidden_act\":\"silu\",\"hidden_size\":576,\"initializer_range\":0.041666666666666664,"
+         "\"intermediate_size\":1536,\"is_llama_config\":true,\"max_position_embeddings\":8192,\"mlp_bias\":false,"
+         "\"model_type\":\"llama\",\"num_attention_heads\":9,\"num_hidden_layers\":30,\"num_key_value_heads\":3,"
+         "\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,\"rope_interleaved\":false,\"rope_scaling\":null,\"rope_theta\":100000,"
+         "\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\",\"transformers.js_config\":{\"kv_cache_dtype\":"
+         "{\"q4f16\":\"float16\",\"fp16\":\"float16\"}},\"transformers_version\":\"4.42.3\",\"use_cache\":true,"
+         "\"vocab_size\":49152}",
+         134515008, KILN_FAMILY_LLAMA},
+        {"TinyLlama-1.1B",
+         "{\"_name_or_path\":\"meta-llama/Llama-2-7b-hf\",\"architectures\":[\"LlamaForCausalLM\"],\"bos_token_id\":1,"
+         "\"eos_token_id\":2,\"hidden_act\":\"silu\",\"hidden_size\":2048,\"initializer_range\":0.02,"
+         "\"intermediate_size\":5632,\"max_position_embeddings\":2048,\"model_type\":\"llama\",\"num_attention_heads\":32,"
+         "\"num_hidden_layers\":22,\"num_key_value_heads\":4,\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,"
+         "\"rope_scaling\":null,\"rope_theta\":10000.0,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\","
+         "\"transformers_version\":\"4.35.0\",\"use_cache\":true,\"vocab_size\":32000}",
+         1100048384, KILN_FAMILY_LLAMA},
+        {"Mistral-7B-v0.1",
+         "{\"architectures\":[\"MistralForCausalLM\"],\"bos_token_id\":1,\"eos_token_id\":2,\"hidden_act\":\"silu\","
+         "\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":14336,\"max_position_embeddings\":32768,"
+         "\"model_type\":\"mistral\",\"num_attention_heads\":32,\"num_hidden_layers\":32,\"num_key_value_heads\":8,"
+         "\"rms_norm_eps\":1e-05,\"rope_theta\":10000.0,\"sliding_window\":4096,\"tie_word_embeddings\":false,"
+         "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.34.0.dev0\",\"use_cache\":true,\"vocab_size\":32000}",
+         7241732096, KILN_FAMILY_MISTRAL},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        kiln_llama_config c;
+        kiln_status st = kiln_llama_config_parse(models[i].json, models[i].name, &c);
+        CHECK(st == KILN_OK, "%s config.json accepted: %s", models[i].name, st ? kiln_last_error() : "");
+        if (st) continue;
+        uint64_t bytes = 0;
+        CHECK_OK(kiln_llama_param_bytes(&c, &bytes));
+        CHECK(c.family == models[i].family && bytes == 4 * (uint64_t)models[i].params,
+              "%s: %llu parameters (published %lld)", models[i].name, (unsigned long long)(bytes / 4), (long long)models[i].params);
+        /* and written back as the same family, with the same meaning */
+        char *js = kiln_llama_config_to_json(&c);
+        kiln_llama_config c2;
+        CHECK(js && kiln_llama_config_parse(js, "saved", &c2) == KILN_OK && kiln_llama_config_equal(&c, &c2),
+              "%s: the saved config.json reads back the same: %s", models[i].name, kiln_last_error());
+        free(js);
+    }
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_families_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -340,6 +420,7 @@ int main(void) {
         cache_matches(i);
     }
     refusals();
+    real_configs();
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
