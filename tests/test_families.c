@@ -283,6 +283,7 @@ static void refusals(void) {
     refused("llama", ", \"eos_token_id\": [1, 2.5]", "eos_token_id", "2.5");
     refused("llama", ", \"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]", "eos_token_id", "9");
     refused("llama", ", \"eos_token_id\": [1, 99]", "eos_token_id", "99");
+    refused("llama", ", \"eos_token_id\": [-1, 5]", "eos_token_id", "-1");
     refused("mistral", ", \"sliding_window\": -4", "sliding_window", "-4");
     refused("qwen2", ", \"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 1,"
             " \"layer_types\": [\"full_attention\", \"full_attention\"]",

@@ -156,6 +156,8 @@ static kiln_status get_eos(json_t *root, const char *src, kiln_llama_config *c) 
         int64_t id;
         kiln_status st = json_int(json_array_get(v, i), src, "eos_token_id", &id);
         if (st) return st;
+        if (id < 0)
+            return kiln_error(KILN_ERR_INVALID, "%s: field eos_token_id lists %lld (ids are >= 0)", src, (long long)id);
         if (i == 0) c->eos_token_id = id;
         else c->eos_more[c->n_eos_more++] = id;
     }
