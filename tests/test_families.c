@@ -281,7 +281,7 @@ static void refusals(void) {
     refused("qwen3", ", \"architectures\": [\"Qwen2ForCausalLM\"]", "architectures", "Qwen2ForCausalLM");
     refused("llama", ", \"attention_bias\": \"yes\"", "attention_bias", "\"yes\"");
     refused("llama", ", \"eos_token_id\": [1, 2.5]", "eos_token_id", "2.5");
-    refused("llama", ", \"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9]", "eos_token_id", "9");
+    refused("llama", ", \"eos_token_id\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]", "eos_token_id", "17");
     refused("llama", ", \"eos_token_id\": [1, 99]", "eos_token_id", "99");
     refused("llama", ", \"eos_token_id\": [-1, 5]", "eos_token_id", "-1");
     refused("mistral", ", \"sliding_window\": -4", "sliding_window", "-4");

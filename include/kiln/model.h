@@ -20,7 +20,7 @@ extern "C" {
  * differences are switches (biases, q/k norms, window), not copies. */
 typedef enum { KILN_FAMILY_LLAMA, KILN_FAMILY_MISTRAL, KILN_FAMILY_QWEN2, KILN_FAMILY_QWEN3 } kiln_family;
 
-#define KILN_MAX_EOS 8
+#define KILN_CONFIG_MAX_EOS 16 /* ids in an eos_token_id list */
 
 typedef struct {
     kiln_family family; /* model_type: llama, mistral, qwen2, qwen3 */
@@ -42,7 +42,7 @@ typedef struct {
     /* eos_token_id given as a list: its other entries (eos_token_id holds the first) */
     bool eos_is_list;
     int n_eos_more;
-    int64_t eos_more[KILN_MAX_EOS - 1];
+    int64_t eos_more[KILN_CONFIG_MAX_EOS - 1];
 } kiln_llama_config;
 
 /* Fills defaults that HF uses (eps 1e-6, theta 10000, untied...). */

@@ -134,8 +134,8 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
         (rs->original_max_position_embeddings <= 0 || rs->original_max_position_embeddings > (1ll << 31)))
         return kiln_error(KILN_ERR_INVALID, "config: rope_scaling.original_max_position_embeddings must be a positive integer below 2^31, got %lld",
                           (long long)rs->original_max_position_embeddings);
-    if (c->n_eos_more < 0 || c->n_eos_more > KILN_MAX_EOS - 1 || (c->n_eos_more && !c->eos_is_list))
-        return kiln_error(KILN_ERR_INVALID, "config: eos_token_id list of %d entries (at most %d)", c->n_eos_more + 1, KILN_MAX_EOS);
+    if (c->n_eos_more < 0 || c->n_eos_more > KILN_CONFIG_MAX_EOS - 1 || (c->n_eos_more && !c->eos_is_list))
+        return kiln_error(KILN_ERR_INVALID, "config: eos_token_id list of %d entries (at most %d)", c->n_eos_more + 1, KILN_CONFIG_MAX_EOS);
     for (int i = 0; i < c->n_eos_more; i++)
         if (c->eos_more[i] < 0 || c->eos_more[i] >= c->vocab_size)
             return kiln_error(KILN_ERR_INVALID, "config: eos_token_id entry %lld is outside the vocabulary (%lld)",

@@ -149,8 +149,8 @@ static kiln_status get_eos(json_t *root, const char *src, kiln_llama_config *c) 
     json_t *v = json_object_get(root, "eos_token_id");
     if (!v || !json_is_array(v)) return get_id(root, src, "eos_token_id", &c->eos_token_id);
     size_t n = json_array_size(v);
-    if (n > KILN_MAX_EOS)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field eos_token_id lists %zu ids (kiln keeps at most %d)", src, n, KILN_MAX_EOS);
+    if (n > KILN_CONFIG_MAX_EOS)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field eos_token_id lists %zu ids (kiln keeps at most %d)", src, n, KILN_CONFIG_MAX_EOS);
     c->eos_is_list = true;
     for (size_t i = 0; i < n; i++) {
         int64_t id;

@@ -469,6 +469,8 @@ static int meta_sources(const kiln_train_config *c, char src[3][PATH_CAP]) {
 static kiln_status write_known(const char *dir, const kiln_llama *m, const kiln_train_config *c) {
     kiln_model_meta meta = {.bos_id = (int32_t)m->cfg.bos_token_id, .pad_id = (int32_t)m->cfg.pad_token_id};
     if (m->cfg.eos_token_id >= 0) meta.eos_ids[meta.n_eos++] = (int32_t)m->cfg.eos_token_id;
+    for (int i = 0; i < m->cfg.n_eos_more && meta.n_eos < KILN_MAX_EOS; i++) /* the rest of an eos_token_id list */
+        meta.eos_ids[meta.n_eos++] = (int32_t)m->cfg.eos_more[i];
     kiln_tokenizer *tok = NULL;
     if (c && c->tokenizer[0] && is_file(c->tokenizer) && !kiln_tokenizer_load(c->tokenizer, &tok)) {
         int ids[3] = {kiln_tokenizer_bos(tok), kiln_tokenizer_eos(tok), kiln_tokenizer_pad(tok)};
