@@ -310,6 +310,7 @@ static bool run_one(const kd_dec *d, kd_work *w, strlist *in, bool lossy, strlis
         }
         return ok;
     case D_REPLACE:
+        if (!w->md && !kd_work_init(w)) return false; /* made on first use: decoding runs per generated token */
         for (size_t i = 0; ok && i < in->s.n; i++) {
             /* the token is copied: matching writes w->ev, not `in` */
             if ((*st = kd_pattern_find(&d->pat, w, TOK(in, i), LEN(in, i)))) return false;
@@ -378,7 +379,7 @@ kiln_status kiln_tokenizer_decode_ex(const kiln_tokenizer *t, const int32_t *ids
     init_tables();
     strlist toks = {0}, res = {0};
     kd_work w;
-    if (!kd_work_init(&w)) return kiln_error(KILN_ERR_OOM, "out of memory decoding");
+    memset(&w, 0, sizeof w);
     kiln_status st = KILN_OK;
     bool ok = true;
     for (size_t i = 0; ok && i < n; i++) {
