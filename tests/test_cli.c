@@ -51,6 +51,18 @@ static bool output_has(const char *needle) {
     return found;
 }
 
+/* The whole output, exactly. */
+static bool output_is(const char *want) {
+    char path[512], *text;
+    size_t n;
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    if (kiln_read_file(path, &text, &n)) return false;
+    bool same = !strcmp(text, want);
+    if (!same) fprintf(stderr, "--- output is:\n%s--- expected:\n%s---\n", text, want);
+    free(text);
+    return same;
+}
+
 static void write_corpus(const char *path) {
     static const char *words[] = {"the", "lord", "said", "unto", "moses", "and", "he", "went", "up", "into",
                                   "mountain", "of", "god", "in", "beginning", "was", "word", "light", "day", "night"};
@@ -73,6 +85,11 @@ static void help_and_usage(void) {
     for (int i = 0; i < 8; i++)
         CHECK(run_kiln((const char *[]){cmds[i], "--help", NULL}, 0, 0) == 0 && output_has("usage"), "kiln %s --help", cmds[i]);
     CHECK(run_kiln((const char *[]){"train", "--lr", "abc", NULL}, 0, 0) == 2 && output_has("--lr"), "bad flag value named");
+    /* the error text names the flag once (it was formatted into itself: "compile: compile: ompile ...") */
+    CHECK(run_kiln((const char *[]){"train", "--compile", "bogus", "--data", dir, NULL}, 0, 0) == 2 &&
+              output_is("kiln train: compile: unknown compile mode 'bogus' (default, reduce-overhead, max-autotune, "
+                        "interpret, strict, off)\n"),
+          "--compile bogus: exact message");
     CHECK(run_kiln((const char *[]){"train", "--batch", "0", "--data", dir, NULL}, 0, 0) != 0 && output_has("batch"),
           "bad batch named");
     CHECK(run_kiln((const char *[]){"train", "--data", "/nonexistent/data", NULL}, 0, 0) == 1 && output_has("/nonexistent/data"),

@@ -41,7 +41,9 @@ typedef enum {
  * `return kiln_error(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));` */
 kiln_status kiln_error(kiln_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* Prefixes the current error message with context ("loading x.bin: ..."). */
+/* Prefixes the current error message with context ("loading x.bin: ...").
+ * Use this, not kiln_error("...: %s", kiln_last_error()), to add context:
+ * the prefix is formatted apart from the message it goes in front of. */
 kiln_status kiln_error_context(kiln_status code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 const char *kiln_last_error(void);

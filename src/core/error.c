@@ -9,11 +9,17 @@
 static _Thread_local char err_msg[1024];
 static _Thread_local kiln_status err_code;
 
+/* The message is formatted into a local buffer first: an argument may be
+ * kiln_last_error() itself (the message so far), and vsnprintf into the
+ * buffer it reads from is undefined. kiln_error_context is the intended way
+ * to add context; this keeps a stray aliasing call defined too. */
 kiln_status kiln_error(kiln_status code, const char *fmt, ...) {
+    char msg[sizeof err_msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(err_msg, msg, sizeof msg);
     err_code = code;
     return code;
 }

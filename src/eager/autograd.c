@@ -241,7 +241,7 @@ static void leaves_done(node *n, leaf_uses *u, int nu) {
 }
 
 kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad) {
-    if (!out || !grad) return kiln_error(KILN_ERR_INVALID, "backward: NULL tensor (an earlier op failed: %s)", kiln_last_error());
+    if (!out || !grad) return kiln_error_context(KILN_ERR_INVALID, "backward: NULL tensor (an earlier op failed)");
     if (kiln_tensor_numel(out) != kiln_tensor_numel(grad))
         return kiln_error(KILN_ERR_SHAPE, "backward: seed gradient has %lld elements, output %lld",
                           (long long)kiln_tensor_numel(grad), (long long)kiln_tensor_numel(out));
@@ -281,7 +281,7 @@ kiln_status kiln_backward_with(kiln_tensor *out, kiln_tensor *grad) {
 }
 
 kiln_status kiln_backward(kiln_tensor *loss) {
-    if (!loss) return kiln_error(KILN_ERR_INVALID, "backward: NULL loss (an earlier op failed: %s)", kiln_last_error());
+    if (!loss) return kiln_error_context(KILN_ERR_INVALID, "backward: NULL loss (an earlier op failed)");
     if (kiln_tensor_numel(loss) != 1 || loss->dtype != KILN_F32)
         return kiln_error(KILN_ERR_SHAPE, "backward: the loss must be one f32 value");
     int64_t one = 1;

@@ -202,9 +202,9 @@ char *kiln_train_config_to_json(const kiln_train_config *c) {
 
 kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_options *co) {
     kiln_compile_options_default(co);
-    if (kiln_compile_mode_parse(c->compile, co)) return kiln_error(KILN_ERR_INVALID, "compile: %s", kiln_last_error());
+    if (kiln_compile_mode_parse(c->compile, co)) return kiln_error_context(KILN_ERR_INVALID, "compile");
     if (kiln_recompute_parse(c->recompute[0] ? c->recompute : "none", co))
-        return kiln_error(KILN_ERR_INVALID, "recompute: %s", kiln_last_error());
+        return kiln_error_context(KILN_ERR_INVALID, "recompute");
     co->dynamic = c->compile_dynamic;
     if (co->recompute && co->mode == KILN_COMPILE_OFF)
         return kiln_error(KILN_ERR_INVALID, "recompute: --recompute %s needs --compile (it is a compiler pass)", c->recompute);
