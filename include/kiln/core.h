@@ -50,6 +50,25 @@ const char *kiln_last_error(void);
 kiln_status kiln_last_status(void);
 void kiln_clear_error(void);
 
+/* ---- text to numbers (src/core/parse.c) -------------------------------
+ * The one checked parser: the whole text must be the number, in range,
+ * finite, without overflow. A refusal sets "bad value 'TEXT' (expected
+ * ...)"; callers prefix the flag, key or file (kiln_error_context). */
+kiln_status kiln_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+kiln_status kiln_parse_int(const char *s, int lo, int hi, int *out);
+kiln_status kiln_parse_u64(const char *s, uint64_t *out); /* digits only: "-1" is refused */
+kiln_status kiln_parse_f64(const char *s, double lo, double hi, double *out); /* [lo, hi] */
+/* s is one of names[0..n): its index into *out. */
+kiln_status kiln_parse_choice(const char *s, const char *const *names, int n, int *out);
+/* "512M", "1G", "1.5GiB", "800MB", bytes (K/M/G/T are powers of 1024). */
+kiln_status kiln_parse_bytes(const char *s, int64_t *out);
+/* bytes as the shortest exact text kiln_parse_bytes reads back ("1G"). */
+const char *kiln_bytes_text(int64_t bytes, char *buf, size_t n);
+/* v in [lo, hi], with the same message (text: how v was written, or NULL). */
+kiln_status kiln_check_i64(int64_t v, int64_t lo, int64_t hi, const char *text);
+/* Sets "bad value 'text' (expected <expected>)" and returns KILN_ERR_INVALID. */
+kiln_status kiln_bad_value(const char *text, const char *expected);
+
 /* ---- logging ----------------------------------------------------------- */
 typedef enum { KILN_LOG_DEBUG, KILN_LOG_INFO, KILN_LOG_WARN, KILN_LOG_ERROR } kiln_log_level;
 typedef void (*kiln_log_fn)(kiln_log_level level, const char *msg, void *user);

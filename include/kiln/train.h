@@ -149,8 +149,6 @@ typedef struct {
  * compiler's). Does not modify c. */
 kiln_status kiln_train_choose_batch(const kiln_train_config *c, kiln_llama *m, kiln_mem_choice *out);
 kiln_status kiln_train_check_batch_settings(const kiln_train_config *c);
-/* "512M", "1G", "1.5GiB", "800MB", bytes (K/M/G/T are powers of 1024). */
-kiln_status kiln_parse_bytes(const char *s, int64_t *out);
 int64_t kiln_mem_available(void); /* MemAvailable of /proc/meminfo in bytes, 0 if unknown */
 const char *kiln_bytes_str(int64_t bytes, char *buf, size_t n); /* "1.23 GiB" */
 

@@ -129,10 +129,11 @@ static kiln_status set_field(const char *src, const field *f, json_t *v, kiln_tr
             *(int64_t *)p = json_integer_value(v);
         }
         return KILN_OK;
-    case F_U64:
+    case F_U64: /* written as a string of digits: JSON integers stop at 2^63 */
         if (json_is_integer(v) && json_integer_value(v) >= 0) *(uint64_t *)p = (uint64_t)json_integer_value(v);
-        else if (json_is_string(v)) *(uint64_t *)p = strtoull(json_string_value(v), NULL, 10);
-        else return kiln_error(KILN_ERR_INVALID, "%s: %s must be a non-negative integer", src, f->key);
+        else if (json_is_string(v) && kiln_parse_u64(json_string_value(v), (uint64_t *)p))
+            return kiln_error_context(KILN_ERR_INVALID, "%s: %s", src, f->key);
+        else if (!json_is_string(v)) return kiln_error(KILN_ERR_INVALID, "%s: %s must be a non-negative integer", src, f->key);
         return KILN_OK;
     case F_DBL:
         if (!json_is_number(v)) return kiln_error(KILN_ERR_INVALID, "%s: %s must be a number", src, f->key);

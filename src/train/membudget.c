@@ -67,28 +67,6 @@ kiln_status kiln_train_plan_bytes(kiln_llama *m, int b, int T, const kiln_compil
     return KILN_OK;
 }
 
-kiln_status kiln_parse_bytes(const char *s, int64_t *out) {
-    char *end;
-    double v = s ? strtod(s, &end) : NAN;
-    if (!s || end == s || !isfinite(v) || v <= 0)
-        return kiln_error(KILN_ERR_INVALID, "memory size '%s' is not a positive number with an optional K, M, G or T", s ? s : "");
-    double mul = 1;
-    switch (toupper((unsigned char)*end)) {
-    case 0: break;
-    case 'K': mul = 1024.0, end++; break;
-    case 'M': mul = 1024.0 * 1024, end++; break;
-    case 'G': mul = 1024.0 * 1024 * 1024, end++; break;
-    case 'T': mul = 1024.0 * 1024 * 1024 * 1024, end++; break;
-    default: return kiln_error(KILN_ERR_INVALID, "memory size '%s': unknown unit '%s' (use K, M, G or T)", s, end);
-    }
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end) return kiln_error(KILN_ERR_INVALID, "memory size '%s': unexpected '%s' after the unit", s, end);
-    if (v * mul >= 9.0e18) return kiln_error(KILN_ERR_INVALID, "memory size '%s' is too large", s);
-    *out = (int64_t)(v * mul);
-    return KILN_OK;
-}
-
 int64_t kiln_mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
@@ -110,10 +88,9 @@ const char *kiln_bytes_str(int64_t b, char *buf, size_t n) {
 
 /* "", "auto" -> 0; a positive integer -> itself; anything else -> -1 */
 static int micro_setting(const char *s) {
+    int v;
     if (!s[0] || !strcmp(s, "auto")) return 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    return *end || v < 1 || v > 1000000 ? -1 : (int)v;
+    return kiln_parse_int(s, 1, 1000000, &v) ? -1 : v;
 }
 
 kiln_status kiln_train_check_batch_settings(const kiln_train_config *c) {
