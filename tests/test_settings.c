@@ -63,8 +63,122 @@ static void seed(void) {
     }
 }
 
+/* All settings as text: the flag path and the JSON path store the same. */
+static bool same(const kiln_train_config *a, const kiln_train_config *b, const char **key) {
+    for (int i = 0; i < kiln_train_n_settings; i++) {
+        char x[600], y[600];
+        const kiln_setting *s = &kiln_train_settings[i];
+        if (s->kind == KILN_SETTING_F64 ? *(const double *)((const char *)a + s->offset) != *(const double *)((const char *)b + s->offset)
+                                        : strcmp(kiln_setting_format(s, a, x, sizeof x), kiln_setting_format(s, b, y, sizeof y))) {
+            *key = s->key;
+            return false;
+        }
+    }
+    return true;
+}
+
+static void table(void) {
+    kiln_train_config d, c;
+    kiln_train_config_default(&d);
+    CHECK_OK(kiln_train_config_validate(&d));
+    const char *k = "";
+    /* written and read back */
+    char *js = kiln_train_config_to_json(&d);
+    CHECK(js != NULL, "to_json");
+    kiln_train_config_default(&c);
+    c.batch = 99, c.lr = 5, c.compile = KILN_RUN_STRICT, c.seed = 1;
+    CHECK_OK(kiln_train_config_parse(js, "written.json", &c));
+    CHECK(same(&c, &d, &k), "round trip of the defaults differs at %s", k);
+    free(js);
+    /* every setting's default, given as a flag's text, reads back as itself */
+    for (int i = 0; i < kiln_train_n_settings; i++) {
+        const kiln_setting *s = &kiln_train_settings[i];
+        char text[600];
+        kiln_setting_format(s, &d, text, sizeof text);
+        kiln_train_config_default(&c);
+        CHECK(kiln_setting_parse(s, text, &c) == KILN_OK && same(&c, &d, &k), "%s '%s' as text", s->key, text);
+        CHECK(kiln_setting_find(s->key) == s, "find %s", s->key);
+    }
+    /* a non-default of every kind, through JSON, and back out */
+    kiln_train_config_default(&c);
+    CHECK_OK(kiln_train_config_parse("{\"compile\": \"none\", \"precision\": \"bfloat16\", \"recompute\": \"layer\", "
+                                     "\"pack\": \"padded\", \"shuffle\": false, \"mem_budget\": \"1.5G\", \"global_batch\": 6, "
+                                     "\"micro_batch\": \"3\", \"seed\": \"9\", \"lr\": 0.25, \"warmup\": 7, \"freeze\": \"x.*\"}",
+                                     "a.json", &c));
+    CHECK(c.compile == KILN_RUN_EAGER && c.precision == KILN_BF16 && c.recompute == KILN_RECOMPUTE_LAYER &&
+              c.pack == KILN_PACK_PADDED && !c.shuffle && c.mem_budget == 3LL << 29 && c.global_batch == 6 && c.micro_batch == 3 &&
+              c.seed == 9 && c.lr == 0.25 && c.warmup == 7 && !strcmp(c.freeze, "x.*"),
+          "typed fields from JSON");
+    js = kiln_train_config_to_json(&c);
+    CHECK(js && strstr(js, "\"compile\": \"off\"") && strstr(js, "\"precision\": \"bf16\"") &&
+              strstr(js, "\"mem_budget\": \"1536M\"") && strstr(js, "\"micro_batch\": \"3\""),
+          "canonical names written: %s", js ? js : "");
+    kiln_train_config back;
+    kiln_train_config_default(&back);
+    CHECK(js && kiln_train_config_parse(js, "b.json", &back) == KILN_OK && same(&back, &c, &k), "non-defaults round trip (%s)", k);
+    free(js);
+    /* a train_config.json as kiln wrote it before the settings table (every
+     * key; enums, sizes and micro_batch as strings; the seed as a string) */
+    const char *old =
+        "{\"data\": \"d\", \"run_dir\": \"r\", \"model\": \"tiny\", \"tokenizer\": \"t.json\", \"init\": \"\", \"freeze\": \"\", "
+        "\"batch\": 2, \"accum\": 3, \"seq_len\": 32, \"pack\": \"packed\", \"shuffle\": true, \"loss_norm\": \"steps\", "
+        "\"lr\": 0.002, \"min_lr\": 0.0001, \"beta1\": 0.8, \"beta2\": 0.95, \"eps\": 1e-08, \"weight_decay\": 0.1, "
+        "\"clip\": 1.0, \"decay_embeddings\": false, \"warmup\": 20, \"steps\": 10, \"epochs\": 1, \"eval_every\": 50, "
+        "\"eval_batches\": 20, \"save_every\": 100, \"log_every\": 10, \"keep\": 3, \"on_nan\": \"stop\", "
+        "\"seed\": \"1234\", \"compile\": \"interpret\", \"precision\": \"fp32\", \"recompute\": \"none\", "
+        "\"compile_dynamic\": false, \"global_batch\": 0, \"micro_batch\": \"\", \"mem_budget\": \"\"}";
+    kiln_train_config_default(&c);
+    CHECK_OK(kiln_train_config_parse(old, "old/train_config.json", &c));
+    CHECK(c.batch == 2 && c.loss_norm == KILN_LOSS_NORM_STEPS && c.on_nan == KILN_ON_NAN_STOP && c.compile == KILN_RUN_INTERPRET &&
+              c.micro_batch == 0 && c.mem_budget == 0 && c.beta1 == 0.8 && c.seed == 1234 && c.steps == 10,
+          "a train_config.json written before the table loads");
+    CHECK_OK(kiln_train_config_validate(&c));
+}
+
+/* out-of-range values in a settings file are refused naming the file and the
+ * key, whatever the kind */
+static void ranges(void) {
+    const char *bad[][2] = {
+        {"batch", "0"},        {"seq_len", "1"},          {"epochs", "0"},        {"keep", "-1"},
+        {"lr", "0"},           {"lr", "-1e-3"},           {"beta1", "1"},         {"eps", "0"},
+        {"clip", "-1"},        {"warmup", "-5"},          {"global_batch", "-2"}, {"batch", "5000000000"},
+        {"batch", "2.5"},      {"batch", "\"8x\""},       {"pack", "\"zip\""},    {"precision", "\"fp16\""},
+        {"mem_budget", "\"lots\""}, {"micro_batch", "\"0\""}, {"micro_batch", "0"},  {"shuffle", "1"},
+        {"data", "5"},         {"compile", "\"bogus\""},  {"lr", "\"nan\""},         {"steps", "null"},
+    };
+    int n = (int)(sizeof bad / sizeof bad[0]);
+    for (int i = 0; i < n; i++) {
+        kiln_train_config c;
+        kiln_train_config_default(&c);
+        char js[128], want[64];
+        snprintf(js, sizeof js, "{\"%s\": %s}", bad[i][0], bad[i][1]);
+        snprintf(want, sizeof want, "cfg.json: %s: bad value", bad[i][0]);
+        kiln_status st = kiln_train_config_parse(js, "cfg.json", &c);
+        CHECK(st != KILN_OK && !strncmp(kiln_last_error(), want, strlen(want)), "%s refused naming the file: %s", js,
+              kiln_last_error());
+    }
+    /* set directly (a library caller): validation applies the same ranges */
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    c.beta2 = 1.5;
+    CHECK(kiln_train_config_validate(&c) && !strcmp(kiln_last_error(), "beta2: bad value '1.5' (expected a number in [0, 1))"),
+          "validate: %s", kiln_last_error());
+    kiln_train_config_default(&c);
+    c.compile = 77;
+    CHECK(kiln_train_config_validate(&c) && strstr(kiln_last_error(), "compile: bad value"), "validate enum: %s", kiln_last_error());
+    kiln_train_config_default(&c);
+    c.min_lr = 1;
+    CHECK(kiln_train_config_validate(&c) && strstr(kiln_last_error(), "min_lr"), "min_lr <= lr: %s", kiln_last_error());
+    kiln_train_config_default(&c);
+    c.recompute = KILN_RECOMPUTE_LAYER;
+    CHECK(kiln_train_config_validate(&c) && strstr(kiln_last_error(), "needs --compile"), "recompute needs compile: %s",
+          kiln_last_error());
+}
+
 int main(void) {
     parser();
     seed();
+    table();
+    ranges();
     TEST_END();
 }

@@ -58,8 +58,14 @@ kiln_status kiln_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 kiln_status kiln_parse_int(const char *s, int lo, int hi, int *out);
 kiln_status kiln_parse_u64(const char *s, uint64_t *out); /* digits only: "-1" is refused */
 kiln_status kiln_parse_f64(const char *s, double lo, double hi, double *out); /* [lo, hi] */
-/* s is one of names[0..n): its index into *out. */
-kiln_status kiln_parse_choice(const char *s, const char *const *names, int n, int *out);
+/* Named values, ended by {NULL}; the first name of a value is its own, later
+ * ones are accepted spellings ("eager" for "off"). */
+typedef struct {
+    const char *name;
+    int value;
+} kiln_choice;
+kiln_status kiln_parse_choice(const char *s, const kiln_choice *choices, int *out);
+const char *kiln_choice_name(const kiln_choice *choices, int value); /* "?" if none */
 /* "512M", "1G", "1.5GiB", "800MB", bytes (K/M/G/T are powers of 1024). */
 kiln_status kiln_parse_bytes(const char *s, int64_t *out);
 /* bytes as the shortest exact text kiln_parse_bytes reads back ("1G"). */

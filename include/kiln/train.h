@@ -22,42 +22,131 @@ extern "C" {
 typedef enum { KILN_LOSS_NORM_TOKENS = 0, KILN_LOSS_NORM_STEPS = 1 } kiln_loss_norm;
 typedef enum { KILN_ON_NAN_SKIP = 0, KILN_ON_NAN_STOP = 1 } kiln_on_nan;
 
-/* Every setting of a run; serialised as train_config.json (the same keys as
- * the long CLI flags, with '-' as '_'). */
+/* How a run is compiled (the --compile setting). */
+typedef enum {
+    KILN_RUN_EAGER = 0,          /* "off": no compiler */
+    KILN_RUN_COMPILE_DEFAULT,    /* "default" */
+    KILN_RUN_REDUCE_OVERHEAD,    /* "reduce-overhead" */
+    KILN_RUN_MAX_AUTOTUNE,       /* "max-autotune" */
+    KILN_RUN_INTERPRET,          /* "interpret": the planned graph in the interpreter */
+    KILN_RUN_STRICT,             /* "strict": default, a failed build is an error */
+} kiln_run_compile;
+/* micro_batch: KILN_MICRO_BATCH_AUTO, a positive number, or 0 (not given). */
+enum { KILN_MICRO_BATCH_AUTO = -1 };
+
+/* ---- the run settings -------------------------------------------------------
+ * Every setting of a run is one line here: X(key, KIND, LIMIT, DEFAULT, ARG,
+ * HELP). The line makes the kiln_train_config field `key`, its default, its
+ * train_config.json key (`key`), its `kiln train` flag (--key, '-' for '_'),
+ * the parsing of both with the same checks, the range check of
+ * kiln_train_config_validate and the --help line. TO ADD A SETTING, ADD ONE
+ * LINE (an ENUM also needs its names: a kiln_choice list in
+ * src/train/config.c, "choices_<LIMIT>").
+ *   KIND  field     LIMIT                           flag value / JSON value
+ *   STR   char[N]   N, the buffer size              text / string
+ *   INT   int       the minimum (maximum INT_MAX)   integer / integer
+ *   I64   int64_t   the minimum                     integer / integer
+ *   U64   uint64_t  0                               integer / string of digits (or integer)
+ *   F64   double    ANY, POS (> 0), NONNEG (>= 0),  number / number, always finite
+ *                   UNIT ([0, 1))
+ *   FLAG  bool      1: --key sets it, 0: --no-key   no value / true or false
+ *                   clears it
+ *   ENUM  int       the names: choices_<LIMIT>      a name / string
+ *   SIZE  int64_t   0                               "512M", "1G", bytes / string ("": 0, unset)
+ *   AUTO  int       0                               "auto" (KILN_MICRO_BATCH_AUTO) or N / string
+ * ARG NULL: no flag of its own (beta1 and beta2 come from --betas B1,B2). */
+#define KILN_TRAIN_SETTINGS(X)                                                                                             \
+    X(data, STR, 512, "data/kjv", "DIR", "directory with train.bin (and val.bin)")                                         \
+    X(run_dir, STR, 512, "runs/demo", "DIR", "where checkpoints, metrics.jsonl and loss.svg go")                           \
+    X(model, STR, 512, "demo", "NAME|FILE", "preset (tiny, small, demo) or a config.json")                                 \
+    X(tokenizer, STR, 512, "", "FILE", "tokenizer.json to copy into the run")                                              \
+    X(init, STR, 512, "", "RUN_DIR", "start from the weights of another run (fine-tuning)")                                \
+    X(freeze, STR, 256, "", "GLOB", "freeze parameters whose names match (fnmatch)")                                       \
+    X(batch, INT, 1, 8, "N", "rows per micro-batch")                                                                       \
+    X(accum, INT, 1, 4, "N", "micro-batches per optimiser step")                                                           \
+    X(seq_len, INT, 2, 128, "N", "tokens per row")                                                                         \
+    X(pack, ENUM, pack, KILN_PACK_PACKED, "packed|padded", "contiguous windows, or document-aligned padded rows")           \
+    X(shuffle, FLAG, 0, true, "", "keep the data in order (default: shuffled each epoch)")                                  \
+    X(loss_norm, ENUM, loss_norm, KILN_LOSS_NORM_TOKENS, "tokens|steps", "normalise by target tokens in the window, or by k") \
+    X(lr, F64, POS, 1e-3, "X", "peak learning rate")                                                                       \
+    X(min_lr, F64, NONNEG, 1e-4, "X", "learning rate at the end of the cosine")                                            \
+    X(beta1, F64, UNIT, 0.9, NULL, "AdamW beta1")                                                                          \
+    X(beta2, F64, UNIT, 0.95, NULL, "AdamW beta2")                                                                         \
+    X(eps, F64, POS, 1e-8, "X", "AdamW epsilon")                                                                           \
+    X(weight_decay, F64, NONNEG, 0.1, "X", "decoupled weight decay")                                                       \
+    X(clip, F64, NONNEG, 1.0, "X", "clip the global gradient norm (0: off)")                                               \
+    X(decay_embeddings, FLAG, 1, false, "", "apply weight decay to embeddings too (default: no decay on them)")            \
+    X(warmup, I64, 0, 20, "N", "linear warm-up steps")                                                                     \
+    X(steps, I64, 0, 0, "N", "optimiser steps (0: from --epochs)")                                                         \
+    X(epochs, I64, 1, 1, "N", "passes over train.bin when --steps is 0")                                                   \
+    X(eval_every, I64, 0, 50, "N", "evaluate on val.bin every N steps (0: never)")                                         \
+    X(eval_batches, I64, 0, 20, "N", "micro-batches per evaluation (0: all of val.bin)")                                   \
+    X(save_every, I64, 0, 100, "N", "checkpoint every N steps (0: only at the end)")                                       \
+    X(log_every, I64, 0, 10, "N", "log line every N steps when not on a terminal")                                         \
+    X(keep, INT, 0, 3, "N", "checkpoints to keep (0: all)")                                                                \
+    X(on_nan, ENUM, on_nan, KILN_ON_NAN_SKIP, "skip|stop", "on a non-finite loss: skip the step or stop")                  \
+    X(seed, U64, 0, 1234, "N", "seed for initialisation and shuffling")                                                    \
+    X(compile, ENUM, compile, KILN_RUN_EAGER, "MODE", "off (eager), default, reduce-overhead, max-autotune, interpret, strict") \
+    X(precision, ENUM, precision, KILN_F32, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)") \
+    X(recompute, ENUM, recompute, KILN_RECOMPUTE_NONE, "none|attention|layer", "recompute activations in backward (with --compile)") \
+    X(compile_dynamic, FLAG, 1, false, "", "compiled sizes as runtime values: smaller batches reuse the code")              \
+    X(global_batch, INT, 0, 0, "N", "sequences per optimiser step: sets --batch and --accum (0: off)")                     \
+    X(micro_batch, AUTO, 0, 0, "auto|N", "with --global-batch: auto = the largest divisor of N that fits")                 \
+    X(mem_budget, SIZE, 0, 0, "SIZE", "budget for --micro-batch auto, e.g. 1G (default: 70% of MemAvailable)")        \
+    X(save_dtype, STR, 8, "fp32", "fp32|bf16|f16", "dtype of the weights in checkpoints (optimiser state stays fp32)")   \
+    X(shard_size, STR, 32, "5GB", "SIZE", "most bytes per weight file, e.g. 5GB; larger models get shards + an index")
+
+#define KILN_SETTING_FIELD_STR(key, lim) char key[lim];
+#define KILN_SETTING_FIELD_INT(key, lim) int key;
+#define KILN_SETTING_FIELD_I64(key, lim) int64_t key;
+#define KILN_SETTING_FIELD_U64(key, lim) uint64_t key;
+#define KILN_SETTING_FIELD_F64(key, lim) double key;
+#define KILN_SETTING_FIELD_FLAG(key, lim) bool key;
+#define KILN_SETTING_FIELD_ENUM(key, lim) int key;
+#define KILN_SETTING_FIELD_SIZE(key, lim) int64_t key;
+#define KILN_SETTING_FIELD_AUTO(key, lim) int key;
+#define KILN_SETTING_FIELD(key, kind, lim, def, arg, help) KILN_SETTING_FIELD_##kind(key, lim)
+
+/* Every setting of a run, one field per line of KILN_TRAIN_SETTINGS;
+ * serialised as train_config.json. The ENUM fields hold kiln_pack_mode,
+ * kiln_loss_norm, kiln_on_nan, kiln_run_compile, kiln_dtype and
+ * KILN_RECOMPUTE_* values. */
 typedef struct {
-    char data[512];      /* directory with train.bin (and val.bin) */
-    char run_dir[512];   /* where checkpoints, metrics and plots go */
-    char model[512];     /* preset name or config.json path */
-    char tokenizer[512]; /* tokenizer.json copied into the run (optional) */
-    char init[512];      /* start from the weights of this run dir (fine-tuning) */
-    char freeze[256];    /* glob of parameters to freeze ("" = none) */
-    int batch, accum, seq_len;
-    kiln_pack_mode pack;
-    bool shuffle;
-    kiln_loss_norm loss_norm;
-    double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
-    bool decay_embeddings; /* default false: embeddings (and a tied head) get no decay */
-    int64_t warmup, steps, epochs; /* steps 0: derived from epochs */
-    int64_t eval_every, eval_batches, save_every, log_every;
-    int keep;
-    kiln_on_nan on_nan;
-    uint64_t seed;
-    char compile[32];    /* "off" (eager), "default", "reduce-overhead", "max-autotune", "interpret" */
-    char recompute[16];  /* "none", "attention", "layer": activations recomputed in backward (compiled) */
-    bool compile_dynamic; /* compiled sizes are runtime values (smaller shapes reuse the built code) */
-    char precision[8];   /* "fp32" (default) or "bf16": autocast, see kiln_autocast_set */
-    int global_batch;    /* sequences per optimiser step; 0: batch x accum as given */
-    char micro_batch[16]; /* with global_batch: "auto" (default: the largest that fits mem_budget) or a number */
-    char mem_budget[32];  /* "1G", "512M", ... ("": 70% of MemAvailable) */
-    char save_dtype[8];   /* weights in checkpoints: "fp32" (default), "bf16", "f16" */
-    char shard_size[32];  /* most bytes per weight file, "5GB" (default), then shards + index */
+    KILN_TRAIN_SETTINGS(KILN_SETTING_FIELD)
 } kiln_train_config;
+
+/* The table as data, for the CLI's flags and --help. */
+typedef enum {
+    KILN_SETTING_STR, KILN_SETTING_INT, KILN_SETTING_I64, KILN_SETTING_U64, KILN_SETTING_F64,
+    KILN_SETTING_FLAG, KILN_SETTING_ENUM, KILN_SETTING_SIZE, KILN_SETTING_AUTO,
+} kiln_setting_kind;
+enum { KILN_SETTING_ANY, KILN_SETTING_POS, KILN_SETTING_NONNEG, KILN_SETTING_UNIT }; /* F64 limits */
+typedef struct {
+    const char *key;             /* the JSON key and the field */
+    kiln_setting_kind kind;
+    size_t offset, size;         /* of the field in kiln_train_config */
+    int64_t limit;               /* the LIMIT column (not for ENUM) */
+    const kiln_choice *choices;  /* ENUM: the names */
+    const char *arg, *help;      /* arg NULL: no flag */
+} kiln_setting;
+extern const kiln_setting kiln_train_settings[];
+extern const int kiln_train_n_settings;
+/* One setting from text (a flag's value; FLAG: "true" or "false"), with
+ * the checks of its line; refusals read "bad value 'TEXT' (expected ...)". */
+kiln_status kiln_setting_parse(const kiln_setting *s, const char *text, kiln_train_config *c);
+/* The value as a flag would give it ("" for an unset string or size). */
+const char *kiln_setting_format(const kiln_setting *s, const kiln_train_config *c, char *buf, size_t n);
+/* The setting with this JSON key, or NULL. */
+const kiln_setting *kiln_setting_find(const char *key);
 
 void kiln_train_config_default(kiln_train_config *c);
 /* The compiler options a run's settings ask for (compile mode, recompute). */
 kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_options *co);
+/* Every line's range, then the rules between settings (min_lr <= lr,
+ * recompute needs compile, micro_batch with global_batch, ...). */
 kiln_status kiln_train_config_validate(const kiln_train_config *c);
-/* Overlays keys from JSON text onto *c; unknown keys are an error. */
+/* Overlays keys from JSON text onto *c with the flags' checks; unknown keys
+ * are an error; messages start with `source` (the file) and the key. */
 kiln_status kiln_train_config_parse(const char *json, const char *source, kiln_train_config *c);
 char *kiln_train_config_to_json(const kiln_train_config *c); /* malloc'd */
 
@@ -148,6 +237,7 @@ typedef struct {
  * smallest budget that works. auto needs a compile mode (the plan is the
  * compiler's). Does not modify c. */
 kiln_status kiln_train_choose_batch(const kiln_train_config *c, kiln_llama *m, kiln_mem_choice *out);
+/* global_batch and micro_batch together (part of validation). */
 kiln_status kiln_train_check_batch_settings(const kiln_train_config *c);
 int64_t kiln_mem_available(void); /* MemAvailable of /proc/meminfo in bytes, 0 if unknown */
 const char *kiln_bytes_str(int64_t bytes, char *buf, size_t n); /* "1.23 GiB" */

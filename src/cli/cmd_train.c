@@ -13,73 +13,29 @@
 #include "kiln/kernels.h"
 #include "kiln/train.h"
 
-typedef enum { T_STR, T_INT, T_I64, T_U64, T_DBL, T_SET, T_CLEAR, T_BETAS, T_PACK, T_NORM, T_NAN } flag_type;
+/* The flags are the lines of KILN_TRAIN_SETTINGS (kiln/train.h) that have
+ * an ARG: --key with '-' for '_' (--no-key for a FLAG that clears), and
+ * each value goes through kiln_setting_parse, as train_config.json's do. */
+#define COUNT_ONE(...) +1
+enum { N_SETTINGS = 0 KILN_TRAIN_SETTINGS(COUNT_ONE) };
+static char flag_names[N_SETTINGS][40];
 
-typedef struct {
-    const char *name; /* without the leading -- */
-    flag_type type;
-    size_t off, size;
-    const char *arg, *help;
-} flag_def;
-
-#define F(name, type, field, arg, help) {name, type, offsetof(kiln_train_config, field), sizeof(((kiln_train_config *)0)->field), arg, help}
-
-static const flag_def flags[] = {
-    F("data", T_STR, data, "DIR", "directory with train.bin (and val.bin)"),
-    F("run-dir", T_STR, run_dir, "DIR", "where checkpoints, metrics.jsonl and loss.svg go"),
-    F("model", T_STR, model, "NAME|FILE", "preset (tiny, small, demo) or a config.json"),
-    F("tokenizer", T_STR, tokenizer, "FILE", "tokenizer.json to copy into the run"),
-    F("init", T_STR, init, "RUN_DIR", "start from the weights of another run (fine-tuning)"),
-    F("freeze", T_STR, freeze, "GLOB", "freeze parameters whose names match (fnmatch)"),
-    F("batch", T_INT, batch, "N", "rows per micro-batch"),
-    F("accum", T_INT, accum, "N", "micro-batches per optimiser step"),
-    F("seq-len", T_INT, seq_len, "N", "tokens per row"),
-    F("pack", T_PACK, pack, "packed|padded", "contiguous windows, or document-aligned padded rows"),
-    F("no-shuffle", T_CLEAR, shuffle, NULL, "keep the data in order (default: shuffled each epoch)"),
-    F("loss-norm", T_NORM, loss_norm, "tokens|steps", "normalise by target tokens in the window, or by k"),
-    F("lr", T_DBL, lr, "X", "peak learning rate"),
-    F("min-lr", T_DBL, min_lr, "X", "learning rate at the end of the cosine"),
-    F("betas", T_BETAS, beta1, "B1,B2", "AdamW betas"),
-    F("eps", T_DBL, eps, "X", "AdamW epsilon"),
-    F("weight-decay", T_DBL, weight_decay, "X", "decoupled weight decay"),
-    F("decay-embeddings", T_SET, decay_embeddings, NULL, "apply weight decay to embeddings too"),
-    F("clip", T_DBL, clip, "X", "clip the global gradient norm (0: off)"),
-    F("warmup", T_I64, warmup, "N", "linear warm-up steps"),
-    F("steps", T_I64, steps, "N", "optimiser steps (0: from --epochs)"),
-    F("epochs", T_I64, epochs, "N", "passes over train.bin when --steps is 0"),
-    F("eval-every", T_I64, eval_every, "N", "evaluate on val.bin every N steps (0: never)"),
-    F("eval-batches", T_I64, eval_batches, "N", "micro-batches per evaluation"),
-    F("save-every", T_I64, save_every, "N", "checkpoint every N steps (0: only at the end)"),
-    F("keep", T_INT, keep, "N", "checkpoints to keep (0: all)"),
-    F("log-every", T_I64, log_every, "N", "log line every N steps when not on a terminal"),
-    F("on-nan", T_NAN, on_nan, "skip|stop", "on a non-finite loss: skip the step or stop"),
-    F("seed", T_U64, seed, "N", "seed for initialisation and shuffling"),
-    F("compile", T_STR, compile, "MODE", "off (eager), default, reduce-overhead, max-autotune, interpret, strict"),
-    F("recompute", T_STR, recompute, "none|attention|layer", "recompute activations in backward (with --compile)"),
-    F("compile-dynamic", T_SET, compile_dynamic, NULL, "compiled sizes as runtime values: smaller batches reuse the code"),
-    F("precision", T_STR, precision, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)"),
-    F("global-batch", T_INT, global_batch, "N", "sequences per optimiser step: sets --batch and --accum (0: off)"),
-    F("micro-batch", T_STR, micro_batch, "auto|N", "with --global-batch: auto = the largest divisor of N that fits"),
-    F("mem-budget", T_STR, mem_budget, "SIZE", "budget for --micro-batch auto, e.g. 1G (default: 70% of MemAvailable)"),
-    F("save-dtype", T_STR, save_dtype, "fp32|bf16|f16", "dtype of the weights in checkpoints (optimiser state stays fp32)"),
-    F("shard-size", T_STR, shard_size, "SIZE", "most bytes per weight file, e.g. 5GB; larger models get shards + an index"),
-};
-#define N_FLAGS (sizeof flags / sizeof flags[0])
-
-static void print_default(FILE *f, const flag_def *d, const kiln_train_config *c) {
-    const char *p = (const char *)c + d->off;
-    switch (d->type) {
-    case T_STR: if (*p) fprintf(f, " (default: %s)", p); break;
-    case T_INT: fprintf(f, " (default: %d)", *(const int *)p); break;
-    case T_I64: fprintf(f, " (default: %lld)", (long long)*(const int64_t *)p); break;
-    case T_U64: fprintf(f, " (default: %llu)", (unsigned long long)*(const uint64_t *)p); break;
-    case T_DBL: fprintf(f, " (default: %g)", *(const double *)p); break;
-    case T_BETAS: fprintf(f, " (default: %g,%g)", c->beta1, c->beta2); break;
-    case T_PACK: fprintf(f, " (default: %s)", c->pack == KILN_PACK_PADDED ? "padded" : "packed"); break;
-    case T_NORM: fprintf(f, " (default: %s)", c->loss_norm == KILN_LOSS_NORM_STEPS ? "steps" : "tokens"); break;
-    case T_NAN: fprintf(f, " (default: %s)", c->on_nan == KILN_ON_NAN_STOP ? "stop" : "skip"); break;
-    case T_SET: case T_CLEAR: break;
+static const char *flag_name(int i) {
+    const kiln_setting *s = &kiln_train_settings[i];
+    if (!flag_names[i][0]) {
+        snprintf(flag_names[i], sizeof flag_names[i], "%s%s", s->kind == KILN_SETTING_FLAG && !s->limit ? "no-" : "", s->key);
+        for (char *p = flag_names[i]; *p; p++)
+            if (*p == '_') *p = '-';
     }
+    return flag_names[i];
+}
+
+static void print_flag(FILE *f, const char *name, const char *arg, const char *help, const char *dflt) {
+    char lhs[128];
+    snprintf(lhs, sizeof lhs, "--%.40s%s%.60s", name, arg[0] ? " " : "", arg);
+    fprintf(f, "  %-26s %s", lhs, help);
+    if (dflt[0]) fprintf(f, " (default: %s)", dflt);
+    fputc('\n', f);
 }
 
 static void usage(FILE *f) {
@@ -94,12 +50,16 @@ static void usage(FILE *f) {
     fprintf(f, "  --config FILE              settings as JSON (e.g. a run's train_config.json)\n");
     fprintf(f, "  --resume RUN_DIR           continue a run from its newest checkpoint with its\n"
                "                             saved settings; only --steps may be raised\n");
-    for (size_t i = 0; i < N_FLAGS; i++) {
-        char lhs[64];
-        snprintf(lhs, sizeof lhs, "--%s%s%s", flags[i].name, flags[i].arg ? " " : "", flags[i].arg ? flags[i].arg : "");
-        fprintf(f, "  %-26s %s", lhs, flags[i].help);
-        print_default(f, &flags[i], &c);
-        fputc('\n', f);
+    for (int i = 0; i < kiln_train_n_settings; i++) {
+        const kiln_setting *s = &kiln_train_settings[i];
+        char dflt[64] = "";
+        if (!strcmp(s->key, "beta1")) {
+            snprintf(dflt, sizeof dflt, "%g,%g", c.beta1, c.beta2);
+            print_flag(f, "betas", "B1,B2", "AdamW betas", dflt);
+        }
+        if (!s->arg) continue;
+        if (s->kind != KILN_SETTING_FLAG) kiln_setting_format(s, &c, dflt, sizeof dflt);
+        print_flag(f, flag_name(i), s->arg, s->help, dflt);
     }
     fprintf(f, "  --threads N                compute threads (default: all cores)\n"
                "  --no-plot                  do not write RUN_DIR/loss.svg at the end\n"
@@ -112,81 +72,29 @@ static void usage(FILE *f) {
                "exit status: 0 done (or stopped by Ctrl-C and saved), 1 runtime error, 2 usage error\n");
 }
 
-static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) return false;
-    *out = x;
-    return true;
-}
-
-static bool parse_dbl(const char *v, double *out) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x)) return false;
-    *out = x;
-    return true;
-}
-
-static bool parse_enum(const char *v, const char *a, const char *b, int *out) {
-    if (!strcmp(v, a)) *out = 0;
-    else if (!strcmp(v, b)) *out = 1;
-    else return false;
-    return true;
-}
+static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) { return kiln_parse_i64(v, lo, hi, out) == KILN_OK; }
 
 /* Stores one flag's value; false (after printing why) on a bad value. */
-static bool apply_flag(const flag_def *d, const char *v, kiln_train_config *c) {
-    char *p = (char *)c + d->off;
-    int64_t i;
-    const char *want = NULL;
-    switch (d->type) {
-    case T_STR:
-        if (strlen(v) >= d->size) want = "a shorter value";
-        else memcpy(p, v, strlen(v) + 1);
-        break;
-    case T_INT:
-        if (parse_i64(v, 0, 2147483647, &i)) *(int *)p = (int)i;
-        else want = "a non-negative integer";
-        break;
-    case T_I64:
-        if (!parse_i64(v, 0, INT64_MAX, (int64_t *)p)) want = "a non-negative integer";
-        break;
-    case T_U64:
-        if (v[0] == '-' || !parse_i64(v, 0, INT64_MAX, &i)) want = "a non-negative integer";
-        else *(uint64_t *)p = (uint64_t)i;
-        break;
-    case T_DBL:
-        if (!parse_dbl(v, (double *)p)) want = "a number";
-        break;
-    case T_BETAS: {
-        const char *comma = strchr(v, ',');
-        char b1[64];
-        if (!comma || (size_t)(comma - v) >= sizeof b1) {
-            want = "two numbers B1,B2";
-            break;
-        }
+static bool apply_flag(int k, const char *v, kiln_train_config *c) {
+    const kiln_setting *s = &kiln_train_settings[k];
+    kiln_status st = s->kind == KILN_SETTING_FLAG ? kiln_setting_parse(s, s->limit ? "true" : "false", c)
+                                                  : kiln_setting_parse(s, v, c);
+    if (st) fprintf(stderr, "kiln train: --%s: %s\n", flag_name(k), kiln_last_error());
+    return !st;
+}
+
+/* --betas B1,B2: beta1 and beta2 at once */
+static bool apply_betas(const char *v, kiln_train_config *c) {
+    const char *comma = strchr(v, ',');
+    char b1[64];
+    bool ok = comma && (size_t)(comma - v) < sizeof b1;
+    if (ok) {
         memcpy(b1, v, (size_t)(comma - v));
         b1[comma - v] = 0;
-        if (!parse_dbl(b1, &c->beta1) || !parse_dbl(comma + 1, &c->beta2)) want = "two numbers B1,B2";
-        break;
+        ok = !kiln_setting_parse(kiln_setting_find("beta1"), b1, c) && !kiln_setting_parse(kiln_setting_find("beta2"), comma + 1, c);
     }
-    case T_PACK:
-        if (!parse_enum(v, "packed", "padded", (int *)p)) want = "packed or padded";
-        break;
-    case T_NORM:
-        if (!parse_enum(v, "tokens", "steps", (int *)p)) want = "tokens or steps";
-        break;
-    case T_NAN:
-        if (!parse_enum(v, "skip", "stop", (int *)p)) want = "skip or stop";
-        break;
-    case T_SET: *(bool *)p = true; break;
-    case T_CLEAR: *(bool *)p = false; break;
-    }
-    if (want) fprintf(stderr, "kiln train: --%s: bad value '%s' (expected %s)\n", d->name, v, want);
-    return !want;
+    if (!ok) fprintf(stderr, "kiln train: --betas: bad value '%s' (expected two numbers B1,B2 in [0, 1))\n", v);
+    return ok;
 }
 
 typedef struct {
@@ -194,11 +102,10 @@ typedef struct {
     bool help, no_plot, no_overlap, steps_given, others_given;
 } train_args;
 
-/* Splits "--name=value"; returns the flag's table index, -1 for the extra
- * flags handled by the caller, -2 for unknown. */
+/* The setting whose flag is s[0..nl) ("--name"), or -2. */
 static int lookup(const char *s, size_t nl) {
-    for (size_t i = 0; i < N_FLAGS; i++)
-        if (strlen(flags[i].name) == nl - 2 && !strncmp(s + 2, flags[i].name, nl - 2)) return (int)i;
+    for (int i = 0; i < kiln_train_n_settings; i++)
+        if (kiln_train_settings[i].arg && strlen(flag_name(i)) == nl - 2 && !strncmp(s + 2, flag_name(i), nl - 2)) return i;
     return -2;
 }
 
@@ -217,16 +124,16 @@ static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_confi
         }
         const char *eq = strchr(s, '=');
         size_t nl = eq ? (size_t)(eq - s) : strlen(s);
-        const char *extra[] = {"--config", "--resume", "--threads", "--no-plot", "--no-overlap"};
+        const char *extra[] = {"--config", "--resume", "--threads", "--betas", "--no-plot", "--no-overlap"};
         int e = -1;
-        for (int j = 0; j < 5; j++)
+        for (int j = 0; j < 6; j++)
             if (strlen(extra[j]) == nl && !strncmp(s, extra[j], nl)) e = j;
         int k = e >= 0 ? -1 : lookup(s, nl);
         if (k == -2) {
             fprintf(stderr, "kiln train: unknown flag %.*s (see --help)\n", (int)nl, s);
             return 2;
         }
-        bool takes = e >= 0 ? e < 3 : (flags[k].type != T_SET && flags[k].type != T_CLEAR);
+        bool takes = e >= 0 ? e < 4 : kiln_train_settings[k].kind != KILN_SETTING_FLAG;
         const char *v = NULL;
         if (takes) {
             v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
@@ -242,11 +149,11 @@ static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_confi
             if (e == 0) a->config = v;
             if (e == 1) a->resume = v;
             if (e == 2) a->threads = v;
-            if (e == 3) a->no_plot = true;
-            if (e == 4) a->no_overlap = true;
-            if (k >= 0 && !strcmp(flags[k].name, "steps")) a->steps_given = true;
-            else if (k >= 0) a->others_given = true;
-        } else if (k >= 0 && !apply_flag(&flags[k], v, c)) {
+            if (e == 4) a->no_plot = true;
+            if (e == 5) a->no_overlap = true;
+            if (k >= 0 && !strcmp(kiln_train_settings[k].key, "steps")) a->steps_given = true;
+            else if (k >= 0 || e == 3) a->others_given = true;
+        } else if ((k >= 0 && !apply_flag(k, v, c)) || (e == 3 && !apply_betas(v, c))) {
             return 2;
         }
     }
@@ -429,7 +336,7 @@ static void print_memory(kiln_trainer *t, bool end) {
     const kiln_train_config *c = kiln_trainer_config(t);
     const kiln_mem_choice *m = kiln_trainer_mem_choice(t);
     char a[32], b[32], d[32];
-    if (!end && !strcmp(c->precision, "bf16")) fprintf(stderr, "kiln train: precision bf16: %s\n", kiln_bf16_path());
+    if (!end && c->precision == KILN_BF16) fprintf(stderr, "kiln train: precision bf16: %s\n", kiln_bf16_path());
     if (!m) return;
     if (end) {
         double rss = (double)kiln_peak_rss();

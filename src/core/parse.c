@@ -83,18 +83,33 @@ kiln_status kiln_parse_f64(const char *s, double lo, double hi, double *out) {
     return KILN_OK;
 }
 
-kiln_status kiln_parse_choice(const char *s, const char *const *names, int n, int *out) {
-    for (int i = 0; s && i < n; i++)
-        if (!strcmp(s, names[i])) {
-            *out = i;
+/* The message lists each value once, by its first (canonical) name: the
+ * later names of a value are accepted spellings. */
+kiln_status kiln_parse_choice(const char *s, const kiln_choice *choices, int *out) {
+    for (const kiln_choice *c = choices; s && c->name; c++)
+        if (!strcmp(s, c->name)) {
+            *out = c->value;
             return KILN_OK;
         }
+    int n = 0;
+    for (const kiln_choice *c = choices; c->name; c++)
+        if (!strcmp(kiln_choice_name(choices, c->value), c->name)) n++;
     char want[512];
     size_t k = 0;
     want[0] = 0;
-    for (int i = 0; i < n && k < sizeof want; i++)
-        k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
+    int i = 0;
+    for (const kiln_choice *c = choices; c->name && k < sizeof want; c++) {
+        if (strcmp(kiln_choice_name(choices, c->value), c->name)) continue;
+        k += (size_t)snprintf(want + k, sizeof want - k, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", c->name);
+        i++;
+    }
     return kiln_bad_value(s, want);
+}
+
+const char *kiln_choice_name(const kiln_choice *choices, int value) {
+    for (const kiln_choice *c = choices; c->name; c++)
+        if (c->value == value) return c->name;
+    return "?";
 }
 
 kiln_status kiln_parse_bytes(const char *s, int64_t *out) {

@@ -1,6 +1,11 @@
-/* The run's settings <-> train_config.json, table-driven so the JSON keys,
- * the defaults and the validation stay in one place. */
+/* The run's settings: the KILN_TRAIN_SETTINGS table (kiln/train.h) as data,
+ * the defaults, train_config.json both ways and validation, all from the
+ * one table so a flag, a JSON key and a default cannot drift apart. Flags
+ * and JSON string values go through the same kiln_setting_parse (the core
+ * number parser underneath). */
+#include <float.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -8,146 +13,260 @@
 #include <string.h>
 #include "kiln/train.h"
 
-typedef enum { F_STR, F_INT, F_I64, F_DBL, F_BOOL, F_U64, F_PACK, F_NORM, F_NAN } ftype;
-typedef struct {
-    const char *key;
-    ftype type;
-    size_t off, size;
-} field;
+/* The names of each ENUM setting (choices_<LIMIT>); first name of a value
+ * is the one written, later ones are older or alternative spellings that
+ * saved files may hold. */
+static const kiln_choice choices_pack[] = {{"packed", KILN_PACK_PACKED}, {"padded", KILN_PACK_PADDED}, {NULL, 0}};
+static const kiln_choice choices_loss_norm[] = {{"tokens", KILN_LOSS_NORM_TOKENS}, {"steps", KILN_LOSS_NORM_STEPS}, {NULL, 0}};
+static const kiln_choice choices_on_nan[] = {{"skip", KILN_ON_NAN_SKIP}, {"stop", KILN_ON_NAN_STOP}, {NULL, 0}};
+static const kiln_choice choices_compile[] = {
+    {"off", KILN_RUN_EAGER},          {"default", KILN_RUN_COMPILE_DEFAULT}, {"reduce-overhead", KILN_RUN_REDUCE_OVERHEAD},
+    {"max-autotune", KILN_RUN_MAX_AUTOTUNE}, {"interpret", KILN_RUN_INTERPRET}, {"strict", KILN_RUN_STRICT},
+    {"none", KILN_RUN_EAGER},         {"eager", KILN_RUN_EAGER},             {NULL, 0}};
+static const kiln_choice choices_precision[] = {{"fp32", KILN_F32},    {"bf16", KILN_BF16},     {"f32", KILN_F32},
+                                                {"float32", KILN_F32}, {"bfloat16", KILN_BF16}, {NULL, 0}};
+static const kiln_choice choices_recompute[] = {
+    {"none", KILN_RECOMPUTE_NONE}, {"attention", KILN_RECOMPUTE_ATTENTION}, {"layer", KILN_RECOMPUTE_LAYER}, {NULL, 0}};
+static const kiln_choice choices_bool[] = {{"true", 1}, {"false", 0}, {NULL, 0}};
 
-#define FLD(k, t) {#k, t, offsetof(kiln_train_config, k), sizeof(((kiln_train_config *)0)->k)}
-static const field fields[] = {
-    FLD(data, F_STR),         FLD(run_dir, F_STR),      FLD(model, F_STR),       FLD(tokenizer, F_STR),
-    FLD(init, F_STR),         FLD(freeze, F_STR),       FLD(batch, F_INT),       FLD(accum, F_INT),
-    FLD(seq_len, F_INT),      FLD(pack, F_PACK),        FLD(shuffle, F_BOOL),    FLD(loss_norm, F_NORM),
-    FLD(lr, F_DBL),           FLD(min_lr, F_DBL),       FLD(beta1, F_DBL),       FLD(beta2, F_DBL),
-    FLD(eps, F_DBL),          FLD(weight_decay, F_DBL), FLD(clip, F_DBL),        FLD(decay_embeddings, F_BOOL),
-    FLD(warmup, F_I64),       FLD(steps, F_I64),        FLD(epochs, F_I64),      FLD(eval_every, F_I64),
-    FLD(eval_batches, F_I64), FLD(save_every, F_I64),   FLD(log_every, F_I64),   FLD(keep, F_INT),
-    FLD(on_nan, F_NAN),       FLD(seed, F_U64),         FLD(compile, F_STR),     FLD(precision, F_STR),
-    FLD(recompute, F_STR),    FLD(compile_dynamic, F_BOOL),
-    FLD(global_batch, F_INT), FLD(micro_batch, F_STR),  FLD(mem_budget, F_STR),
-    FLD(save_dtype, F_STR),   FLD(shard_size, F_STR),
-};
-#define NF (sizeof fields / sizeof fields[0])
+#define LIMIT_STR(l) .limit = (l)
+#define LIMIT_INT(l) .limit = (l)
+#define LIMIT_I64(l) .limit = (l)
+#define LIMIT_U64(l) .limit = (l)
+#define LIMIT_F64(l) .limit = KILN_SETTING_##l
+#define LIMIT_FLAG(l) .limit = (l)
+#define LIMIT_ENUM(l) .choices = choices_##l
+#define LIMIT_SIZE(l) .limit = (l)
+#define LIMIT_AUTO(l) .limit = (l)
+#define ROW(key_, kd, lim, def, arg_, help_)                                                                             \
+    {.key = #key_, .kind = KILN_SETTING_##kd, .offset = offsetof(kiln_train_config, key_),                                \
+     .size = sizeof(((kiln_train_config *)0)->key_), LIMIT_##kd(lim), .arg = arg_, .help = help_},
+const kiln_setting kiln_train_settings[] = {KILN_TRAIN_SETTINGS(ROW)};
+const int kiln_train_n_settings = (int)(sizeof kiln_train_settings / sizeof kiln_train_settings[0]);
 
-static const char *const pack_names[] = {"packed", "padded"};
-static const char *const norm_names[] = {"tokens", "steps"};
-static const char *const nan_names[] = {"skip", "stop"};
+#define DEFAULT_STR(key, def) snprintf(c->key, sizeof c->key, "%s", def);
+#define DEFAULT_INT(key, def) c->key = (def);
+#define DEFAULT_I64(key, def) c->key = (def);
+#define DEFAULT_U64(key, def) c->key = (def);
+#define DEFAULT_F64(key, def) c->key = (def);
+#define DEFAULT_FLAG(key, def) c->key = (def);
+#define DEFAULT_ENUM(key, def) c->key = (def);
+#define DEFAULT_SIZE(key, def) c->key = (def);
+#define DEFAULT_AUTO(key, def) c->key = (def);
+#define DEFAULT(key, kd, lim, def, arg, help) DEFAULT_##kd(key, def)
 
 void kiln_train_config_default(kiln_train_config *c) {
     memset(c, 0, sizeof *c);
-    snprintf(c->data, sizeof c->data, "data/kjv");
-    snprintf(c->run_dir, sizeof c->run_dir, "runs/demo");
-    snprintf(c->model, sizeof c->model, "demo");
-    c->batch = 8;
-    c->accum = 4;
-    c->seq_len = 128;
-    c->pack = KILN_PACK_PACKED;
-    c->shuffle = true;
-    c->loss_norm = KILN_LOSS_NORM_TOKENS;
-    c->lr = 1e-3;
-    c->min_lr = 1e-4;
-    c->beta1 = 0.9;
-    c->beta2 = 0.95;
-    c->eps = 1e-8;
-    c->weight_decay = 0.1;
-    c->clip = 1.0;
-    c->warmup = 20;
-    c->epochs = 1;
-    c->eval_every = 50;
-    c->eval_batches = 20;
-    c->save_every = 100;
-    c->log_every = 10;
-    c->keep = 3;
-    c->on_nan = KILN_ON_NAN_SKIP;
-    c->seed = 1234;
-    snprintf(c->compile, sizeof c->compile, "off");
-    snprintf(c->precision, sizeof c->precision, "fp32");
-    snprintf(c->recompute, sizeof c->recompute, "none");
-    snprintf(c->save_dtype, sizeof c->save_dtype, "fp32");
-    snprintf(c->shard_size, sizeof c->shard_size, "5GB");
+    KILN_TRAIN_SETTINGS(DEFAULT)
 }
 
-kiln_status kiln_train_config_validate(const kiln_train_config *c) {
-#define NEED(cond, ...) \
-    if (!(cond)) return kiln_error(KILN_ERR_INVALID, __VA_ARGS__)
-    NEED(c->batch >= 1, "batch must be >= 1, got %d", c->batch);
-    NEED(c->accum >= 1, "accum must be >= 1, got %d", c->accum);
-    NEED(c->seq_len >= 2, "seq_len must be >= 2, got %d", c->seq_len);
-    NEED(isfinite(c->lr) && c->lr > 0, "lr must be > 0, got %g", c->lr);
-    NEED(isfinite(c->min_lr) && c->min_lr >= 0 && c->min_lr <= c->lr, "min_lr must be in [0, lr], got %g", c->min_lr);
-    NEED(c->beta1 >= 0 && c->beta1 < 1, "beta1 must be in [0, 1), got %g", c->beta1);
-    NEED(c->beta2 >= 0 && c->beta2 < 1, "beta2 must be in [0, 1), got %g", c->beta2);
-    NEED(c->eps > 0, "eps must be > 0, got %g", c->eps);
-    NEED(c->weight_decay >= 0 && isfinite(c->weight_decay), "weight_decay must be >= 0, got %g", c->weight_decay);
-    NEED(c->clip >= 0 && isfinite(c->clip), "clip must be >= 0 (0 = off), got %g", c->clip);
-    NEED(c->warmup >= 0, "warmup must be >= 0");
-    NEED(c->steps >= 0, "steps must be >= 0 (0 = from epochs)");
-    NEED(c->epochs >= 1, "epochs must be >= 1, got %lld", (long long)c->epochs);
-    NEED(c->eval_every >= 0 && c->save_every >= 0 && c->log_every >= 0 && c->eval_batches >= 0,
-         "eval_every, eval_batches, save_every and log_every must be >= 0");
-    NEED(c->keep >= 0, "keep must be >= 0 (0 = keep all)");
-    NEED(c->pack == KILN_PACK_PACKED || c->pack == KILN_PACK_PADDED, "pack must be packed or padded");
-    NEED(c->data[0], "data must name a directory with train.bin");
-    NEED(c->run_dir[0], "run_dir must be set");
-    kiln_compile_options co;
-    if (kiln_train_compile_options(c, &co)) return KILN_ERR_INVALID;
-    if (kiln_train_check_batch_settings(c)) return KILN_ERR_INVALID; /* precision, global/micro batch, budget */
-    kiln_weights_options wo;
-    if (kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo)) return KILN_ERR_INVALID;
-#undef NEED
+const kiln_setting *kiln_setting_find(const char *key) {
+    for (int i = 0; i < kiln_train_n_settings; i++)
+        if (!strcmp(kiln_train_settings[i].key, key)) return &kiln_train_settings[i];
+    return NULL;
+}
+
+#define AT(c, s, T) ((T *)((char *)(c) + (s)->offset))
+#define CAT(c, s, T) ((const T *)((const char *)(c) + (s)->offset))
+
+static const char *f64_expect(const kiln_setting *s) {
+    switch (s->limit) {
+    case KILN_SETTING_POS: return "a number > 0";
+    case KILN_SETTING_NONNEG: return "a number >= 0";
+    case KILN_SETTING_UNIT: return "a number in [0, 1)";
+    default: return "a number";
+    }
+}
+
+static bool f64_ok(const kiln_setting *s, double x) {
+    if (!isfinite(x)) return false;
+    switch (s->limit) {
+    case KILN_SETTING_POS: return x > 0;
+    case KILN_SETTING_NONNEG: return x >= 0;
+    case KILN_SETTING_UNIT: return x >= 0 && x < 1;
+    default: return true;
+    }
+}
+
+static int64_t int_max(const kiln_setting *s) { return s->kind == KILN_SETTING_INT ? INT_MAX : INT64_MAX; }
+
+kiln_status kiln_setting_parse(const kiln_setting *s, const char *text, kiln_train_config *c) {
+    int64_t i = 0;
+    int e = 0;
+    double x = 0;
+    kiln_status st = KILN_OK;
+    switch (s->kind) {
+    case KILN_SETTING_STR:
+        if (strlen(text) >= s->size) {
+            char want[64];
+            snprintf(want, sizeof want, "at most %zu bytes", s->size - 1);
+            return kiln_bad_value(text, want);
+        }
+        memcpy(AT(c, s, char), text, strlen(text) + 1);
+        return KILN_OK;
+    case KILN_SETTING_INT:
+    case KILN_SETTING_I64:
+        if ((st = kiln_parse_i64(text, s->limit, int_max(s), &i))) return st;
+        if (s->kind == KILN_SETTING_INT) *AT(c, s, int) = (int)i;
+        else *AT(c, s, int64_t) = i;
+        return KILN_OK;
+    case KILN_SETTING_U64: return kiln_parse_u64(text, AT(c, s, uint64_t));
+    case KILN_SETTING_F64:
+        if (kiln_parse_f64(text, -DBL_MAX, DBL_MAX, &x) || !f64_ok(s, x)) return kiln_bad_value(text, f64_expect(s));
+        *AT(c, s, double) = x;
+        return KILN_OK;
+    case KILN_SETTING_FLAG:
+        if ((st = kiln_parse_choice(text, choices_bool, &e))) return st;
+        *AT(c, s, bool) = e != 0;
+        return KILN_OK;
+    case KILN_SETTING_ENUM:
+        if ((st = kiln_parse_choice(text, s->choices, &e))) return st;
+        *AT(c, s, int) = e;
+        return KILN_OK;
+    case KILN_SETTING_SIZE:
+        if (!text[0]) i = 0; /* unset: the default budget */
+        else if (kiln_parse_bytes(text, &i)) return kiln_last_status();
+        *AT(c, s, int64_t) = i;
+        return KILN_OK;
+    case KILN_SETTING_AUTO:
+        if (!text[0]) e = 0;
+        else if (!strcmp(text, "auto")) e = KILN_MICRO_BATCH_AUTO;
+        else if (kiln_parse_int(text, 1, 1000000, &e)) return kiln_bad_value(text, "auto or an integer in [1, 1000000]");
+        *AT(c, s, int) = e;
+        return KILN_OK;
+    }
+    return kiln_error(KILN_ERR_INVALID, "setting %s: unknown kind", s->key);
+}
+
+const char *kiln_setting_format(const kiln_setting *s, const kiln_train_config *c, char *buf, size_t n) {
+    buf[0] = 0;
+    switch (s->kind) {
+    case KILN_SETTING_STR: snprintf(buf, n, "%s", CAT(c, s, char)); break;
+    case KILN_SETTING_INT: snprintf(buf, n, "%d", *CAT(c, s, int)); break;
+    case KILN_SETTING_I64: snprintf(buf, n, "%lld", (long long)*CAT(c, s, int64_t)); break;
+    case KILN_SETTING_U64: snprintf(buf, n, "%llu", (unsigned long long)*CAT(c, s, uint64_t)); break;
+    case KILN_SETTING_F64: snprintf(buf, n, "%g", *CAT(c, s, double)); break;
+    case KILN_SETTING_FLAG: snprintf(buf, n, "%s", *CAT(c, s, bool) ? "true" : "false"); break;
+    case KILN_SETTING_ENUM: snprintf(buf, n, "%s", kiln_choice_name(s->choices, *CAT(c, s, int))); break;
+    case KILN_SETTING_SIZE:
+        if (*CAT(c, s, int64_t) > 0) kiln_bytes_text(*CAT(c, s, int64_t), buf, n);
+        break;
+    case KILN_SETTING_AUTO: {
+        int v = *CAT(c, s, int);
+        if (v == KILN_MICRO_BATCH_AUTO) snprintf(buf, n, "auto");
+        else if (v > 0) snprintf(buf, n, "%d", v);
+        break;
+    }
+    }
+    return buf;
+}
+
+/* The range of one setting's line, for values set without the parser
+ * (library callers fill the struct directly). */
+static kiln_status check_value(const kiln_setting *s, const kiln_train_config *c) {
+    char text[64];
+    switch (s->kind) {
+    case KILN_SETTING_STR:
+        if (!memchr(CAT(c, s, char), 0, s->size)) return kiln_error(KILN_ERR_INVALID, "not terminated");
+        return KILN_OK;
+    case KILN_SETTING_INT: return kiln_check_i64(*CAT(c, s, int), s->limit, INT_MAX, NULL);
+    case KILN_SETTING_I64: return kiln_check_i64(*CAT(c, s, int64_t), s->limit, INT64_MAX, NULL);
+    case KILN_SETTING_F64:
+        if (f64_ok(s, *CAT(c, s, double))) return KILN_OK;
+        snprintf(text, sizeof text, "%g", *CAT(c, s, double));
+        return kiln_bad_value(text, f64_expect(s));
+    case KILN_SETTING_ENUM:
+        if (strcmp(kiln_choice_name(s->choices, *CAT(c, s, int)), "?")) return KILN_OK;
+        snprintf(text, sizeof text, "%d", *CAT(c, s, int));
+        return kiln_parse_choice(text, s->choices, &(int){0});
+    case KILN_SETTING_SIZE: return kiln_check_i64(*CAT(c, s, int64_t), 0, INT64_MAX, NULL);
+    case KILN_SETTING_AUTO: return kiln_check_i64(*CAT(c, s, int), KILN_MICRO_BATCH_AUTO, 1000000, NULL);
+    case KILN_SETTING_U64:
+    case KILN_SETTING_FLAG: return KILN_OK;
+    }
     return KILN_OK;
 }
 
-static kiln_status set_enum(const char *src, const field *f, json_t *v, const char *const *names, int n, int *out) {
-    if (json_is_string(v))
-        for (int i = 0; i < n; i++)
-            if (!strcmp(json_string_value(v), names[i])) {
-                *out = i;
-                return KILN_OK;
-            }
-    return kiln_error(KILN_ERR_INVALID, "%s: %s must be \"%s\" or \"%s\"", src, f->key, names[0], names[1]);
+kiln_status kiln_train_config_validate(const kiln_train_config *c) {
+    for (int i = 0; i < kiln_train_n_settings; i++) {
+        const kiln_setting *s = &kiln_train_settings[i];
+        kiln_status st = check_value(s, c);
+        if (st) return kiln_error_context(st, "%s", s->key);
+    }
+#define NEED(cond, ...) \
+    if (!(cond)) return kiln_error(KILN_ERR_INVALID, __VA_ARGS__)
+    NEED(c->min_lr <= c->lr, "min_lr must be in [0, lr], got %g with lr %g", c->min_lr, c->lr);
+    NEED(c->data[0], "data must name a directory with train.bin");
+    NEED(c->run_dir[0], "run_dir must be set");
+#undef NEED
+    kiln_compile_options co;
+    if (kiln_train_compile_options(c, &co)) return KILN_ERR_INVALID;
+    kiln_weights_options wo; /* save_dtype and shard_size (Hugging Face's decimal sizes) */
+    if (kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo)) return KILN_ERR_INVALID;
+    return kiln_train_check_batch_settings(c);
 }
 
-static kiln_status set_field(const char *src, const field *f, json_t *v, kiln_train_config *c) {
-    char *p = (char *)c + f->off;
-    switch (f->type) {
-    case F_STR:
-        if (!json_is_string(v) || strlen(json_string_value(v)) >= f->size)
-            return kiln_error(KILN_ERR_INVALID, "%s: %s must be a string shorter than %zu", src, f->key, f->size);
-        memcpy(p, json_string_value(v), strlen(json_string_value(v)) + 1);
+kiln_status kiln_train_check_batch_settings(const kiln_train_config *c) {
+    int mb = c->micro_batch;
+    char t[32];
+    if (!c->global_batch && mb)
+        return kiln_error(KILN_ERR_INVALID, "micro_batch %s needs global_batch (sequences per optimiser step)",
+                          kiln_setting_format(kiln_setting_find("micro_batch"), c, t, sizeof t));
+    if (c->global_batch && mb > 0 && c->global_batch % mb)
+        return kiln_error(KILN_ERR_INVALID, "global_batch %d is not a multiple of micro_batch %d", c->global_batch, mb);
+    return KILN_OK;
+}
+
+/* A JSON value as text for the parser and the messages: strings as they
+ * are, anything else as JSON. */
+static kiln_status set_from_json(const kiln_setting *s, json_t *v, kiln_train_config *c) {
+    switch (s->kind) {
+    case KILN_SETTING_INT:
+    case KILN_SETTING_I64:
+        if (!json_is_integer(v)) break;
+        if (kiln_check_i64(json_integer_value(v), s->limit, int_max(s), NULL)) return kiln_last_status();
+        if (s->kind == KILN_SETTING_INT) *AT(c, s, int) = (int)json_integer_value(v);
+        else *AT(c, s, int64_t) = json_integer_value(v);
         return KILN_OK;
-    case F_INT:
-    case F_I64:
-        if (!json_is_integer(v)) return kiln_error(KILN_ERR_INVALID, "%s: %s must be an integer", src, f->key);
-        if (f->type == F_INT) {
-            json_int_t x = json_integer_value(v);
-            if (x < -2147483647 || x > 2147483647) return kiln_error(KILN_ERR_INVALID, "%s: %s is out of range", src, f->key);
-            *(int *)p = (int)x;
-        } else {
-            *(int64_t *)p = json_integer_value(v);
-        }
+    case KILN_SETTING_U64: /* written as a string of digits: JSON integers stop at 2^63 */
+        if (!json_is_integer(v)) break;
+        if (kiln_check_i64(json_integer_value(v), 0, INT64_MAX, NULL)) return kiln_last_status();
+        *AT(c, s, uint64_t) = (uint64_t)json_integer_value(v);
         return KILN_OK;
-    case F_U64: /* written as a string of digits: JSON integers stop at 2^63 */
-        if (json_is_integer(v) && json_integer_value(v) >= 0) *(uint64_t *)p = (uint64_t)json_integer_value(v);
-        else if (json_is_string(v) && kiln_parse_u64(json_string_value(v), (uint64_t *)p))
-            return kiln_error_context(KILN_ERR_INVALID, "%s: %s", src, f->key);
-        else if (!json_is_string(v)) return kiln_error(KILN_ERR_INVALID, "%s: %s must be a non-negative integer", src, f->key);
+    case KILN_SETTING_F64: {
+        if (!json_is_number(v)) break;
+        double x = json_number_value(v);
+        char text[64];
+        snprintf(text, sizeof text, "%.17g", x);
+        if (!f64_ok(s, x)) return kiln_bad_value(text, f64_expect(s));
+        *AT(c, s, double) = x;
         return KILN_OK;
-    case F_DBL:
-        if (!json_is_number(v)) return kiln_error(KILN_ERR_INVALID, "%s: %s must be a number", src, f->key);
-        *(double *)p = json_number_value(v);
-        return KILN_OK;
-    case F_BOOL:
-        if (!json_is_boolean(v)) return kiln_error(KILN_ERR_INVALID, "%s: %s must be true or false", src, f->key);
-        *(bool *)p = json_is_true(v);
-        return KILN_OK;
-    case F_PACK: return set_enum(src, f, v, pack_names, 2, (int *)p);
-    case F_NORM: return set_enum(src, f, v, norm_names, 2, (int *)p);
-    case F_NAN: return set_enum(src, f, v, nan_names, 2, (int *)p);
     }
-    return KILN_ERR_INVALID;
+    case KILN_SETTING_FLAG:
+        if (!json_is_boolean(v)) break;
+        *AT(c, s, bool) = json_is_true(v);
+        return KILN_OK;
+    case KILN_SETTING_STR:
+        if (!json_is_string(v)) {
+            char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            kiln_bad_value(d ? d : "?", "a string");
+            free(d);
+            return KILN_ERR_INVALID;
+        }
+        break;
+    case KILN_SETTING_AUTO:
+        if (!json_is_integer(v)) break;
+        if (kiln_check_i64(json_integer_value(v), 1, 1000000, NULL)) return kiln_last_status();
+        *AT(c, s, int) = (int)json_integer_value(v);
+        return KILN_OK;
+    case KILN_SETTING_ENUM:
+    case KILN_SETTING_SIZE: break;
+    }
+    if (json_is_string(v)) return kiln_setting_parse(s, json_string_value(v), c);
+    char *d = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    kiln_status st = d ? kiln_setting_parse(s, d, c) : kiln_error(KILN_ERR_OOM, "out of memory");
+    free(d);
+    return st;
 }
 
 kiln_status kiln_train_config_parse(const char *text, const char *src, kiln_train_config *c) {
@@ -160,13 +279,12 @@ kiln_status kiln_train_config_parse(const char *text, const char *src, kiln_trai
     json_t *v;
     json_object_foreach(root, key, v) {
         if (st) break;
-        size_t i = 0;
-        while (i < NF && strcmp(fields[i].key, key)) i++;
-        if (i == NF) {
+        const kiln_setting *s = kiln_setting_find(key);
+        if (!s) {
             st = kiln_error(KILN_ERR_INVALID, "%s: unknown setting \"%s\"", src, key);
             break;
         }
-        st = set_field(src, &fields[i], v, c);
+        if ((st = set_from_json(s, v, c))) kiln_error_context(st, "%s: %s", src, key);
     }
     json_decref(root);
     return st;
@@ -174,40 +292,44 @@ kiln_status kiln_train_config_parse(const char *text, const char *src, kiln_trai
 
 char *kiln_train_config_to_json(const kiln_train_config *c) {
     json_t *o = json_object();
-    for (size_t i = 0; i < NF; i++) {
-        const field *f = &fields[i];
-        const char *p = (const char *)c + f->off;
+    for (int i = 0; o && i < kiln_train_n_settings; i++) {
+        const kiln_setting *s = &kiln_train_settings[i];
+        char buf[64];
         json_t *v = NULL;
-        switch (f->type) {
-        case F_STR: v = json_string(p); break;
-        case F_INT: v = json_integer(*(const int *)p); break;
-        case F_I64: v = json_integer(*(const int64_t *)p); break;
-        case F_U64: {
-            char b[32];
-            snprintf(b, sizeof b, "%llu", (unsigned long long)*(const uint64_t *)p);
-            v = json_string(b);
-            break;
+        switch (s->kind) {
+        case KILN_SETTING_INT: v = json_integer(*CAT(c, s, int)); break;
+        case KILN_SETTING_I64: v = json_integer(*CAT(c, s, int64_t)); break;
+        case KILN_SETTING_F64: v = json_real(*CAT(c, s, double)); break;
+        case KILN_SETTING_FLAG: v = json_boolean(*CAT(c, s, bool)); break;
+        case KILN_SETTING_STR: v = json_string(CAT(c, s, char)); break;
+        case KILN_SETTING_U64:
+        case KILN_SETTING_ENUM:
+        case KILN_SETTING_SIZE:
+        case KILN_SETTING_AUTO: v = json_string(kiln_setting_format(s, c, buf, sizeof buf)); break;
         }
-        case F_DBL: v = json_real(*(const double *)p); break;
-        case F_BOOL: v = json_boolean(*(const bool *)p); break;
-        case F_PACK: v = json_string(pack_names[*(const int *)p & 1]); break;
-        case F_NORM: v = json_string(norm_names[*(const int *)p & 1]); break;
-        case F_NAN: v = json_string(nan_names[*(const int *)p & 1]); break;
-        }
-        json_object_set_new(o, f->key, v);
+        json_object_set_new(o, s->key, v);
     }
-    char *s = json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17) | JSON_PRESERVE_ORDER);
+    char *s = o ? json_dumps(o, JSON_INDENT(2) | JSON_REAL_PRECISION(17) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(o);
+    if (!s) kiln_error(KILN_ERR_OOM, "out of memory writing the run settings");
     return s;
 }
 
 kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_options *co) {
     kiln_compile_options_default(co);
-    if (kiln_compile_mode_parse(c->compile, co)) return kiln_error_context(KILN_ERR_INVALID, "compile");
-    if (kiln_recompute_parse(c->recompute[0] ? c->recompute : "none", co))
-        return kiln_error_context(KILN_ERR_INVALID, "recompute");
+    switch (c->compile) {
+    case KILN_RUN_EAGER: co->mode = KILN_COMPILE_OFF; break;
+    case KILN_RUN_COMPILE_DEFAULT: co->mode = KILN_COMPILE_DEFAULT; break;
+    case KILN_RUN_REDUCE_OVERHEAD: co->mode = KILN_COMPILE_REDUCE_OVERHEAD; break;
+    case KILN_RUN_MAX_AUTOTUNE: co->mode = KILN_COMPILE_MAX_AUTOTUNE; break;
+    case KILN_RUN_INTERPRET: co->mode = KILN_COMPILE_DEFAULT, co->interpret = true; break;
+    case KILN_RUN_STRICT: co->mode = KILN_COMPILE_DEFAULT, co->strict = true; break;
+    default: return kiln_error(KILN_ERR_INVALID, "compile: unknown mode %d", c->compile);
+    }
+    co->recompute = c->recompute;
     co->dynamic = c->compile_dynamic;
     if (co->recompute && co->mode == KILN_COMPILE_OFF)
-        return kiln_error(KILN_ERR_INVALID, "recompute: --recompute %s needs --compile (it is a compiler pass)", c->recompute);
+        return kiln_error(KILN_ERR_INVALID, "recompute: --recompute %s needs --compile (it is a compiler pass)",
+                          kiln_choice_name(choices_recompute, c->recompute));
     return KILN_OK;
 }

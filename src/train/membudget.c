@@ -6,7 +6,6 @@
  * (code, libraries, oneDNN and OpenMP state, measured on this build). The
  * graphs are built without running anything (tracing is symbolic), so an
  * estimate costs milliseconds. */
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,28 +85,6 @@ const char *kiln_bytes_str(int64_t b, char *buf, size_t n) {
     return buf;
 }
 
-/* "", "auto" -> 0; a positive integer -> itself; anything else -> -1 */
-static int micro_setting(const char *s) {
-    int v;
-    if (!s[0] || !strcmp(s, "auto")) return 0;
-    return kiln_parse_int(s, 1, 1000000, &v) ? -1 : v;
-}
-
-kiln_status kiln_train_check_batch_settings(const kiln_train_config *c) {
-    int mb = micro_setting(c->micro_batch);
-    if (mb < 0) return kiln_error(KILN_ERR_INVALID, "micro_batch must be auto or a positive integer, got '%s'", c->micro_batch);
-    if (c->global_batch < 0) return kiln_error(KILN_ERR_INVALID, "global_batch must be >= 1 (0 = use batch x accum)");
-    if (!c->global_batch && c->micro_batch[0])
-        return kiln_error(KILN_ERR_INVALID, "micro_batch %s needs global_batch (sequences per optimiser step)", c->micro_batch);
-    if (c->global_batch && mb > 0 && c->global_batch % mb)
-        return kiln_error(KILN_ERR_INVALID, "global_batch %d is not a multiple of micro_batch %d", c->global_batch, mb);
-    int64_t budget;
-    if (c->mem_budget[0] && kiln_parse_bytes(c->mem_budget, &budget)) return kiln_error_context(KILN_ERR_INVALID, "mem_budget");
-    kiln_dtype p;
-    if (kiln_precision_parse(c->precision, &p)) return KILN_ERR_INVALID;
-    return KILN_OK;
-}
-
 static kiln_status fits(kiln_llama *m, int b, const kiln_train_config *c, const kiln_compile_options *co, int64_t budget,
                         kiln_mem_estimate *e, bool *ok) {
     kiln_status st = kiln_train_plan_bytes(m, b, c->seq_len, co, e);
@@ -119,30 +96,30 @@ kiln_status kiln_train_choose_batch(const kiln_train_config *c, kiln_llama *m, k
     memset(out, 0, sizeof *out);
     kiln_status st = kiln_train_check_batch_settings(c);
     if (st) return st;
-    int N = c->global_batch, fixed = micro_setting(c->micro_batch);
+    int N = c->global_batch, fixed = c->micro_batch > 0 ? c->micro_batch : 0; /* 0: auto */
     out->global_batch = N;
     kiln_compile_options co;
     kiln_train_compile_options(c, &co); /* checked by the config's validation */
     if (co.mode == KILN_COMPILE_OFF && fixed == 0)
         return kiln_error(KILN_ERR_INVALID, "--micro-batch auto needs --compile: the memory estimate is the compiled plan's "
                                             "(eager memory is not planned); give --micro-batch B with eager");
-    if (c->mem_budget[0]) {
-        kiln_parse_bytes(c->mem_budget, &out->budget); /* checked above */
+    char given[32];
+    kiln_bytes_text(c->mem_budget, given, sizeof given);
+    if (c->mem_budget > 0) {
+        out->budget = c->mem_budget;
     } else {
         out->budget = kiln_mem_available() * 7 / 10;
         out->budget_default = true;
         if (out->budget <= 0) return kiln_error(KILN_ERR_IO, "cannot read MemAvailable from /proc/meminfo: give --mem-budget");
     }
-    kiln_dtype prec = KILN_F32;
-    kiln_precision_parse(c->precision, &prec);
-    kiln_dtype old = kiln_autocast_set(prec); /* bf16 changes the graph (no fused head) */
+    kiln_dtype old = kiln_autocast_set((kiln_dtype)c->precision); /* bf16 changes the graph (no fused head) */
     char b1[32], b2[32];
     bool ok = false;
     if (fixed > 0 || co.mode == KILN_COMPILE_OFF) {
         out->micro_batch = out->largest_fit = fixed;
-        if (co.mode != KILN_COMPILE_OFF && !(st = fits(m, fixed, c, &co, out->budget, &out->est, &ok)) && !ok && c->mem_budget[0])
+        if (co.mode != KILN_COMPILE_OFF && !(st = fits(m, fixed, c, &co, out->budget, &out->est, &ok)) && !ok && c->mem_budget > 0)
             st = kiln_error(KILN_ERR_LIMIT, "micro_batch %d x %d needs about %s, over --mem-budget %s", fixed, c->seq_len,
-                            kiln_bytes_str(out->est.total, b1, sizeof b1), c->mem_budget);
+                            kiln_bytes_str(out->est.total, b1, sizeof b1), given);
         goto done;
     }
     kiln_mem_estimate e;

@@ -316,9 +316,7 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user);
 /* --precision: autocast on this thread for the run (the compiled steps
  * trace on first use, so they see it too), restored afterwards. */
 kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
-    kiln_dtype prec = KILN_F32;
-    kiln_precision_parse(t->cfg.precision, &prec); /* validated at open */
-    kiln_dtype old = kiln_autocast_set(prec);
+    kiln_dtype old = kiln_autocast_set((kiln_dtype)t->cfg.precision); /* validated at open */
     kiln_status st = run_loop(t, fn, user);
     kiln_autocast_set(old);
     return st;
