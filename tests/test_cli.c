@@ -90,6 +90,28 @@ static void help_and_usage(void) {
               output_is("kiln train: --compile: bad value 'bogus' (expected off, default, reduce-overhead, max-autotune, "
                         "interpret or strict)\n"),
           "--compile bogus: exact message");
+    /* every command reads numbers through the one checked parser and says
+     * so in one format (bench and compile took "8x" as 8 and "abc" as 0) */
+    struct {
+        const char *args[10], *want;
+    } bad[] = {
+        {{"bench", "--batch", "8x"}, "kiln bench: --batch: bad value '8x' (expected an integer in [1, 1048576])\n"},
+        {{"bench", "--peak", "abc"}, "kiln bench: --peak: bad value 'abc' (expected a number in [0, 1e+09])\n"},
+        {{"bench", "--threads", "abc"}, "kiln bench: --threads: bad value 'abc' (expected an integer in [1, 4096])\n"},
+        {{"bench", "--steps", "-3"}, "kiln bench: --steps: bad value '-3' (expected an integer in [1, 1048576])\n"},
+        {{"compile", "--explain", "--seq", "32x"}, "kiln compile: --seq: bad value '32x' (expected an integer in [2, 16777216])\n"},
+        {{"train", "--seed", "-1"}, "kiln train: --seed: bad value '-1' (expected a non-negative integer below 2^64)\n"},
+        {{"train", "--threads", "0"}, "kiln train: --threads: bad value '0' (expected an integer in [1, 4096])\n"},
+        {{"generate", "run", "--top-k", "1.5"}, "kiln generate: --top-k: bad value '1.5' (expected an integer in [0, 1073741824])\n"},
+        {{"eval", "run", "--batches", "many"}, "kiln eval: --batches: bad value 'many' (expected an integer in [0, 1099511627776])\n"},
+        {{"tokenize", "c.txt", "--tokenizer", "t.json", "-o", "out", "--seed", "x1"}, "kiln tokenize: --seed: bad value 'x1' (expected a non-negative integer below 2^64)\n"},
+        {{"tokenizer", "train", "c.txt", "--vocab-size", "1e4", "-o", "t.json"},
+         "kiln tokenizer train: --vocab-size: bad value '1e4' (expected an integer in [259, 16777216])\n"},
+        {{"bench", "--profile=yes"}, "kiln bench: --profile takes no value\n"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++)
+        CHECK(run_kiln(bad[k].args, 0, 0) == 2 && output_is(bad[k].want), "%s %s %s refused", bad[k].args[0], bad[k].args[1],
+              bad[k].args[2]);
     CHECK(run_kiln((const char *[]){"train", "--batch", "0", "--data", dir, NULL}, 0, 0) != 0 && output_has("batch"),
           "bad batch named");
     CHECK(run_kiln((const char *[]){"train", "--data", "/nonexistent/data", NULL}, 0, 0) == 1 && output_has("/nonexistent/data"),

@@ -38,6 +38,11 @@ static void parser(void) {
     CHECK(b == 800LL << 20, "800MB");
     const char *bad_b[] = {"lots", "-1G", "0", "1Q", "1GX", "", "1e30"};
     for (int k = 0; k < 7; k++) CHECK(kiln_parse_bytes(bad_b[k], &b) == KILN_ERR_INVALID, "size '%s' refused", bad_b[k]);
+    CHECK(kiln_parse_leading_i64("123 kB", 0, INT64_MAX, &i) == KILN_OK && i == 123, "leading digits");
+    CHECK(kiln_parse_leading_i64("4242.x", 1, 100, &i) == KILN_ERR_INVALID, "leading digits out of range");
+    CHECK(kiln_parse_leading_i64(" 5", 0, 9, &i) == KILN_ERR_INVALID && kiln_parse_leading_i64("-5", -9, 9, &i) == KILN_ERR_INVALID,
+          "leading digits: digits first");
+    CHECK(kiln_parse_leading_i64("123456789012345678901234", 0, INT64_MAX, &i) == KILN_ERR_INVALID, "too many digits");
     char t[32];
     CHECK(!strcmp(kiln_bytes_text(1LL << 30, t, sizeof t), "1G") && !strcmp(kiln_bytes_text(1536LL << 20, t, sizeof t), "1536M") &&
               !strcmp(kiln_bytes_text(1000, t, sizeof t), "1000"),

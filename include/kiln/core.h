@@ -56,6 +56,8 @@ void kiln_clear_error(void);
  * ...)"; callers prefix the flag, key or file (kiln_error_context). */
 kiln_status kiln_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 kiln_status kiln_parse_int(const char *s, int lo, int hi, int *out);
+/* The digits s starts with (what follows them is the caller's), in [lo, hi]. */
+kiln_status kiln_parse_leading_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
 kiln_status kiln_parse_u64(const char *s, uint64_t *out); /* digits only: "-1" is refused */
 kiln_status kiln_parse_f64(const char *s, double lo, double hi, double *out); /* [lo, hi] */
 /* Named values, ended by {NULL}; the first name of a value is its own, later

@@ -2,6 +2,9 @@
  * and returns the process exit code. */
 #ifndef KILN_CLI_H
 #define KILN_CLI_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "kiln/core.h"
 int kiln_cmd_tokenizer(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
@@ -15,12 +18,30 @@ int kiln_cmd_export(int argc, char **argv);
  * Returns 0 or a kiln_status with kiln_last_error() set; prints nothing. */
 int kiln_cli_write_plot(const char *run_dir, const char *out_path);
 
-/* One step of flag scanning: argv[*i] is a positional (KILN_ARG_POS, *value
- * = it; "-" and negative numbers count), --help (KILN_ARG_HELP), or one of
- * `names`, whose index comes back with *value from "--x=v" or the next
- * argument (*i advances). Unknown flags and missing values print
- * "kiln CMD: ..." and give KILN_ARG_ERROR. */
+/* The one flag scanner. One step: argv[*i] is a positional (KILN_ARG_POS,
+ * *value = it; "-" and negative numbers count), -h/--help (KILN_ARG_HELP),
+ * or one of `flags`, whose index comes back; a flag that takes a value gets
+ * it from "--x=v" or the next argument (*i advances), one that takes none
+ * gets *value = NULL. Unknown flags, missing values and a value given to a
+ * flag that takes none print "kiln CMD: ..." and give KILN_ARG_ERROR. */
 enum { KILN_ARG_POS = -1, KILN_ARG_HELP = -2, KILN_ARG_ERROR = -3 };
+typedef struct {
+    const char *name; /* "--batch", "-o" */
+    bool takes_value;
+} kiln_cli_flag;
+int kiln_cli_scan(const char *cmd, int argc, char **argv, int *i, const kiln_cli_flag *flags, int n_flags,
+                  const char **value);
+/* The same where every flag takes a value (names, at most 64). */
 int kiln_cli_arg(const char *cmd, int argc, char **argv, int *i, const char *const *names, int n_names,
                  const char **value);
+
+/* Checked values: false after printing "kiln CMD: FLAG: bad value 'V'
+ * (expected ...)"; the numbers come from the core parser. */
+bool kiln_cli_int(const char *cmd, const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out);
+bool kiln_cli_u64(const char *cmd, const char *flag, const char *v, uint64_t *out);
+bool kiln_cli_num(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
+bool kiln_cli_size(const char *cmd, const char *flag, const char *v, int64_t *out);
+bool kiln_cli_choice(const char *cmd, const char *flag, const char *v, const kiln_choice *choices, int *out);
+/* --threads N (1..4096): sets the compute threads. */
+bool kiln_cli_threads(const char *cmd, const char *v);
 #endif

@@ -1,7 +1,6 @@
 /* kiln bench: times training steps (forward + backward) of a model in eager
  * mode and in each compiled mode, in one process, and prints ms/step,
  * tokens/s, GFLOP/s, MFU, peak memory and compile times, with ratios. */
-#include <getopt.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,46 +151,32 @@ int kiln_cmd_bench(int argc, char **argv) {
     bench_ctx b = {.steps = 5, .warmup = 1};
     double peak = 0;
     kiln_dtype prec = KILN_F32;
-    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},   {"seq", 1, 0, 's'},
-                                         {"steps", 1, 0, 'n'}, {"warmup", 1, 0, 'w'},  {"threads", 1, 0, 't'},
-                                         {"peak", 1, 0, 'p'},  {"help", 0, 0, 'h'},    {"profile", 0, 0, 'P'},
-                                         {"modes", 1, 0, 'M'}, {"precision", 1, 0, 'R'}, {"recompute", 1, 0, 'C'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'b': B = atoll(optarg); break;
-        case 's': T = atoll(optarg); break;
-        case 'n': b.steps = atoi(optarg); break;
-        case 'w': b.warmup = atoi(optarg); break;
-        case 't': kiln_set_num_threads(atoi(optarg)); break;
-        case 'p': peak = atof(optarg); break;
-        case 'P': b.profile = true; break;
-        case 'M': modes = optarg; break;
-        case 'C': {
-            kiln_compile_options tmp;
-            if (kiln_recompute_parse(optarg, &tmp)) {
-                fprintf(stderr, "kiln bench: --recompute: %s\n", kiln_last_error());
-                return 2;
-            }
-            b.recompute = tmp.recompute;
-            break;
+    static const kiln_cli_flag flags[] = {{"--model", true},  {"--batch", true},   {"--seq", true},       {"--steps", true},
+                                          {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
+                                          {"--modes", true},  {"--precision", true}, {"--recompute", true}};
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int k = kiln_cli_scan("bench", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
+        if (k == KILN_ARG_HELP) return fputs(bench_help, stdout), 0;
+        if (k == KILN_ARG_POS) fprintf(stderr, "kiln bench: unexpected argument '%s' (see --help)\n", v);
+        if (k < 0) return 2;
+        int64_t x = 0;
+        int e = 0;
+        bool ok = true;
+        switch (k) {
+        case 0: model = v; break;
+        case 1: ok = kiln_cli_int("bench", flags[k].name, v, 1, 1 << 20, &B); break;
+        case 2: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &T); break;
+        case 3: ok = kiln_cli_int("bench", flags[k].name, v, 1, 1 << 20, &x), b.steps = (int)x; break;
+        case 4: ok = kiln_cli_int("bench", flags[k].name, v, 1, 1 << 20, &x), b.warmup = (int)x; break;
+        case 5: ok = kiln_cli_threads("bench", v); break;
+        case 6: ok = kiln_cli_num("bench", flags[k].name, v, 0, 1e9, &peak); break;
+        case 7: b.profile = true; break;
+        case 8: modes = v; break;
+        case 9: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("precision")->choices, &e), prec = e; break;
+        case 10: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("recompute")->choices, &b.recompute); break;
         }
-        case 'R':
-            if (kiln_precision_parse(optarg, &prec)) {
-                fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
-                return 2;
-            }
-            break;
-        case 'h': fputs(bench_help, stdout); return 0;
-        default: fputs(bench_help, stderr); return 2;
-        }
-    }
-    if (B < 1 || T < 2 || b.steps < 1 || b.warmup < 1 || peak < 0) {
-        fprintf(stderr, "kiln bench: --batch, --seq, --steps and --warmup must be positive\n");
-        return 2;
+        if (!ok) return 2;
     }
     kiln_llama_config cfg;
     kiln_status st = kiln_llama_config_resolve(model, &cfg);

@@ -1,7 +1,6 @@
 /* kiln compile --explain: what the compiler does to a model's training step:
  * the graph before and after the passes, every fused kernel with its FLOPs
  * and bytes, the memory plan and the generated file. */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,26 +59,29 @@ int kiln_cmd_compile(int argc, char **argv) {
     const char *model = "tiny", *mode = "default", *precision = "fp32", *recompute = "none";
     int64_t B = 2, T = 32;
     bool explain = false, list = false;
-    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"batch", 1, 0, 'b'},   {"seq", 1, 0, 's'}, {"mode", 1, 0, 'M'},
-                                         {"explain", 0, 0, 'e'}, {"graph", 0, 0, 'g'}, {"help", 0, 0, 'h'},
-                                         {"precision", 1, 0, 'p'}, {"recompute", 1, 0, 'r'}, {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'b': B = atoll(optarg); break;
-        case 's': T = atoll(optarg); break;
-        case 'M': mode = optarg; break;
-        case 'e': explain = true; break;
-        case 'g': list = true; break;
-        case 'p': precision = optarg; break;
-        case 'r': recompute = optarg; break;
-        case 'h': fputs(compile_help, stdout); return 0;
-        default: fputs(compile_help, stderr); return 2;
+    static const kiln_cli_flag flags[] = {{"--model", true},     {"--batch", true},   {"--seq", true},
+                                          {"--mode", true},      {"--explain", false}, {"--graph", false},
+                                          {"--precision", true}, {"--recompute", true}};
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int k = kiln_cli_scan("compile", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
+        if (k == KILN_ARG_HELP) return fputs(compile_help, stdout), 0;
+        if (k == KILN_ARG_POS) fprintf(stderr, "kiln compile: unexpected argument '%s' (see --help)\n", v);
+        if (k < 0) return 2;
+        bool ok = true;
+        switch (k) {
+        case 0: model = v; break;
+        case 1: ok = kiln_cli_int("compile", flags[k].name, v, 1, 1 << 20, &B); break;
+        case 2: ok = kiln_cli_int("compile", flags[k].name, v, 2, 1 << 24, &T); break;
+        case 3: mode = v; break;
+        case 4: explain = true; break;
+        case 5: list = true; break;
+        case 6: precision = v; break;
+        case 7: recompute = v; break;
         }
+        if (!ok) return 2;
     }
-    if (!explain || B < 1 || T < 2) {
+    if (!explain) {
         fputs(compile_help, stderr);
         return 2;
     }

@@ -1,5 +1,4 @@
 /* `kiln tokenizer {train,encode,decode}` and `kiln tokenize`. */
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,25 +83,7 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
     return 0;
 }
 
-static bool parse_long(const char *cmd, const char *flag, const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi) {
-        fprintf(stderr, "kiln %s: %s %s: expected an integer in [%ld, %ld]\n", cmd, flag, v, lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
-}
-
-static bool set_threads(const char *cmd, const args *a) {
-    long n;
-    if (!a->threads) return true;
-    if (!parse_long(cmd, "--threads", a->threads, 1, 1024, &n)) return false;
-    kiln_set_num_threads((int)n);
-    return true;
-}
+static bool set_threads(const char *cmd, const args *a) { return !a->threads || kiln_cli_threads(cmd, a->threads); }
 
 static int fail(const char *cmd) {
     fprintf(stderr, "kiln %s: %s\n", cmd, kiln_last_error());
@@ -133,11 +114,11 @@ static char *read_stdin(size_t *n) {
 
 static int cmd_train(args *a) {
     const char *cmd = "tokenizer train";
-    long vs;
+    int64_t vs;
     if (a->n_pos == 0) return fprintf(stderr, "kiln %s: no CORPUS files given\n%s", cmd, tokenizer_usage), 2;
     if (!a->vocab_size) return fprintf(stderr, "kiln %s: --vocab-size is required\n", cmd), 2;
     if (!a->out) return fprintf(stderr, "kiln %s: -o FILE is required\n", cmd), 2;
-    if (!parse_long(cmd, "--vocab-size", a->vocab_size, KILN_TOK_BASE_VOCAB, 1 << 24, &vs)) return 2;
+    if (!kiln_cli_int(cmd, "--vocab-size", a->vocab_size, KILN_TOK_BASE_VOCAB, 1 << 24, &vs)) return 2;
     double t0 = kiln_time_now();
     kiln_tokenizer *t = NULL;
     if (kiln_tokenizer_train(a->pos, a->n_pos, (int)vs, &t)) return fail(cmd);
@@ -177,10 +158,11 @@ static bool parse_ids(const char *s, int32_t **ids, size_t *n, size_t *cap) {
             s++;
             continue;
         }
-        char *end;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (end == s || errno || v < INT32_MIN || v > INT32_MAX) {
+        size_t len = strcspn(s, " \t\r\n,[]");
+        char word[32];
+        int64_t v = 0;
+        snprintf(word, sizeof word, "%.*s", (int)(len < sizeof word ? len : sizeof word - 1), s);
+        if (len >= sizeof word || kiln_parse_i64(word, INT32_MIN, INT32_MAX, &v)) {
             fprintf(stderr, "kiln tokenizer decode: \"%.20s\" is not an id\n", s);
             return false;
         }
@@ -191,7 +173,7 @@ static bool parse_ids(const char *s, int32_t **ids, size_t *n, size_t *cap) {
             *ids = p;
         }
         (*ids)[(*n)++] = (int32_t)v;
-        s = end;
+        s += len;
     }
     return true;
 }
@@ -301,21 +283,17 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     if (!rc && a.n_pos == 0) rc = (fprintf(stderr, "kiln %s: no CORPUS files given\n%s", cmd, tokenize_usage), 2);
     if (!rc && !a.tokenizer) rc = (fprintf(stderr, "kiln %s: --tokenizer FILE is required\n", cmd), 2);
     if (!rc && !a.out) rc = (fprintf(stderr, "kiln %s: -o DIR is required\n", cmd), 2);
-    if (!rc && a.val_frac) {
-        char *end;
-        o.val_frac = strtod(a.val_frac, &end);
-        if (*end || end == a.val_frac || !(o.val_frac >= 0 && o.val_frac < 1))
-            rc = (fprintf(stderr, "kiln %s: --val-frac %s: expected a number in [0, 1)\n", cmd, a.val_frac), 2);
+    /* [0, 1): everything held out would leave no training data */
+    if (!rc && a.val_frac && (!kiln_cli_num(cmd, "--val-frac", a.val_frac, 0, 1, &o.val_frac) || o.val_frac >= 1)) {
+        if (o.val_frac >= 1) fprintf(stderr, "kiln %s: --val-frac: bad value '%s' (expected a number in [0, 1))\n", cmd, a.val_frac);
+        rc = 2;
     }
-    if (!rc && a.docs) {
-        if (!strcmp(a.docs, "paragraph")) o.split = KILN_DOC_PARAGRAPH;
-        else if (!strcmp(a.docs, "file")) o.split = KILN_DOC_FILE;
-        else if (!strcmp(a.docs, "line")) o.split = KILN_DOC_LINE;
-        else rc = (fprintf(stderr, "kiln %s: --docs %s: expected paragraph, file or line\n", cmd, a.docs), 2);
-    }
-    long seed = 0;
-    if (!rc && a.seed && !parse_long(cmd, "--seed", a.seed, 0, __LONG_MAX__, &seed)) rc = 2;
-    o.seed = (uint64_t)seed;
+    static const kiln_choice docs[] = {
+        {"paragraph", KILN_DOC_PARAGRAPH}, {"file", KILN_DOC_FILE}, {"line", KILN_DOC_LINE}, {NULL, 0}};
+    int split = o.split;
+    if (!rc && a.docs && !kiln_cli_choice(cmd, "--docs", a.docs, docs, &split)) rc = 2;
+    o.split = split;
+    if (!rc && a.seed && !kiln_cli_u64(cmd, "--seed", a.seed, &o.seed)) rc = 2;
     if (rc) goto done;
     kiln_tokenizer *t = NULL;
     kiln_tokenize_stats s;

@@ -37,13 +37,8 @@ static const char *eval_usage =
     "  -h, --help      this text\n";
 
 static bool int_arg(const char *flag, const char *v, long long lo, long long *out) {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > 1LL << 40) {
-        fprintf(stderr, "kiln eval: %s: bad value '%s' (expected an integer >= %lld)\n", flag, v, lo);
-        return false;
-    }
+    int64_t x;
+    if (!kiln_cli_int("eval", flag, v, lo, 1LL << 40, &x)) return false;
     *out = x;
     return true;
 }
@@ -72,21 +67,19 @@ static int parse_args(int argc, char **argv, eval_args *a) {
             a->run_dir = v;
             continue;
         }
-        long long t = 0;
         bool ok = true;
         if (k == 0) a->data = v;
         else if (k == 1) ok = int_arg(names[k], v, 0, &a->batches);
         else if (k == 2) ok = int_arg(names[k], v, 1, &a->batch);
         else if (k == 3) ok = int_arg(names[k], v, 2, &a->seq_len);
-        else if (k == 4) {
-            if ((ok = int_arg(names[k], v, 1, &t))) kiln_set_num_threads((int)t);
-        } else if (k == 5) a->text = v;
-        else if (!strcmp(v, "paragraph")) a->split = KILN_DOC_PARAGRAPH;
-        else if (!strcmp(v, "file")) a->split = KILN_DOC_FILE;
-        else if (!strcmp(v, "line")) a->split = KILN_DOC_LINE;
+        else if (k == 4) ok = kiln_cli_threads("eval", v);
+        else if (k == 5) a->text = v;
         else {
-            fprintf(stderr, "kiln eval: --docs %s: expected paragraph, file or line\n", v);
-            ok = false;
+            static const kiln_choice docs[] = {
+                {"paragraph", KILN_DOC_PARAGRAPH}, {"file", KILN_DOC_FILE}, {"line", KILN_DOC_LINE}, {NULL, 0}};
+            int split = a->split;
+            ok = kiln_cli_choice("eval", names[k], v, docs, &split);
+            a->split = split;
         }
         if (!ok) return 2;
     }

@@ -1,6 +1,5 @@
 /* `kiln generate RUN_DIR --prompt TEXT ...`: samples from a run's newest
  * checkpoint and streams the text as it comes. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,19 +75,6 @@ static void on_token(int32_t id, void *user) {
     flush_text(s, false);
 }
 
-static bool num_arg(const char *flag, const char *v, double lo, double hi, bool integer, double *out) {
-    char *end;
-    errno = 0;
-    double x = integer ? (double)strtoll(v, &end, 10) : strtod(v, &end);
-    if (errno || end == v || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "kiln generate: %s: bad value '%s' (expected %s in [%g, %g])\n", flag, v,
-                integer ? "an integer" : "a number", lo, hi);
-        return false;
-    }
-    *out = x;
-    return true;
-}
-
 typedef struct {
     const char *run_dir, *prompt, *tokenizer;
     kiln_sample_config sc;
@@ -113,17 +99,18 @@ static int parse_args(int argc, char **argv, gen_args *a) {
             a->run_dir = v;
             continue;
         }
-        double x = 0;
+        int64_t x = 0;
         bool ok = true;
+        const char *g = "generate";
         switch (k) {
         case 0: a->prompt = v; break;
-        case 1: ok = num_arg(names[k], v, 0, 1 << 24, true, &x), a->sc.max_tokens = (int)x; break;
-        case 2: ok = num_arg(names[k], v, 0, 1e6, false, &a->sc.temperature); break;
-        case 3: ok = num_arg(names[k], v, 0, 1 << 30, true, &x), a->sc.top_k = (int)x; break;
-        case 4: ok = num_arg(names[k], v, 1e-12, 1, false, &a->sc.top_p); break;
-        case 5: ok = num_arg(names[k], v, 0, 9007199254740992.0, true, &x), a->sc.seed = (uint64_t)x; break;
+        case 1: ok = kiln_cli_int(g, names[k], v, 0, 1 << 24, &x), a->sc.max_tokens = (int)x; break;
+        case 2: ok = kiln_cli_num(g, names[k], v, 0, 1e6, &a->sc.temperature); break;
+        case 3: ok = kiln_cli_int(g, names[k], v, 0, 1 << 30, &x), a->sc.top_k = (int)x; break;
+        case 4: ok = kiln_cli_num(g, names[k], v, 1e-12, 1, &a->sc.top_p); break;
+        case 5: ok = kiln_cli_u64(g, names[k], v, &a->sc.seed); break;
         case 6: a->tokenizer = v; break;
-        case 7: ok = num_arg(names[k], v, 1, 4096, true, &x), kiln_set_num_threads((int)x); break;
+        case 7: ok = kiln_cli_threads(g, v); break;
         }
         if (!ok) return 2;
     }

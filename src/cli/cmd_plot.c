@@ -20,28 +20,19 @@ static const char *plot_usage =
 int kiln_cmd_plot(int argc, char **argv) {
     const char *runs[4], *out = NULL;
     int n = 0;
+    static const char *const names[] = {"-o", "--output"};
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
-            fputs(plot_usage, stdout);
-            return 0;
-        }
-        if (!strcmp(s, "-o") || !strcmp(s, "--output")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kiln plot: %s needs a file name\n", s);
-                return 2;
-            }
-            out = argv[++i];
-        } else if (!strncmp(s, "--output=", 9)) {
-            out = s + 9;
-        } else if (s[0] == '-') {
-            fprintf(stderr, "kiln plot: unknown flag %s (see --help)\n", s);
-            return 2;
+        const char *v;
+        int k = kiln_cli_arg("plot", argc, argv, &i, names, 2, &v);
+        if (k == KILN_ARG_HELP) return fputs(plot_usage, stdout), 0;
+        if (k == KILN_ARG_ERROR) return 2;
+        if (k >= 0) {
+            out = v;
         } else if (n == 4) {
             fprintf(stderr, "kiln plot: at most 4 runs in one plot\n");
             return 2;
         } else {
-            runs[n++] = s;
+            runs[n++] = v;
         }
     }
     if (n == 0) {

@@ -72,8 +72,6 @@ static void usage(FILE *f) {
                "exit status: 0 done (or stopped by Ctrl-C and saved), 1 runtime error, 2 usage error\n");
 }
 
-static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out) { return kiln_parse_i64(v, lo, hi, out) == KILN_OK; }
-
 /* Stores one flag's value; false (after printing why) on a bad value. */
 static bool apply_flag(int k, const char *v, kiln_train_config *c) {
     const kiln_setting *s = &kiln_train_settings[k];
@@ -102,58 +100,52 @@ typedef struct {
     bool help, no_plot, no_overlap, steps_given, others_given;
 } train_args;
 
-/* The setting whose flag is s[0..nl) ("--name"), or -2. */
-static int lookup(const char *s, size_t nl) {
-    for (int i = 0; i < kiln_train_n_settings; i++)
-        if (kiln_train_settings[i].arg && strlen(flag_name(i)) == nl - 2 && !strncmp(s + 2, flag_name(i), nl - 2)) return i;
-    return -2;
+/* The scanner's flags: the settings that have one, then the extras. */
+enum { X_CONFIG, X_RESUME, X_THREADS, X_BETAS, X_NO_PLOT, X_NO_OVERLAP, N_EXTRA };
+static kiln_cli_flag all_flags[N_SETTINGS + N_EXTRA];
+static int flag_setting[N_SETTINGS + N_EXTRA]; /* setting index, or -1 - extra */
+static int n_all;
+
+static void build_flags(void) {
+    static char dashed[N_SETTINGS][44];
+    if (n_all) return;
+    for (int i = 0; i < kiln_train_n_settings; i++) {
+        if (!kiln_train_settings[i].arg) continue;
+        snprintf(dashed[i], sizeof dashed[i], "--%.40s", flag_name(i));
+        flag_setting[n_all] = i;
+        all_flags[n_all++] = (kiln_cli_flag){dashed[i], kiln_train_settings[i].kind != KILN_SETTING_FLAG};
+    }
+    static const kiln_cli_flag extra[N_EXTRA] = {{"--config", true},  {"--resume", true},   {"--threads", true},
+                                                 {"--betas", true},   {"--no-plot", false}, {"--no-overlap", false}};
+    for (int e = 0; e < N_EXTRA; e++) flag_setting[n_all] = -1 - e, all_flags[n_all++] = extra[e];
 }
 
 /* Two passes: pass 0 only finds --config/--resume/--help/--threads (so the
  * file applies first); pass 1 applies the config flags in order. */
 static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_config *c) {
+    build_flags();
     for (int i = 1; i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "-h") || !strcmp(s, "--help")) {
+        const char *v;
+        int f = kiln_cli_scan("train", argc, argv, &i, all_flags, n_all, &v);
+        if (f == KILN_ARG_HELP) {
             a->help = true;
             continue;
         }
-        if (strncmp(s, "--", 2)) {
-            fprintf(stderr, "kiln train: unexpected argument '%s' (see --help)\n", s);
+        if (f == KILN_ARG_POS) {
+            fprintf(stderr, "kiln train: unexpected argument '%s' (see --help)\n", v);
             return 2;
         }
-        const char *eq = strchr(s, '=');
-        size_t nl = eq ? (size_t)(eq - s) : strlen(s);
-        const char *extra[] = {"--config", "--resume", "--threads", "--betas", "--no-plot", "--no-overlap"};
-        int e = -1;
-        for (int j = 0; j < 6; j++)
-            if (strlen(extra[j]) == nl && !strncmp(s, extra[j], nl)) e = j;
-        int k = e >= 0 ? -1 : lookup(s, nl);
-        if (k == -2) {
-            fprintf(stderr, "kiln train: unknown flag %.*s (see --help)\n", (int)nl, s);
-            return 2;
-        }
-        bool takes = e >= 0 ? e < 4 : kiln_train_settings[k].kind != KILN_SETTING_FLAG;
-        const char *v = NULL;
-        if (takes) {
-            v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v) {
-                fprintf(stderr, "kiln train: %.*s needs a value\n", (int)nl, s);
-                return 2;
-            }
-        } else if (eq) {
-            fprintf(stderr, "kiln train: %.*s takes no value\n", (int)nl, s);
-            return 2;
-        }
+        if (f == KILN_ARG_ERROR) return 2;
+        int k = flag_setting[f], e = k < 0 ? -1 - k : -1;
         if (pass == 0) {
-            if (e == 0) a->config = v;
-            if (e == 1) a->resume = v;
-            if (e == 2) a->threads = v;
-            if (e == 4) a->no_plot = true;
-            if (e == 5) a->no_overlap = true;
+            if (e == X_CONFIG) a->config = v;
+            if (e == X_RESUME) a->resume = v;
+            if (e == X_THREADS) a->threads = v;
+            if (e == X_NO_PLOT) a->no_plot = true;
+            if (e == X_NO_OVERLAP) a->no_overlap = true;
             if (k >= 0 && !strcmp(kiln_train_settings[k].key, "steps")) a->steps_given = true;
-            else if (k >= 0 || e == 3) a->others_given = true;
-        } else if ((k >= 0 && !apply_flag(k, v, c)) || (e == 3 && !apply_betas(v, c))) {
+            else if (k >= 0 || e == X_BETAS) a->others_given = true;
+        } else if ((k >= 0 && !apply_flag(k, v, c)) || (e == X_BETAS && !apply_betas(v, c))) {
             return 2;
         }
     }
@@ -216,14 +208,7 @@ static int build_config(int argc, char **argv, train_args *a, kiln_train_config 
         if (a->config && (rc = load_config_file(a->config, c))) return rc;
         if ((rc = scan(argc, argv, 1, a, c))) return rc;
     }
-    if (a->threads) {
-        int64_t t;
-        if (!parse_i64(a->threads, 1, 4096, &t)) {
-            fprintf(stderr, "kiln train: --threads: bad value '%s' (expected an integer >= 1)\n", a->threads);
-            return 2;
-        }
-        kiln_set_num_threads((int)t);
-    }
+    if (a->threads && !kiln_cli_threads("train", a->threads)) return 2;
     if (kiln_train_config_validate(c)) {
         fprintf(stderr, "kiln train: %s\n", kiln_last_error());
         return 2;
@@ -373,8 +358,9 @@ static void summary(const kiln_trainer_state *st, const kiln_train_config *c, do
 /* The launcher's rank before MPI is up (to print a start-up error once). */
 static bool env_rank0(void) {
     const char *names[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    int64_t r = 0;
     for (int i = 0; i < 3; i++)
-        if (getenv(names[i])) return atoi(getenv(names[i])) == 0;
+        if (getenv(names[i])) return !kiln_parse_i64(getenv(names[i]), 0, INT64_MAX, &r) && r == 0;
     return true;
 }
 

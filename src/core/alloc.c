@@ -127,8 +127,9 @@ static size_t status_kb(const char *key) {
     char line[256];
     size_t v = 0, klen = strlen(key);
     while (fgets(line, sizeof line, f))
-        if (strncmp(line, key, klen) == 0) {
-            v = strtoull(line + klen, NULL, 10);
+        if (strncmp(line, key, klen) == 0) { /* "VmHWM:\t  1234 kB" */
+            int64_t kb = 0;
+            if (!kiln_parse_leading_i64(line + klen + strspn(line + klen, " \t"), 0, INT64_MAX / 1024, &kb)) v = (size_t)kb;
             break;
         }
     fclose(f);

@@ -52,6 +52,18 @@ kiln_status kiln_parse_int(const char *s, int lo, int hi, int *out) {
     return st;
 }
 
+kiln_status kiln_parse_leading_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    size_t nd = s ? strspn(s, "0123456789") : 0;
+    char num[24];
+    if (nd == 0 || nd >= sizeof num) {
+        snprintf(num, sizeof num, "%.20s", s ? s : "");
+        return kiln_bad_value(num, "a non-negative integer");
+    }
+    memcpy(num, s, nd);
+    num[nd] = 0;
+    return kiln_parse_i64(num, lo, hi, out);
+}
+
 kiln_status kiln_parse_u64(const char *s, uint64_t *out) {
     const char *want = "a non-negative integer below 2^64";
     /* strtoull accepts "-1" (as 2^64-1) and leading blanks: only digits here */

@@ -5,6 +5,7 @@
  * final name, so a directory without the .tmp suffix is always complete. */
 #include <dirent.h>
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
@@ -196,18 +197,15 @@ kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o) {
 static kiln_status meta_step(kiln_st_file *f, const char *path, int64_t *t) {
     const char *s = kiln_st_metadata(f, "step");
     if (!s) return kiln_error(KILN_ERR_FORMAT, "%s: metadata has no 'step'", path);
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < 0)
+    if (kiln_parse_i64(s, 0, INT64_MAX, t))
         return kiln_error(KILN_ERR_FORMAT, "%s: metadata 'step' is not a step count: '%s'", path, s);
-    *t = v;
     return KILN_OK;
 }
 
 static void warn_hyper(kiln_st_file *f, const char *path, const char *key, double now) {
     const char *s = kiln_st_metadata(f, key);
-    if (s && strtod(s, NULL) != now)
+    double was = 0;
+    if (s && (kiln_parse_f64(s, -DBL_MAX, DBL_MAX, &was) || was != now))
         kiln_log(KILN_LOG_WARN, "%s: saved with %s=%s, continuing with %.17g", path, key, s, now);
 }
 
@@ -349,12 +347,8 @@ static kiln_status get_seed(json_t *o, const char *path, uint64_t *out) {
         return KILN_OK;
     }
     const char *s = json_string_value(v);
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = s && *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
-    if (!s || !end || *end || errno)
+    if (!s || kiln_parse_u64(s, out))
         return kiln_error(KILN_ERR_FORMAT, "%s: 'seed' must be a decimal string of an unsigned 64-bit integer", path);
-    *out = x;
     return KILN_OK;
 }
 
@@ -671,9 +665,8 @@ kiln_status kiln_model_dir_resolve(const char *dir, char *out, size_t n) {
 
 /* pid named in a temporary's name is running (so its file is in use) */
 static bool pid_alive(const char *digits) {
-    char *end;
-    long pid = strtol(digits, &end, 10);
-    if (end == digits || pid <= 0) return false;
+    int64_t pid = 0;
+    if (kiln_parse_leading_i64(digits, 1, INT32_MAX, &pid)) return false;
     if (pid == (long)getpid()) return false; /* ours: nothing of ours is in flight between saves */
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }

@@ -28,7 +28,8 @@ static int env_size(void) {
     const char *names[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const char *v = getenv(names[i]);
-        if (v && atoi(v) > 0) return atoi(v);
+        int n = 0;
+        if (v && !kiln_parse_int(v, 1, 1 << 20, &n)) return n;
     }
     return getenv("PMIX_RANK") ? 2 : 0; /* PMIx without a size: assume a job */
 }

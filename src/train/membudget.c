@@ -70,9 +70,12 @@ int64_t kiln_mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
     char line[256];
-    long long kb = 0;
+    int64_t kb = 0;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+        if (!strncmp(line, "MemAvailable:", 13)) { /* "MemAvailable:   1234 kB" */
+            if (kiln_parse_leading_i64(line + 13 + strspn(line + 13, " \t"), 0, INT64_MAX / 1024, &kb)) kb = 0;
+            break;
+        }
     fclose(f);
     return (int64_t)kb * 1024;
 }

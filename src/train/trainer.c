@@ -161,7 +161,10 @@ static kiln_status open_metrics(kiln_trainer *t, bool resume) {
             char *nl = memchr(text + o, '\n', n - o);
             size_t len = nl ? (size_t)(nl - (text + o)) + 1 : n - o;
             const char *s = strstr(text + o, "\"step\":");
-            long long step = s && s < text + o + len ? atoll(s + 7) : 0;
+            int64_t step = 0; /* a line without a readable step is kept */
+            if (s && s < text + o + len) {
+                if (kiln_parse_leading_i64(s + 7 + strspn(s + 7, " "), 0, INT64_MAX, &step)) step = 0;
+            }
             if (nl && step <= t->st.step) {
                 memmove(text + w, text + o, len);
                 w += len;
