@@ -120,6 +120,7 @@ static void help_and_usage(void) {
 
 static void pipeline(void) {
     char corpus[512], tok[512], data[512], run[512], path[600];
+    int rc;
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
     snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
     snprintf(data, sizeof data, "%s/data", dir);
@@ -128,8 +129,19 @@ static void pipeline(void) {
     CHECK(run_kiln((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}, 0, 0) == 0,
           "tokenizer train");
     CHECK(run_kiln((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}, 0, 0) == 0, "tokenize");
+    /* a save past the file-size limit: a message naming the file, exit 1
+     * (it was killed by SIGXFSZ, exit 153, saying nothing) */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "ulimit -f 64; exec %s train --data %s --tokenizer %s --run-dir %s/fsz --model tiny --seq-len 32 --batch 2 "
+             "--accum 1 --steps 1 --eval-every 0 --no-plot >%s/out.txt 2>&1",
+             kiln, data, tok, dir, dir);
+    rc = system(cmd);
+    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    CHECK(rc == 1 && output_has("File too large") && output_has("model.safetensors"),
+          "a save over ulimit -f fails with a message (exit %d)", rc);
     /* a long run interrupted by Ctrl-C: finishes the step, saves, exits 0 */
-    int rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--run-dir", run, "--model", "tiny",
+    rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--run-dir", run, "--model", "tiny",
                                        "--seq-len", "32", "--batch", "2", "--accum", "2", "--steps", "100000", "--save-every",
                                        "0", "--eval-every", "0", "--no-plot", NULL},
                       SIGINT, 3.0);

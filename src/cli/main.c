@@ -1,4 +1,5 @@
 /* kiln: the command-line entry point; dispatches to subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include "cli.h"
@@ -30,6 +31,10 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* Past the file-size limit (ulimit -f) a write would kill the process
+     * with SIGXFSZ mid-save, saying nothing; ignored, the write fails with
+     * EFBIG and the save reports "File too large" naming the file. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
