@@ -181,6 +181,51 @@ static bool same_file(const char *a, const char *b) {
     return same;
 }
 
+static void shard(const char *dir, const char *name, uint32_t vocab, size_t n) {
+    kiln_shard_info info = {.vocab_size = vocab, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu, .n_docs = 1};
+    int32_t *tok = malloc(n * sizeof *tok);
+    for (size_t i = 0; i < n; i++) tok[i] = 3 + (int32_t)(kiln_rng_u64(5, i) % (vocab - 3));
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    CHECK_OK(kiln_shard_write(p, tok, n, &info));
+    free(tok);
+}
+
+/* Every input file is checked when the run opens, naming the file (val.bin
+ * was first read at the first evaluation, and a directory there turned
+ * evaluation off). */
+static void inputs(void) {
+    char d[400];
+    kiln_train_config c;
+    kiln_trainer *t = NULL;
+    snprintf(d, sizeof d, "%s/bigval", tmpdir);
+    mkdir(d, 0755);
+    shard(d, "train.bin", 61, 3000);
+    shard(d, "val.bin", 90, 1000); /* ids the 61-token model cannot embed */
+    base_config(&c, "bigval_run");
+    snprintf(c.data, sizeof c.data, "%s", d);
+    CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && !t && strstr(kiln_last_error(), "bigval/val.bin") &&
+              strstr(kiln_last_error(), "vocabulary 90"),
+          "val.bin's vocabulary checked at open: %s", kiln_last_error());
+    snprintf(d, sizeof d, "%s/valdir", tmpdir);
+    mkdir(d, 0755);
+    shard(d, "train.bin", 61, 3000);
+    char v[500];
+    snprintf(v, sizeof v, "%s/val.bin", d);
+    mkdir(v, 0755);
+    base_config(&c, "valdir_run");
+    snprintf(c.data, sizeof c.data, "%s", d);
+    CHECK(kiln_trainer_open(&c, false, &t) != KILN_OK && !t && strstr(kiln_last_error(), "valdir/val.bin") &&
+              strstr(kiln_last_error(), "directory"),
+          "a directory as val.bin is refused: %s", kiln_last_error());
+    base_config(&c, "notok_run");
+    snprintf(c.tokenizer, sizeof c.tokenizer, "%s/no_such_tokenizer.json", tmpdir);
+    CHECK(kiln_trainer_open(&c, false, &t) != KILN_OK && !t && strstr(kiln_last_error(), "no_such_tokenizer.json"),
+          "a missing tokenizer is refused at open: %s", kiln_last_error());
+    snprintf(v, sizeof v, "%s/notok_run/metrics.jsonl", tmpdir);
+    CHECK(access(v, F_OK) != 0, "nothing written before the checks");
+}
+
 static void resume(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_train_%d", (int)getpid());
     mkdir(tmpdir, 0755);
@@ -242,6 +287,7 @@ static void resume(void) {
     snprintf(c.freeze, sizeof c.freeze, "no.such.*");
     CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && strstr(kiln_last_error(), "freeze"), "bad freeze: %s",
           kiln_last_error());
+    inputs();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     CHECK(system(cmd) == 0, "cleanup");

@@ -87,7 +87,14 @@ static kiln_status open_loaders(kiln_trainer *t) {
     if (kiln_loader_len(t->train) < 1)
         return kiln_error(KILN_ERR_INVALID, "%s holds too few tokens for one micro-batch of %d x %d", path, c->batch, c->seq_len);
     snprintf(path, sizeof path, "%s/val.bin", c->data);
-    if (is_file(path) && kiln_dist_rank() == 0) { /* only rank 0 evaluates */
+    struct stat vs;
+    bool have_val = stat(path, &vs) == 0;
+    if (!have_val && errno != ENOENT) return kiln_error(KILN_ERR_IO, "%s: %s", path, strerror(errno));
+    /* a directory (or device) there would otherwise turn evaluation off unnoticed */
+    if (have_val && !S_ISREG(vs.st_mode))
+        return kiln_error(KILN_ERR_INVALID, "%s is not a file (%s): evaluation reads a token shard there", path,
+                          S_ISDIR(vs.st_mode) ? "a directory" : "not a regular file");
+    if (have_val && kiln_dist_rank() == 0) { /* only rank 0 evaluates */
         lc.shuffle = false;
         lc.mode = KILN_PACK_PACKED;
         st = kiln_loader_open(&lc, &t->val);
@@ -130,11 +137,17 @@ static kiln_status choose_micro_batch(kiln_trainer *t) {
     return open_loaders(t);
 }
 
+/* Every input file against the model before the first step: a mismatch
+ * found at the first evaluation or save could be hours in. */
 static kiln_status check_fit(kiln_trainer *t, const kiln_shard_info *info) {
     const kiln_llama_config *mc = &t->model->cfg;
     if ((int64_t)info->vocab_size > mc->vocab_size)
         return kiln_error(KILN_ERR_INVALID, "%s/train.bin has vocabulary %llu but the model only %lld", t->cfg.data,
                           (unsigned long long)info->vocab_size, (long long)mc->vocab_size);
+    const kiln_shard_info *vi = t->val ? kiln_loader_info(t->val) : NULL;
+    if (vi && (int64_t)vi->vocab_size > mc->vocab_size)
+        return kiln_error(KILN_ERR_INVALID, "%s/val.bin has vocabulary %llu but the model only %lld", t->cfg.data,
+                          (unsigned long long)vi->vocab_size, (long long)mc->vocab_size);
     if (t->cfg.seq_len > mc->max_position_embeddings)
         return kiln_error(KILN_ERR_INVALID, "--seq-len %d exceeds the model's max_position_embeddings %lld", t->cfg.seq_len,
                           (long long)mc->max_position_embeddings);
@@ -180,6 +193,27 @@ static kiln_status open_metrics(kiln_trainer *t, bool resume) {
     return KILN_OK;
 }
 
+/* The tokenizer copied into every checkpoint: it must load, and know every
+ * id of the data (or `kiln generate` could not decode the model's output).
+ * A resumed run whose tokenizer file has gone keeps the run's own copy. */
+static kiln_status check_tokenizer(kiln_trainer *t, bool resume, const kiln_shard_info *info) {
+    kiln_train_config *c = &t->cfg;
+    char own[1100];
+    snprintf(own, sizeof own, "%s/tokenizer.json", c->run_dir);
+    if (resume && c->tokenizer[0] && !is_file(c->tokenizer) && is_file(own) && strlen(own) < sizeof c->tokenizer)
+        snprintf(c->tokenizer, sizeof c->tokenizer, "%s", own);
+    if (!c->tokenizer[0]) return KILN_OK;
+    kiln_tokenizer *tok = NULL;
+    kiln_status st = kiln_tokenizer_load(c->tokenizer, &tok);
+    if (st) return kiln_error_context(st, "--tokenizer %s", c->tokenizer);
+    int64_t n = kiln_tokenizer_vocab_size(tok);
+    kiln_tokenizer_free(tok);
+    if (n < (int64_t)info->vocab_size)
+        return kiln_error(KILN_ERR_INVALID, "--tokenizer %s has %lld tokens but %s/train.bin uses a vocabulary of %u: not the "
+                          "tokenizer the shards were made with", c->tokenizer, (long long)n, c->data, info->vocab_size);
+    return KILN_OK;
+}
+
 kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out) {
     *out = NULL;
     kiln_status st = kiln_train_config_validate(c);
@@ -196,7 +230,7 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
     } else if ((st = build_model(t, info))) {
         goto fail;
     }
-    if ((st = check_fit(t, info))) goto fail;
+    if ((st = check_fit(t, info)) || (st = check_tokenizer(t, resume, info))) goto fail;
     if (c->freeze[0] && kiln_llama_set_trainable(t->model, c->freeze, false) == 0) {
         st = kiln_error(KILN_ERR_INVALID, "--freeze '%s' matches no parameter (names look like model.layers.0.mlp.up_proj.weight)",
                         c->freeze);
