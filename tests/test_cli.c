@@ -114,8 +114,13 @@ static void help_and_usage(void) {
               bad[k].args[2]);
     CHECK(run_kiln((const char *[]){"train", "--batch", "0", "--data", dir, NULL}, 0, 0) != 0 && output_has("batch"),
           "bad batch named");
-    CHECK(run_kiln((const char *[]){"train", "--data", "/nonexistent/data", NULL}, 0, 0) == 1 && output_has("/nonexistent/data"),
+    CHECK(run_kiln((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}, 0, 0) == 1 &&
+              output_has("/nonexistent/data"),
           "missing data dir named");
+    /* a run without its tokenizer could not be used by generate: refused at start */
+    CHECK(run_kiln((const char *[]){"train", "--data", dir, "--run-dir", "/nonexistent/run", NULL}, 0, 0) == 2 &&
+              output_has("no --tokenizer"),
+          "a new run without --tokenizer is refused");
 }
 
 static void pipeline(void) {
@@ -150,6 +155,14 @@ static void pipeline(void) {
     CHECK(access(path, R_OK) == 0, "Ctrl-C saved a checkpoint");
     CHECK(run_kiln((const char *[]){"train", "--resume", run, "--steps", "100000", "--no-plot", NULL}, SIGINT, 2.0) == 0,
           "resume, then Ctrl-C again");
+    /* fine-tuning without --tokenizer takes the tokenizer of the run it starts from */
+    char ft[400];
+    snprintf(ft, sizeof ft, "%s/ft", dir);
+    rc = run_kiln((const char *[]){"train", "--init", run, "--data", data, "--run-dir", ft, "--seq-len", "32", "--batch", "2",
+                                   "--accum", "1", "--steps", "1", "--eval-every", "0", "--no-plot", NULL},
+                  0, 0);
+    snprintf(path, sizeof path, "%s/tokenizer.json", ft);
+    CHECK(rc == 0 && access(path, R_OK) == 0, "--init without --tokenizer uses the run's (rc %d)", rc);
     CHECK(run_kiln((const char *[]){"eval", run, NULL}, 0, 0) == 0 && output_has("perplexity"), "eval");
     CHECK(run_kiln((const char *[]){"generate", run, "--prompt", "the lord", "--max-tokens", "8", "--seed", "1", NULL}, 0, 0) ==
                   0 && output_has("the lord"),

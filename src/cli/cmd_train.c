@@ -179,6 +179,22 @@ static int load_run_config(const char *run_dir, kiln_train_config *c) {
     return load_config_file(path, c);
 }
 
+/* A new run needs its tokenizer: every checkpoint carries a copy, which is
+ * what `kiln generate` and `kiln eval --text` read. Fine-tuning (--init)
+ * takes the one of the run it starts from. */
+static int need_tokenizer(kiln_train_config *c) {
+    if (c->tokenizer[0]) return 0;
+    char from[600];
+    snprintf(from, sizeof from, "%s/tokenizer.json", c->init);
+    if (c->init[0] && access(from, R_OK) == 0 && strlen(from) < sizeof c->tokenizer) {
+        snprintf(c->tokenizer, sizeof c->tokenizer, "%s", from);
+        return 0;
+    }
+    fprintf(stderr, "kiln train: no --tokenizer: give the tokenizer.json the shards were made with (%s), so the run "
+                    "directory can be used by kiln generate\n", c->init[0] ? "--init's run has none" : "kiln tokenize --tokenizer");
+    return 2;
+}
+
 /* Builds the configuration from defaults, --config or the resumed run, and
  * the flags. Returns an exit code (0: go on). */
 static int build_config(int argc, char **argv, train_args *a, kiln_train_config *c) {
@@ -213,7 +229,7 @@ static int build_config(int argc, char **argv, train_args *a, kiln_train_config 
         fprintf(stderr, "kiln train: %s\n", kiln_last_error());
         return 2;
     }
-    return 0;
+    return a->resume ? 0 : need_tokenizer(c);
 }
 
 /* ---- progress --------------------------------------------------------------- */
