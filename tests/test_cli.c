@@ -117,6 +117,13 @@ static void help_and_usage(void) {
     CHECK(run_kiln((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}, 0, 0) == 1 &&
               output_has("/nonexistent/data"),
           "missing data dir named");
+    /* range errors in a --config file name the file and the key */
+    char cfg[400], want[800];
+    snprintf(cfg, sizeof cfg, "%s/bad_config.json", dir);
+    CHECK_OK(kiln_write_file_atomic(cfg, "{\"lr\": 0.01, \"epochs\": 0}", 28));
+    snprintf(want, sizeof want, "kiln train: %s: epochs: bad value '0' (expected an integer >= 1)\n", cfg);
+    CHECK(run_kiln((const char *[]){"train", "--config", cfg, "--tokenizer", "t.json", NULL}, 0, 0) == 2 && output_is(want),
+          "--config range error names the file");
     /* a run without its tokenizer could not be used by generate: refused at start */
     CHECK(run_kiln((const char *[]){"train", "--data", dir, "--run-dir", "/nonexistent/run", NULL}, 0, 0) == 2 &&
               output_has("no --tokenizer"),
