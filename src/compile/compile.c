@@ -205,9 +205,13 @@ static bool load_choices(variant *v) {
     int gsel[4096], ng = 0, mi[4096], msel[4096], nm = 0;
     bool ok = true;
     for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && ok; line = strtok_r(NULL, "\n", &save)) {
-        char kind;
-        int id, choice;
-        if (sscanf(line, "%c%d %d", &kind, &id, &choice) != 3 || choice < 0 || choice > 1) ok = false;
+        /* "g<id> <choice>" or "m<id> <choice>" */
+        char kind = line[0];
+        const char *sp = kind ? strchr(line + 1, ' ') : NULL;
+        int64_t id = -1, choice = -1;
+        if (!sp || kiln_parse_leading_i64(line + 1, 0, INT32_MAX, &id) || (size_t)(sp - line - 1) != strspn(line + 1, "0123456789") ||
+            kiln_parse_i64(sp + 1, 0, 1, &choice))
+            ok = false;
         else if (kind == 'g' && id == ng && ng < 4096) gsel[ng++] = choice;
         else if (kind == 'm' && id >= 0 && id < g->n && g->v[id].kind == KILN_V_OP && g->v[id].op == KILN_OP_MATMUL && nm < 4096)
             mi[nm] = id, msel[nm++] = choice;

@@ -10,8 +10,9 @@
 static uint64_t read_u64_file(const char *path) {
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    unsigned long long v = 0;
-    if (fscanf(f, "%llu", &v) != 1) v = 0;
+    char line[64];
+    int64_t v = 0;
+    if (!fgets(line, sizeof line, f) || kiln_parse_leading_i64(line, 0, INT64_MAX, &v)) v = 0;
     fclose(f);
     return (uint64_t)v;
 }
@@ -20,11 +21,14 @@ static uint64_t meminfo_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return 0;
     char line[256];
-    unsigned long long kb = 0;
+    int64_t kb = 0;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+        if (!strncmp(line, "MemAvailable:", 13)) { /* "MemAvailable:   1234 kB" */
+            if (kiln_parse_leading_i64(line + 13 + strspn(line + 13, " \t"), 0, INT64_MAX / 1024, &kb)) kb = 0;
+            break;
+        }
     fclose(f);
-    return kb > UINT64_MAX / 1024 ? UINT64_MAX : (uint64_t)kb * 1024;
+    return (uint64_t)kb * 1024;
 }
 
 /* Room left under a container's memory limit (cgroup v2, else v1); 0: no

@@ -69,7 +69,8 @@ static const char *num_str(json_t *v, char *buf, size_t n) {
         double d = json_real_value(v);
         for (int prec = 6; prec <= 17; prec++) {
             snprintf(buf, n, "%.*g", prec, d);
-            if (strtod(buf, NULL) == d) break;
+            double back = 0;
+            if (!kiln_parse_f64(buf, -DBL_MAX, DBL_MAX, &back) && back == d) break;
         }
     } else if (json_is_string(v)) snprintf(buf, n, "\"%.60s\"", json_string_value(v));
     else snprintf(buf, n, "%s", json_is_true(v) ? "true" : json_is_false(v) ? "false" : json_is_null(v) ? "null" : "an object or array");
