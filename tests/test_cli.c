@@ -108,6 +108,8 @@ static void help_and_usage(void) {
         {{"tokenizer", "train", "c.txt", "--vocab-size", "1e4", "-o", "t.json"},
          "kiln tokenizer train: --vocab-size: bad value '1e4' (expected an integer in [259, 16777216])\n"},
         {{"bench", "--profile=yes"}, "kiln bench: --profile takes no value\n"},
+        {{"tokenizer", "encode", "--no-special=1"}, "kiln tokenizer encode: --no-special takes no value\n"},
+        {{"tokenizer", "encode", "--skip-special"}, "kiln tokenizer encode: unknown flag --skip-special (see --help)\n"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++)
         CHECK(run_kiln(bad[k].args, 0, 0) == 2 && output_is(bad[k].want), "%s %s %s refused", bad[k].args[0], bad[k].args[1],

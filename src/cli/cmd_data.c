@@ -47,25 +47,16 @@ typedef struct {
 
 /* --flag value, --flag=value; "-" alone is positional. */
 static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
-    static const char *const names[] = {"--vocab-size", "-o", "--output", "--tokenizer", "--val-frac",
-                                        "--docs", "--seed", "--threads", "--config", "--chat-template",
-                                        "--field", "--train-on"};
+    static const kiln_cli_flag flags[] = {
+        {"--vocab-size", true}, {"-o", true},           {"--output", true},       {"--tokenizer", true},
+        {"--val-frac", true},   {"--docs", true},       {"--seed", true},         {"--threads", true},
+        {"--config", true},     {"--chat-template", true}, {"--field", true},     {"--train-on", true},
+        {"--no-special", false}, {"--skip-special", false}, {"--add-generation-prompt", false}, {"--skip-bad", false}};
     a->pos = calloc((size_t)argc + 1, sizeof *a->pos);
     if (!a->pos) return 1;
     for (int i = first; i < argc; i++) {
         const char *v;
-        bool *flag = !strcmp(cmd, "tokenizer encode") && !strcmp(argv[i], "--no-special")     ? &a->no_special
-                     : !strcmp(cmd, "tokenizer decode") && !strcmp(argv[i], "--skip-special") ? &a->skip_special
-                                                                                             : NULL;
-        if (flag) {
-            *flag = true;
-            continue;
-        }
-        if (!strcmp(argv[i], "--add-generation-prompt") || !strcmp(argv[i], "--skip-bad")) { /* value-less flags */
-            *(argv[i][2] == 'a' ? &a->add_generation_prompt : &a->skip_bad) = true;
-            continue;
-        }
-        int k = kiln_cli_arg(cmd, argc, argv, &i, names, 12, &v);
+        int k = kiln_cli_scan(cmd, argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
         if (k == KILN_ARG_HELP) {
             a->help = true;
             continue;
@@ -75,6 +66,16 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
             continue;
         }
         if (k == KILN_ARG_ERROR) return 2;
+        /* the valueless flags: --no-special is encode's, --skip-special decode's */
+        if ((k == 12 && strcmp(cmd, "tokenizer encode")) || (k == 13 && strcmp(cmd, "tokenizer decode"))) {
+            fprintf(stderr, "kiln %s: unknown flag %s (see --help)\n", cmd, flags[k].name);
+            return 2;
+        }
+        bool *set[] = {&a->no_special, &a->skip_special, &a->add_generation_prompt, &a->skip_bad};
+        if (k >= 12) {
+            *set[k - 12] = true;
+            continue;
+        }
         const char **slot[] = {&a->vocab_size, &a->out, &a->out, &a->tokenizer, &a->val_frac,
                                &a->docs, &a->seed, &a->threads, &a->config, &a->chat_template,
                                &a->field, &a->train_on};
