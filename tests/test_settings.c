@@ -43,6 +43,13 @@ static void parser(void) {
     CHECK(kiln_parse_leading_i64(" 5", 0, 9, &i) == KILN_ERR_INVALID && kiln_parse_leading_i64("-5", -9, 9, &i) == KILN_ERR_INVALID,
           "leading digits: digits first");
     CHECK(kiln_parse_leading_i64("123456789012345678901234", 0, INT64_MAX, &i) == KILN_ERR_INVALID, "too many digits");
+    /* Hugging Face's shard sizes: decimal units, and the binary ones spelled out */
+    CHECK(kiln_parse_bytes_hf("5GB", &b) == KILN_OK && b == 5000000000LL, "5GB");
+    CHECK(kiln_parse_bytes_hf("2GiB", &b) == KILN_OK && b == 2LL << 30, "2GiB");
+    CHECK(kiln_parse_bytes_hf("1.5MB", &b) == KILN_OK && b == 1500000, "1.5MB");
+    CHECK(kiln_parse_bytes_hf("40000", &b) == KILN_OK && b == 40000, "bytes");
+    const char *bad_hf[] = {"", "5XB", "-1GB", "GB", "0", "5 GB", "1e30GB"};
+    for (int k = 0; k < 7; k++) CHECK(kiln_parse_bytes_hf(bad_hf[k], &b) == KILN_ERR_INVALID, "shard size '%s' refused", bad_hf[k]);
     char t[32];
     CHECK(!strcmp(kiln_bytes_text(1LL << 30, t, sizeof t), "1G") && !strcmp(kiln_bytes_text(1536LL << 20, t, sizeof t), "1536M") &&
               !strcmp(kiln_bytes_text(1000, t, sizeof t), "1000"),

@@ -70,6 +70,9 @@ kiln_status kiln_parse_choice(const char *s, const kiln_choice *choices, int *ou
 const char *kiln_choice_name(const kiln_choice *choices, int value); /* "?" if none */
 /* "512M", "1G", "1.5GiB", "800MB", bytes (K/M/G/T are powers of 1024). */
 kiln_status kiln_parse_bytes(const char *s, int64_t *out);
+/* Hugging Face's max_shard_size spelling: "5GB", "500MB" (powers of 1000),
+ * "2GiB" (powers of 1024), plain bytes. */
+kiln_status kiln_parse_bytes_hf(const char *s, int64_t *out);
 /* bytes as the shortest exact text kiln_parse_bytes reads back ("1G"). */
 const char *kiln_bytes_text(int64_t bytes, char *buf, size_t n);
 /* v in [lo, hi], with the same message (text: how v was written, or NULL). */

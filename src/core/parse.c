@@ -147,6 +147,28 @@ kiln_status kiln_parse_bytes(const char *s, int64_t *out) {
     return KILN_OK;
 }
 
+kiln_status kiln_parse_bytes_hf(const char *s, int64_t *out) {
+    const char *want = "a size such as 5GB, 500MB, 2GiB or 1000000 (KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB: of 1024)";
+    static const struct {
+        const char *unit;
+        double mul;
+    } units[] = {{"", 1},          {"B", 1},         {"KB", 1e3},           {"MB", 1e6},         {"GB", 1e9},
+                 {"TB", 1e12},     {"KiB", 1024.0},  {"MiB", 1048576.0},    {"GiB", 1073741824.0}, {"K", 1e3},
+                 {"M", 1e6},       {"G", 1e9}};
+    size_t nl = s ? strspn(s, "0123456789.") : 0;
+    char num[64];
+    double v = 0, mul = 0;
+    if (nl == 0 || nl >= sizeof num) return kiln_bad_value(s, want);
+    memcpy(num, s, nl);
+    num[nl] = 0;
+    if (kiln_parse_f64(num, 0, 9.2e18, &v)) return kiln_bad_value(s, want);
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(s + nl, units[i].unit)) mul = units[i].mul;
+    if (mul == 0 || !(v * mul >= 1) || v * mul > 9.2e18) return kiln_bad_value(s, want);
+    *out = (int64_t)(v * mul);
+    return KILN_OK;
+}
+
 const char *kiln_bytes_text(int64_t b, char *buf, size_t n) {
     static const char units[] = "KMGT";
     int u = -1;

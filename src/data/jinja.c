@@ -9,6 +9,7 @@
  * with Jinja2's operator precedence; a statement, operator or literal kiln
  * does not implement is an error naming its line and column. */
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,10 +280,10 @@ static kiln_status lex_tag(lexer *L, bool block, bool *line_starting) {
             num[k] = 0;
             if (!push(L, flt ? T_FLOAT : T_INT, line, col, num, k)) return kiln_error(KILN_ERR_OOM, "out of memory");
             token *t = &L->toks[L->n_toks - 1];
-            errno = 0;
-            if (flt) t->f = strtod(num, NULL);
-            else t->i = strtoll(num, NULL, 10);
-            if (errno) return jerr(L, line, col, "number %s is out of range", num, NULL);
+            int64_t iv = 0;
+            if (flt ? kiln_parse_f64(num, -DBL_MAX, DBL_MAX, &t->f) : kiln_parse_i64(num, INT64_MIN, INT64_MAX, &iv))
+                return jerr(L, line, col, "number %s is out of range", num, NULL);
+            if (!flt) t->i = iv;
             adv(L, q - p);
             continue;
         }

@@ -568,9 +568,10 @@ kiln_status jl_filter(jrctx *c, const jnode *at, const char *name, json_t *v, co
         else if (v && json_is_real(v)) *out = json_integer((json_int_t)json_real_value(v));
         else if (v && json_is_boolean(v)) *out = json_integer(json_is_true(v));
         else if (v && json_is_string(v)) {
-            char *end;
-            long long x = strtoll(jl_s(v), &end, 10);
-            if (end != jl_s(v) && !*end) *out = json_integer(x);
+            const char *t = jl_s(v);
+            int64_t x = 0;
+            t += strspn(t, " \t\n\r\f\v"); /* Python's int() skips leading blanks */
+            if (!kiln_parse_i64(t, INT64_MIN, INT64_MAX, &x)) *out = json_integer(x);
             else return jl_rerr(c, at, "int of a non-integer string is outside kiln's Jinja subset");
         } else *out = d ? json_incref(d) : json_integer(0);
         return KILN_OK;

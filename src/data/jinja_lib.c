@@ -1,6 +1,7 @@
 /* The Jinja subset's value semantics, as Python has them: str(), repr(),
  * json.dumps (Hugging Face's tojson), truthiness, ==, <, and the UTF-8
  * helpers (Python strings count code points; str.isspace()). */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +86,8 @@ static void put_float(jbuf *b, double x, bool json) {
     int p;
     for (p = 1; p <= 17; p++) {
         snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
-        if (strtod(tmp, NULL) == x) break;
+        double back = 0;
+        if (!kiln_parse_f64(tmp, -DBL_MAX, DBL_MAX, &back) && back == x) break;
     }
     /* tmp = [-]d[.ddd]e[+-]XX */
     char digits[32];
@@ -93,7 +95,8 @@ static void put_float(jbuf *b, double x, bool json) {
     const char *q = tmp + neg;
     for (; *q && *q != 'e'; q++)
         if (*q != '.') digits[nd++] = *q;
-    int ex = atoi(q + 1);
+    int ex = 0;
+    kiln_parse_int(q + 1, -400, 400, &ex); /* "e+05", written by snprintf above */
     while (nd > 1 && digits[nd - 1] == '0') nd--;
     if (neg) jb_putc(b, '-');
     if (ex >= -4 && ex < 16) {

@@ -89,9 +89,8 @@ static int32_t token_id(json_t *decoder, const kiln_tokenizer *tok, const char *
     json_t *v;
     json_object_foreach(decoder, key, v) {
         const char *c = json_string_value(json_object_get(v, "content"));
-        char *end;
-        long id = strtol(key, &end, 10);
-        if (c && !strcmp(c, s) && !*end && end != key && id >= 0 && id <= INT32_MAX) return (int32_t)id;
+        int64_t id = 0;
+        if (c && !strcmp(c, s) && !kiln_parse_i64(key, 0, INT32_MAX, &id)) return (int32_t)id;
     }
     size_t len = strlen(s);
     for (int id = 0; tok && id < kiln_tokenizer_vocab_size(tok); id++) {

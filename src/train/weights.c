@@ -52,20 +52,8 @@ kiln_status kiln_weights_options_parse(const char *dtype, const char *shard_size
         else return kiln_error(KILN_ERR_INVALID, "save_dtype '%s': expected fp32, bf16 or f16", dtype);
     }
     if (shard_size && *shard_size) {
-        /* HF's max_shard_size spelling: "5GB", "500MB", "200KB" (powers of
-         * 10), "2GiB" (powers of 2), or plain bytes */
-        char *end;
-        errno = 0;
-        double v = strtod(shard_size, &end);
-        static const struct { const char *unit; double mul; } units[] = {
-            {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-            {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}};
-        double mul = 0;
-        for (size_t i = 0; end != shard_size && i < sizeof units / sizeof units[0]; i++)
-            if (!strcmp(end, units[i].unit)) mul = units[i].mul;
-        double bytes = v * mul;
-        if (errno || mul == 0 || !(bytes >= 1) || bytes > 9.2e18)
-            return kiln_error(KILN_ERR_INVALID, "shard_size '%s': expected a size such as 5GB, 500MB or 1000000", shard_size);
+        int64_t bytes = 0;
+        if (kiln_parse_bytes_hf(shard_size, &bytes)) return kiln_error_context(KILN_ERR_INVALID, "shard_size");
         r.shard_bytes = (uint64_t)bytes;
     }
     *o = r;
