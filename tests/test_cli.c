@@ -122,7 +122,8 @@ static void help_and_usage(void) {
     /* range errors in a --config file name the file and the key */
     char cfg[400], want[800];
     snprintf(cfg, sizeof cfg, "%s/bad_config.json", dir);
-    CHECK_OK(kiln_write_file_atomic(cfg, "{\"lr\": 0.01, \"epochs\": 0}", 28));
+    const char *bad_cfg = "{\"lr\": 0.01, \"epochs\": 0}";
+    CHECK_OK(kiln_write_file_atomic(cfg, bad_cfg, strlen(bad_cfg)));
     snprintf(want, sizeof want, "kiln train: %s: epochs: bad value '0' (expected an integer >= 1)\n", cfg);
     CHECK(run_kiln((const char *[]){"train", "--config", cfg, "--tokenizer", "t.json", NULL}, 0, 0) == 2 && output_is(want),
           "--config range error names the file");

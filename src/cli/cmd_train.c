@@ -187,7 +187,7 @@ static int need_tokenizer(kiln_train_config *c) {
     char from[600];
     snprintf(from, sizeof from, "%s/tokenizer.json", c->init);
     if (c->init[0] && access(from, R_OK) == 0 && strlen(from) < sizeof c->tokenizer) {
-        snprintf(c->tokenizer, sizeof c->tokenizer, "%s", from);
+        memcpy(c->tokenizer, from, strlen(from) + 1);
         return 0;
     }
     fprintf(stderr, "kiln train: no --tokenizer: give the tokenizer.json the shards were made with (%s), so the run "

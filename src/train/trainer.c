@@ -201,7 +201,7 @@ static kiln_status check_tokenizer(kiln_trainer *t, bool resume, const kiln_shar
     char own[1100];
     snprintf(own, sizeof own, "%s/tokenizer.json", c->run_dir);
     if (resume && c->tokenizer[0] && !is_file(c->tokenizer) && is_file(own) && strlen(own) < sizeof c->tokenizer)
-        snprintf(c->tokenizer, sizeof c->tokenizer, "%s", own);
+        memcpy(c->tokenizer, own, strlen(own) + 1);
     if (!c->tokenizer[0]) return KILN_OK;
     kiln_tokenizer *tok = NULL;
     kiln_status st = kiln_tokenizer_load(c->tokenizer, &tok);
