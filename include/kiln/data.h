@@ -177,24 +177,32 @@ kiln_status kiln_model_meta_save(const char *dir, const kiln_model_meta *m);
 
 /* ---- token shards --------------------------------------------------------
  * File layout (little endian), 64-byte header then the tokens:
- *   0  "KILNTOK1"          8  u32 version (1)     12 u32 token width (2 or 4)
+ *   0  "KILNTOK1"          8  u32 version (2)     12 u32 token width (2 or 4)
  *   16 u64 token count     24 u32 vocab size      28 u32 eos id
  *   32 u32 pad id          36 u32 bos id (0xffffffff = none)
- *   40 u64 document count  48 16 bytes reserved (zero)
+ *   40 u64 document count  48 u32 flags           52 12 bytes reserved (zero)
  * Tokens are uint16 when vocab size <= 65536, else uint32. Every document is
- * followed by the eos id. */
+ * followed by the eos id. Flag bit 0 (KILN_SHARD_MASKED): a loss mask of
+ * one byte per token follows the tokens, 1 = the token is a training target,
+ * 0 = it is context only (a prompt, a user turn) and never a target.
+ * Version 1 files (no flags, no mask: every token a target) are still read. */
 #define KILN_SHARD_MAGIC "KILNTOK1"
-#define KILN_SHARD_VERSION 1
+#define KILN_SHARD_VERSION 2
 #define KILN_SHARD_HEADER 64
+#define KILN_SHARD_MASKED 1u
 
 typedef struct {
     uint32_t version, width, vocab_size, eos_id, pad_id, bos_id;
     uint64_t count, n_docs;
+    uint32_t flags;
 } kiln_shard_info;
 
 /* Writes a shard atomically (tokens must be < vocab_size). */
 kiln_status kiln_shard_write(const char *path, const int32_t *tokens, size_t count,
                              const kiln_shard_info *info);
+/* The same with a loss mask (count bytes, each 0 or 1; NULL = none). */
+kiln_status kiln_shard_write_masked(const char *path, const int32_t *tokens, const uint8_t *mask, size_t count,
+                                    const kiln_shard_info *info);
 
 typedef struct kiln_shard kiln_shard;
 /* Memory-maps and validates the whole shard once (magic, version, width,
@@ -206,6 +214,8 @@ static inline uint32_t kiln_shard_width_token(const void *data, uint32_t width, 
     return width == 2 ? ((const uint16_t *)data)[i] : ((const uint32_t *)data)[i];
 }
 uint32_t kiln_shard_token(const kiln_shard *s, uint64_t i); /* i < count */
+/* The loss mask (count bytes), or NULL when every token is a target. */
+const uint8_t *kiln_shard_mask(const kiln_shard *s);
 
 /* Document splitting for `kiln tokenize`. */
 typedef enum {
@@ -214,21 +224,46 @@ typedef enum {
     KILN_DOC_LINE = 2,      /* each non-blank line */
 } kiln_doc_split;
 
+/* Which tokens of a JSONL example are training targets. Plain text ({"text"}
+ * or --field) is always trained on whole. */
+typedef enum {
+    KILN_TRAIN_ASSISTANT = 0,  /* chat: every assistant turn; prompt/completion: the completion */
+    KILN_TRAIN_COMPLETION = 1, /* chat: the last assistant turn; prompt/completion: the completion */
+    KILN_TRAIN_ALL = 2,        /* every token */
+} kiln_train_on;
+
 typedef struct {
     double val_frac;        /* fraction of documents held out (by content hash) */
     kiln_doc_split split;
     uint64_t seed;          /* mixes into the held-out choice */
+    /* JSONL inputs (files named *.jsonl): one JSON object a line, either
+     * {"text": ...}, {"prompt": ..., "completion": ...} or {"messages": [...]}
+     * (rendered with `chat`, which must then be set). */
+    const kiln_chat *chat;
+    const char *field;      /* non-NULL: the text is this string field of every line */
+    kiln_train_on train_on;
+    bool skip_bad;          /* count and skip bad lines instead of failing on the first */
 } kiln_tokenize_opts;
 
 typedef struct {
     uint64_t train_tokens, val_tokens, train_docs, val_docs, bytes;
+    uint64_t bad_lines;     /* skipped with skip_bad */
+    uint64_t masked_tokens; /* tokens that are not targets (train + val) */
 } kiln_tokenize_stats;
 
 /* Tokenizes the files into DIR/train.bin and DIR/val.bin (DIR is created).
  * A document goes to val iff a hash of (its bytes, seed) falls below
  * val_frac, so the split is deterministic and duplicates stay together; when
  * val_frac > 0 and that leaves val empty, the last document goes there.
- * Progress is logged through kiln_log. */
+ * Progress is logged through kiln_log. A JSONL example is one document;
+ * its masked tokens are found on the token sequence: the example is
+ * rendered, the trained byte ranges located in the rendering (assistant
+ * turns: kiln_chat_assistant_spans; a completion: after the prompt), the
+ * text encoded once, and a token is a target when its bytes overlap a
+ * trained range (so a merge across a boundary never shifts the mask). The
+ * eos after a chat example is not a target (the template's own end-of-turn
+ * is); after a completion or a text it is. A bad line fails with FILE:LINE
+ * unless skip_bad. */
 kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *paths, int n_paths,
                                 const char *dir, const kiln_tokenize_opts *opts,
                                 kiln_tokenize_stats *stats);
@@ -241,6 +276,9 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
  *           input of a row targets the next token of the document (the eos
  *           at the end); a short row is right-padded with the pad id,
  *           pad_mask 0, target KILN_IGNORE_INDEX.
+ * A shard's loss mask turns the target of every masked token into
+ * KILN_IGNORE_INDEX (its input stays, pad_mask 1), so n_targets and the
+ * token-normalised loss count only trained targets.
  * An epoch is a permutation of the items, seeded by (seed, epoch) (identity
  * when shuffle is off); micro-batch i takes items [iB, iB+B) of it, so a
  * batch is a pure function of (seed, epoch, index). The final micro-batch of

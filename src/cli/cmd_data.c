@@ -30,12 +30,23 @@ static const char *tokenizer_usage =
 static const char *tokenize_usage =
     "usage: kiln tokenize CORPUS... --tokenizer FILE -o DIR [--val-frac F]\n"
     "                     [--docs paragraph|file|line] [--seed N] [--threads N]\n"
+    "                     [--config tokenizer_config.json] [--chat-template FILE]\n"
+    "                     [--train-on assistant|completion|all] [--field NAME] [--skip-bad]\n"
     "\n"
     "Encodes text files into DIR/train.bin and DIR/val.bin (token shards, each\n"
     "document followed by <|eos|>). Documents are blank-line-separated\n"
     "paragraphs by default. A document is held out for val.bin when a hash of\n"
     "its text and the seed falls below --val-frac (default 0.05), so the split\n"
-    "is deterministic.\n";
+    "is deterministic.\n"
+    "\n"
+    "A CORPUS named *.jsonl holds one example a line: {\"text\": ...},\n"
+    "{\"prompt\": ..., \"completion\": ...} or {\"messages\": [...]} (rendered with\n"
+    "the chat template of --config, or --chat-template FILE); --field NAME takes\n"
+    "that string field as the text. --train-on: which tokens are targets (the\n"
+    "rest are context only, stored as the shard's loss mask): assistant (default;\n"
+    "every assistant turn, or the completion), completion (the last assistant\n"
+    "turn, or the completion), all. A bad line stops with FILE:LINE; --skip-bad\n"
+    "counts and skips bad lines.\n";
 
 typedef struct {
     const char **pos; /* positional arguments */
@@ -295,16 +306,30 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     if (!rc && a.docs && !kiln_cli_choice(cmd, "--docs", a.docs, docs, &split)) rc = 2;
     o.split = split;
     if (!rc && a.seed && !kiln_cli_u64(cmd, "--seed", a.seed, &o.seed)) rc = 2;
+    static const kiln_choice trains[] = {
+        {"assistant", KILN_TRAIN_ASSISTANT}, {"completion", KILN_TRAIN_COMPLETION}, {"all", KILN_TRAIN_ALL}, {NULL, 0}};
+    int train_on = o.train_on;
+    if (!rc && a.train_on && !kiln_cli_choice(cmd, "--train-on", a.train_on, trains, &train_on)) rc = 2;
+    o.train_on = (kiln_train_on)train_on;
+    o.field = a.field;
+    o.skip_bad = a.skip_bad;
     if (rc) goto done;
     kiln_tokenizer *t = NULL;
+    kiln_chat *chat = NULL;
     kiln_tokenize_stats s;
-    if (kiln_tokenizer_load(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
+    if ((a.config || a.chat_template) && kiln_chat_load(a.config, a.chat_template, &chat)) {
+        rc = fail(cmd);
+    } else if ((o.chat = chat), kiln_tokenizer_load(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
         rc = fail(cmd);
     } else {
-        fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu docs), %s/val.bin (%llu tokens, %llu docs)\n",
+        fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu docs), %s/val.bin (%llu tokens, %llu docs)",
                 cmd, s.bytes / 1e6, a.out, (unsigned long long)s.train_tokens, (unsigned long long)s.train_docs, a.out,
                 (unsigned long long)s.val_tokens, (unsigned long long)s.val_docs);
+        if (s.masked_tokens) fprintf(stderr, ", %llu tokens masked (not targets)", (unsigned long long)s.masked_tokens);
+        if (s.bad_lines) fprintf(stderr, ", %llu bad lines skipped", (unsigned long long)s.bad_lines);
+        fputc('\n', stderr);
     }
+    kiln_chat_free(chat);
     kiln_tokenizer_free(t);
 done:
     free(a.pos);

@@ -238,6 +238,21 @@ kiln_tokenizer *kd_tok_new_base(int vocab_size);
 /* Builds the added-token matcher from the KD_TOK_ADDED ids and sets
  * bos/eos/pad from their names; call after the pipeline is set. */
 kiln_status kd_tok_finish(kiln_tokenizer *t, const kd_added_def *defs, size_t n);
+/* ---- kiln tokenize: the shards being collected (shard.c) ---- */
+typedef struct { int32_t *v; uint8_t *m; size_t n, cap; uint64_t docs, masked; } kd_tokvec;
+typedef struct {
+    const kiln_tokenizer *tok;
+    const kiln_tokenize_opts *opts;
+    kd_tokvec train, val;
+    size_t last_train_start; /* of the last document put in train */
+} kd_tk_ctx;
+/* Adds one document (ids with their loss mask, NULL = all targets) and the
+ * eos after it to train or val (chosen by the hash of doc[0..len)). */
+kiln_status kd_tokenize_add(kd_tk_ctx *c, const char *doc, size_t len, const int32_t *ids, const uint8_t *mask,
+                            size_t n, bool eos_target);
+/* The examples of a JSONL file (jsonl.c). */
+kiln_status kd_tokenize_jsonl(kd_tk_ctx *c, const char *path, kiln_tokenize_stats *stats);
+
 /* GPT-2 byte <-> unicode code point mapping. */
 void kd_byte_to_unicode(uint32_t cp_of_byte[256]);
 /* Pre-tokens (model strings) of one text as kiln's trainer counts them:

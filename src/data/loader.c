@@ -150,13 +150,19 @@ static kiln_status ensure_perm(kiln_loader *l, int64_t epoch) {
     return KILN_OK;
 }
 
+/* Fills one row; returns its number of targets (masked tokens are inputs
+ * but never targets). */
 static int64_t fill_row(const kiln_loader *l, int64_t item, int32_t *in, int32_t *tg, int32_t *mask) {
     int T = l->cfg.seq_len;
     uint64_t start = l->cfg.mode == KILN_PACK_PACKED ? (uint64_t)item * (uint64_t)T : l->row_start[item];
     int len = l->cfg.mode == KILN_PACK_PACKED ? T : (int)l->row_len[item];
+    const uint8_t *lm = kiln_shard_mask(l->shard);
+    int64_t n = 0;
     for (int t = 0; t < len; t++) {
-        in[t] = (int32_t)kiln_shard_token(l->shard, start + (uint64_t)t);
-        tg[t] = (int32_t)kiln_shard_token(l->shard, start + (uint64_t)t + 1);
+        uint64_t j = start + (uint64_t)t + 1;
+        in[t] = (int32_t)kiln_shard_token(l->shard, j - 1);
+        tg[t] = !lm || lm[j] ? (int32_t)kiln_shard_token(l->shard, j) : KILN_IGNORE_INDEX;
+        n += tg[t] != KILN_IGNORE_INDEX;
         mask[t] = 1;
     }
     for (int t = len; t < T; t++) {
@@ -164,7 +170,7 @@ static int64_t fill_row(const kiln_loader *l, int64_t item, int32_t *in, int32_t
         tg[t] = KILN_IGNORE_INDEX;
         mask[t] = 0;
     }
-    return len;
+    return n;
 }
 
 kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_batch *b) {

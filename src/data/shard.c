@@ -23,9 +23,16 @@ static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); re
 
 kiln_status kiln_shard_write(const char *path, const int32_t *tokens, size_t count,
                              const kiln_shard_info *info) {
+    return kiln_shard_write_masked(path, tokens, NULL, count, info);
+}
+
+kiln_status kiln_shard_write_masked(const char *path, const int32_t *tokens, const uint8_t *mask, size_t count,
+                                    const kiln_shard_info *info) {
     uint32_t width = info->vocab_size <= 65536 ? 2 : 4;
     if (info->vocab_size == 0) return kiln_error(KILN_ERR_INVALID, "%s: vocab size 0", path);
-    size_t bytes = KILN_SHARD_HEADER + count * width;
+    for (size_t i = 0; mask && i < count; i++)
+        if (mask[i] > 1) return kiln_error(KILN_ERR_INVALID, "%s: loss mask value %u at index %zu (must be 0 or 1)", path, mask[i], i);
+    size_t bytes = KILN_SHARD_HEADER + count * width + (mask ? count : 0);
     unsigned char *buf = calloc(1, bytes);
     if (!buf) return kiln_error(KILN_ERR_OOM, "%s: out of memory for %zu bytes", path, bytes);
     memcpy(buf, KILN_SHARD_MAGIC, 8);
@@ -37,6 +44,8 @@ kiln_status kiln_shard_write(const char *path, const int32_t *tokens, size_t cou
     put32(buf + 32, info->pad_id);
     put32(buf + 36, info->bos_id);
     put64(buf + 40, info->n_docs);
+    put32(buf + 48, mask ? KILN_SHARD_MASKED : 0);
+    if (mask) memcpy(buf + KILN_SHARD_HEADER + count * width, mask, count);
     for (size_t i = 0; i < count; i++) {
         if (tokens[i] < 0 || (uint32_t)tokens[i] >= info->vocab_size) {
             free(buf);
@@ -60,6 +69,7 @@ struct kiln_shard {
     void *map;
     size_t map_len;
     const void *tokens;
+    const uint8_t *mask;
 };
 
 static kiln_status validate(const char *path, const unsigned char *h, size_t size, kiln_shard_info *in) {
@@ -77,20 +87,24 @@ static kiln_status validate(const char *path, const unsigned char *h, size_t siz
     in->pad_id = get32(h + 32);
     in->bos_id = get32(h + 36);
     in->n_docs = get64(h + 40);
-    if (in->version != KILN_SHARD_VERSION)
-        return kiln_error(KILN_ERR_FORMAT, "%s: version %u at offset 8, this build reads version %d", path,
+    if (in->version != 1 && in->version != KILN_SHARD_VERSION)
+        return kiln_error(KILN_ERR_FORMAT, "%s: version %u at offset 8, this build reads versions 1 and %d", path,
                           in->version, KILN_SHARD_VERSION);
+    in->flags = in->version >= 2 ? get32(h + 48) : 0;
+    if (in->flags & ~KILN_SHARD_MASKED)
+        return kiln_error(KILN_ERR_FORMAT, "%s: unknown flags 0x%x at offset 48 (this build knows 0x%x, the loss mask)",
+                          path, in->flags, KILN_SHARD_MASKED);
     if (in->width != 2 && in->width != 4)
         return kiln_error(KILN_ERR_FORMAT, "%s: token width %u at offset 12, must be 2 or 4", path, in->width);
     if (in->vocab_size == 0 || (in->width == 2 && in->vocab_size > 65536))
         return kiln_error(KILN_ERR_FORMAT, "%s: vocab size %u at offset 24 does not fit width %u", path,
                           in->vocab_size, in->width);
-    uint64_t have = size - KILN_SHARD_HEADER;
-    if (in->count > have / in->width || in->count * in->width != have)
+    uint64_t have = size - KILN_SHARD_HEADER, per = in->width + (in->flags & KILN_SHARD_MASKED ? 1 : 0);
+    if (in->count > have / per || in->count * per != have)
         return kiln_error(KILN_ERR_FORMAT,
-                          "%s: token count %llu at offset 16 needs %llu bytes of tokens, the file has %llu", path,
-                          (unsigned long long)in->count, (unsigned long long)in->count * in->width,
-                          (unsigned long long)have);
+                          "%s: token count %llu at offset 16 needs %llu bytes of tokens%s, the file has %llu", path,
+                          (unsigned long long)in->count, (unsigned long long)(in->count * per),
+                          per > in->width ? " and loss mask" : "", (unsigned long long)have);
     return KILN_OK;
 }
 
@@ -130,6 +144,15 @@ kiln_status kiln_shard_open(const char *path, kiln_shard **out) {
                               (unsigned long long)(KILN_SHARD_HEADER + i * info.width), info.vocab_size);
         }
     }
+    const uint8_t *mask = info.flags & KILN_SHARD_MASKED ? (const uint8_t *)tok + info.count * info.width : NULL;
+    for (uint64_t i = 0; mask && i < info.count; i++)
+        if (mask[i] > 1) {
+            unsigned v = mask[i];
+            munmap(map, size);
+            return kiln_error(KILN_ERR_FORMAT, "%s: loss mask value %u at index %llu (byte offset %llu) is not 0 or 1", path,
+                              v, (unsigned long long)i,
+                              (unsigned long long)(KILN_SHARD_HEADER + info.count * info.width + i));
+        }
     kiln_shard *s = calloc(1, sizeof *s);
     if (!s) {
         munmap(map, size);
@@ -139,6 +162,7 @@ kiln_status kiln_shard_open(const char *path, kiln_shard **out) {
     s->map = map;
     s->map_len = size;
     s->tokens = tok;
+    s->mask = mask;
     *out = s;
     return KILN_OK;
 }
@@ -154,6 +178,8 @@ const kiln_shard_info *kiln_shard_get_info(const kiln_shard *s) { return &s->inf
 uint32_t kiln_shard_token(const kiln_shard *s, uint64_t i) {
     return kiln_shard_width_token(s->tokens, s->info.width, i);
 }
+
+const uint8_t *kiln_shard_mask(const kiln_shard *s) { return s->mask; }
 
 /* ---- kiln tokenize ---- */
 
@@ -204,18 +230,26 @@ static bool split_docs(const char *text, size_t n, kiln_doc_split how, spans *d)
     return !in_doc || span_add(d, doc, doc_end - doc);
 }
 
-typedef struct { int32_t *v; size_t n, cap; uint64_t docs; } tokvec;
+typedef kd_tokvec tokvec;
+typedef kd_tk_ctx tk_ctx;
 
-static bool tv_append(tokvec *t, const int32_t *v, size_t n) {
+/* Appends n tokens with their mask (NULL: all targets). */
+static bool tv_append(tokvec *t, const int32_t *v, const uint8_t *mask, size_t n) {
     if (t->n + n > t->cap) {
         size_t c = t->cap ? t->cap : 1 << 16;
         while (c < t->n + n) c *= 2;
         int32_t *p = realloc(t->v, c * sizeof *p);
         if (!p) return false;
         t->v = p;
+        uint8_t *m = realloc(t->m, c);
+        if (!m) return false;
+        t->m = m;
         t->cap = c;
     }
     if (n) memcpy(t->v + t->n, v, n * sizeof *v);
+    if (n && mask) memcpy(t->m + t->n, mask, n);
+    else if (n) memset(t->m + t->n, 1, n);
+    for (size_t i = 0; mask && i < n; i++) t->masked += !mask[i];
     t->n += n;
     return true;
 }
@@ -226,12 +260,18 @@ static bool goes_to_val(const char *doc, size_t n, const kiln_tokenize_opts *o) 
     return (double)(h >> 11) * 0x1.0p-53 < o->val_frac;
 }
 
-typedef struct {
-    const kiln_tokenizer *tok;
-    const kiln_tokenize_opts *opts;
-    tokvec train, val;
-    size_t last_train_start; /* of the last document put in train */
-} tk_ctx;
+kiln_status kd_tokenize_add(kd_tk_ctx *c, const char *doc, size_t len, const int32_t *ids, const uint8_t *mask, size_t n,
+                            bool eos_target) {
+    bool val = goes_to_val(doc, len, c->opts);
+    tokvec *dst = val ? &c->val : &c->train;
+    if (!val) c->last_train_start = c->train.n;
+    int32_t eos = c->tok->eos;
+    uint8_t em = eos_target ? 1 : 0;
+    if (!tv_append(dst, ids, mask, n) || !tv_append(dst, &eos, &em, 1))
+        return kiln_error(KILN_ERR_OOM, "out of memory collecting tokens");
+    dst->docs++;
+    return KILN_OK;
+}
 
 #define BATCH_BYTES ((size_t)32 << 20)
 
@@ -249,7 +289,7 @@ static kiln_status route_docs(tk_ctx *c, const char *text, const spans *d, size_
         bool val = goes_to_val(text + d->start[k], d->len[k], c->opts);
         tokvec *dst = val ? &c->val : &c->train;
         if (!val) c->last_train_start = c->train.n;
-        if (!tv_append(dst, ids + p, q - p)) {
+        if (!tv_append(dst, ids + p, NULL, q - p)) {
             free(ids);
             return kiln_error(KILN_ERR_OOM, "out of memory collecting tokens");
         }
@@ -261,6 +301,9 @@ static kiln_status route_docs(tk_ctx *c, const char *text, const spans *d, size_
 }
 
 static kiln_status tokenize_file(tk_ctx *c, const char *path, kiln_tokenize_stats *stats) {
+    size_t pl = strlen(path);
+    if (pl > 6 && !strcmp(path + pl - 6, ".jsonl")) return kd_tokenize_jsonl(c, path, stats);
+    if (c->opts->field) return kiln_error(KILN_ERR_INVALID, "--field applies to JSONL files (*.jsonl), and %s is not one", path);
     char *text;
     size_t n;
     kiln_status st = kiln_read_file(path, &text, &n);
@@ -302,12 +345,15 @@ static kiln_status write_pair(tk_ctx *c, const char *dir, kiln_tokenize_stats *s
     if (!path) return kiln_error(KILN_ERR_OOM, "out of memory");
     info.n_docs = c->train.docs;
     snprintf(path, plen, "%s/train.bin", dir);
-    kiln_status st = kiln_shard_write(path, c->train.v, c->train.n, &info);
+    /* A mask is stored only when some token is not a target. */
+    bool masked = c->train.masked + c->val.masked > 0;
+    kiln_status st = kiln_shard_write_masked(path, c->train.v, masked ? c->train.m : NULL, c->train.n, &info);
     if (!st) {
         info.n_docs = c->val.docs;
         snprintf(path, plen, "%s/val.bin", dir);
-        st = kiln_shard_write(path, c->val.v, c->val.n, &info);
+        st = kiln_shard_write_masked(path, c->val.v, masked ? c->val.m : NULL, c->val.n, &info);
     }
+    stats->masked_tokens = c->train.masked + c->val.masked;
     free(path);
     stats->train_tokens = c->train.n;
     stats->val_tokens = c->val.n;
@@ -333,7 +379,9 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
     if (!st && opts->val_frac > 0 && c.val.docs == 0 && c.train.docs >= 2) {
         /* Too few documents for the hash to pick one: hold out the last. */
         size_t s = c.last_train_start;
-        if (!tv_append(&c.val, c.train.v + s, c.train.n - s)) st = kiln_error(KILN_ERR_OOM, "out of memory");
+        size_t m0 = c.val.masked;
+        if (!tv_append(&c.val, c.train.v + s, c.train.m + s, c.train.n - s)) st = kiln_error(KILN_ERR_OOM, "out of memory");
+        c.train.masked -= c.val.masked - m0;
         c.train.n = s;
         c.train.docs--;
         c.val.docs++;
@@ -346,5 +394,7 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
                  c.train.n, (unsigned long long)c.train.docs, c.val.n, (unsigned long long)c.val.docs);
     free(c.train.v);
     free(c.val.v);
+    free(c.train.m);
+    free(c.val.m);
     return st;
 }
