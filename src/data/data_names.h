@@ -6,6 +6,8 @@
 #ifndef KILN_DATA_NAMES_H
 #define KILN_DATA_NAMES_H
 #define kd_added_any_space kiln_kd_added_any_space
+#define kd_tokenize_add kiln_kd_tokenize_add
+#define kd_tokenize_jsonl kiln_kd_tokenize_jsonl
 #define kd_added_build kiln_kd_added_build
 #define kd_added_free kiln_kd_added_free
 #define kd_added_has kiln_kd_added_has
