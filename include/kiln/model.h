@@ -84,12 +84,29 @@ typedef struct {
     kiln_tensor *q_norm, *k_norm; /* qwen3: RMSNorm weights [head_dim] */
 } kiln_llama_layer;
 
+/* LoRA (low-rank adapters, as PEFT defines them): each targeted linear
+ * y = W x becomes y = W x + (alpha / rank) * B (A x), A [rank, in] drawn as
+ * PEFT draws it (Kaiming-uniform, a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))),
+ * B [out, rank] zero, W frozen. */
+typedef enum {
+    KILN_LORA_Q, KILN_LORA_K, KILN_LORA_V, KILN_LORA_O, KILN_LORA_GATE, KILN_LORA_UP, KILN_LORA_DOWN, KILN_LORA_N
+} kiln_lora_target;
+typedef struct {
+    int rank;          /* 0: no adapters */
+    double alpha;      /* scaling = alpha / rank */
+    double dropout;    /* on the adapter's input; only 0 is implemented */
+    unsigned targets;  /* bit (1 << kiln_lora_target) per targeted linear */
+} kiln_lora_config;
+
 typedef struct {
     kiln_llama_config cfg;
     kiln_tensor *embed_tokens, *norm, *lm_head; /* lm_head == embed_tokens when tied */
     kiln_llama_layer *layers;
     int n_params;
     kiln_tensor **params; /* every distinct parameter, named as Hugging Face names it */
+    int n_base;           /* params[0..n_base): the base model; after them, LoRA adapters */
+    kiln_lora_config lora;
+    kiln_tensor **lora_a, **lora_b; /* [layer * KILN_LORA_N + target], NULL where not targeted */
 } kiln_llama;
 
 /* Parameters initialised as HF does: normal(0, 0.02), norms at one. The
@@ -107,6 +124,21 @@ int64_t kiln_llama_num_params(const kiln_llama *m);
  * glob (fnmatch); returns how many matched. */
 int kiln_llama_set_trainable(kiln_llama *m, const char *glob, bool trainable);
 void kiln_llama_zero_grad(kiln_llama *m);
+
+/* ---- LoRA (lora.c) ---- */
+/* "q_proj", "k_proj", ... "down_proj" (PEFT's target_modules names). */
+const char *kiln_lora_target_name(int target);
+/* A comma list of those names (or "all") into a target mask; an unknown
+ * name is an error naming it. */
+kiln_status kiln_lora_targets_parse(const char *list, unsigned *mask);
+kiln_status kiln_lora_config_validate(const kiln_lora_config *lc);
+/* Adds adapters (params named model.layers.L.self_attn.q_proj.lora_A.weight,
+ * ...lora_B.weight, after the base parameters) and freezes every base
+ * parameter (no gradient, no optimiser state). Once per model. */
+kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint64_t seed);
+/* W += (alpha / rank) B A for every adapter (in double), then removes the
+ * adapters: the model is a plain one, every parameter trainable again. */
+kiln_status kiln_llama_lora_merge(kiln_llama *m);
 
 /* Key/value cache for generation: keys and values of every layer for up to
  * max_len positions, so each new token costs one position. */

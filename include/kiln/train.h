@@ -94,7 +94,11 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(micro_batch, AUTO, 0, 0, "auto|N", "with --global-batch: auto = the largest divisor of N that fits")                 \
     X(mem_budget, SIZE, 0, 0, "SIZE", "budget for --micro-batch auto, e.g. 1G (default: 70% of MemAvailable)")        \
     X(save_dtype, STR, 8, "fp32", "fp32|bf16|f16", "dtype of the weights in checkpoints (optimiser state stays fp32)")   \
-    X(shard_size, STR, 32, "5GB", "SIZE", "most bytes per weight file, e.g. 5GB; larger models get shards + an index")
+    X(shard_size, STR, 32, "5GB", "SIZE", "most bytes per weight file, e.g. 5GB; larger models get shards + an index") \
+    X(lora_rank, INT, 0, 0, "R", "train LoRA adapters of rank R on a frozen base (0: full fine-tuning)")                   \
+    X(lora_alpha, F64, POS, 8.0, "A", "LoRA scaling alpha / R (PEFT's default 8)")                                         \
+    X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input (only 0 is implemented)")                         \
+    X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all")
 
 #define KILN_SETTING_FIELD_STR(key, lim) char key[lim];
 #define KILN_SETTING_FIELD_INT(key, lim) int key;
@@ -145,6 +149,8 @@ kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_
 /* Every line's range, then the rules between settings (min_lr <= lr,
  * recompute needs compile, micro_batch with global_batch, ...). */
 kiln_status kiln_train_config_validate(const kiln_train_config *c);
+/* The adapters a run's lora_* settings ask for (rank 0: none). */
+kiln_status kiln_train_lora_config(const kiln_train_config *c, kiln_lora_config *lc);
 /* Overlays keys from JSON text onto *c with the flags' checks; unknown keys
  * are an error; messages start with `source` (the file) and the key. */
 kiln_status kiln_train_config_parse(const char *json, const char *source, kiln_train_config *c);
@@ -340,6 +346,15 @@ kiln_status kiln_model_files_save(const char *dir, const kiln_llama *m, const ki
 kiln_status kiln_adamw_load(const char *path, kiln_adamw *o);
 kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o);
 kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st);
+/* LoRA adapters in PEFT's files (lora_io.c): dir/adapter_config.json (r,
+ * lora_alpha, lora_dropout, target_modules, peft_type "LORA", task_type
+ * "CAUSAL_LM", base_model_name_or_path = base) and dir/adapter_model.safetensors
+ * (base_model.model.model.layers.L.self_attn.q_proj.lora_A.weight, ...).
+ * _load adds the adapters to a model without any (kiln_llama_lora_add) and
+ * fills them; a config PEFT would read differently (use_rslora, use_dora,
+ * bias, fan_in_fan_out, per-layer patterns) is an error naming the field. */
+kiln_status kiln_lora_save(const char *dir, const kiln_llama *m, const char *base);
+kiln_status kiln_lora_load(const char *dir, kiln_llama *m);
 kiln_status kiln_trainer_state_load(const char *path, kiln_trainer_state *st);
 
 /* ---- data parallel over MPI ------------------------------------------------

@@ -166,6 +166,7 @@ kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
     for (int i = 1; i < no; i++)
         if (!new_param(m, &sp[i], s, seed)) goto oom;
     if (c->tie_word_embeddings) m->lm_head = m->embed_tokens;
+    m->n_base = m->n_params;
     return m;
 oom:
     kiln_llama_free(m);
@@ -177,6 +178,8 @@ void kiln_llama_free(kiln_llama *m) {
     if (!m) return;
     for (int i = 0; i < m->n_params; i++) kiln_tensor_release(m->params[i]);
     free(m->params);
+    free(m->lora_a);
+    free(m->lora_b);
     free(m->layers);
     free(m);
 }
@@ -290,6 +293,21 @@ static kiln_tensor *proj(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
     return y;
 }
 
+/* proj plus the LoRA path when layer l's `which` linear has an adapter,
+ * written with ordinary ops (PEFT's order: B (A x), then the scaling) so
+ * eager and compiled both see it and the frozen W's gradient is never formed. */
+static kiln_tensor *lproj(kiln_llama *m, int64_t l, int which, kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
+    kiln_tensor *y = proj(x, w, b);
+    kiln_tensor *A = m->lora_a ? m->lora_a[l * KILN_LORA_N + which] : NULL;
+    if (!A || !y) return y;
+    kiln_tensor *t = kiln_linear(x, A);
+    NEXT(t, kiln_linear(t, m->lora_b[l * KILN_LORA_N + which]));
+    NEXT(t, kiln_scale(t, m->lora.alpha / m->lora.rank));
+    NEXT(y, kiln_add(y, t));
+    kiln_tensor_release(t);
+    return y;
+}
+
 /* x [B, T, C] -> [B, heads, T, D]: per-head RMSNorm (qwen3's q_norm/k_norm,
  * over each head's D features, before RoPE) and rotation where asked */
 static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, kiln_tensor *norm, bool rotate, int64_t pos0) {
@@ -307,11 +325,11 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     const kiln_llama_config *c = &m->cfg;
     int64_t B = x->shape[0], T = x->shape[1], pos0 = kc ? kc->len : 0;
     int64_t rep = c->num_attention_heads / c->num_key_value_heads;
-    kiln_tensor *t = proj(x, ly->q_proj, ly->q_bias);
+    kiln_tensor *t = lproj(m, l, KILN_LORA_Q, x, ly->q_proj, ly->q_bias);
     kiln_tensor *q = heads(t, c, c->num_attention_heads, ly->q_norm, true, pos0);
-    NEXT(t, proj(x, ly->k_proj, ly->k_bias));
+    NEXT(t, lproj(m, l, KILN_LORA_K, x, ly->k_proj, ly->k_bias));
     kiln_tensor *k = heads(t, c, c->num_key_value_heads, ly->k_norm, true, pos0);
-    NEXT(t, proj(x, ly->v_proj, ly->v_bias));
+    NEXT(t, lproj(m, l, KILN_LORA_V, x, ly->v_proj, ly->v_bias));
     kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, pos0);
     kiln_tensor_release(t);
     if (kc) {
@@ -334,17 +352,17 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     NEXT(o, kiln_transpose12(o));
     int64_t flat[3] = {B, T, c->num_attention_heads * c->head_dim};
     NEXT(o, kiln_reshape(o, 3, flat));
-    NEXT(o, proj(o, ly->o_proj, ly->o_bias));
+    NEXT(o, lproj(m, l, KILN_LORA_O, o, ly->o_proj, ly->o_bias));
     return o;
 }
 
-static kiln_tensor *mlp(kiln_llama_layer *ly, kiln_tensor *x) {
-    kiln_tensor *g = proj(x, ly->gate_proj, ly->gate_bias);
-    kiln_tensor *u = proj(x, ly->up_proj, ly->up_bias);
+static kiln_tensor *mlp(kiln_llama *m, int64_t l, kiln_llama_layer *ly, kiln_tensor *x) {
+    kiln_tensor *g = lproj(m, l, KILN_LORA_GATE, x, ly->gate_proj, ly->gate_bias);
+    kiln_tensor *u = lproj(m, l, KILN_LORA_UP, x, ly->up_proj, ly->up_bias);
     NEXT(g, kiln_silu(g));
     NEXT(g, kiln_mul(g, u));
     kiln_tensor_release(u);
-    NEXT(g, proj(g, ly->down_proj, ly->down_bias));
+    NEXT(g, lproj(m, l, KILN_LORA_DOWN, g, ly->down_proj, ly->down_bias));
     return g;
 }
 
@@ -399,7 +417,7 @@ kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pa
         kiln_tensor_release(a);
         kiln_op_set_scope((int)(2 * l + 2)); /* the MLP block */
         x = kiln_rmsnorm(h, ly->post_attention_layernorm, c->rms_norm_eps);
-        a = x ? mlp(ly, x) : NULL;
+        a = x ? mlp(m, l, ly, x) : NULL;
         kiln_tensor_release(x);
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);

@@ -465,6 +465,7 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     kiln_weights_options wo = {KILN_F32, KILN_DEFAULT_SHARD_BYTES};
     if (!st && c) st = kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo);
     if (!st) st = kiln_save_model_weights(dir, m, &wo);
+    if (!st && m->lora_a) st = kiln_lora_save(dir, m, c ? (c->init[0] ? c->init : c->model) : "");
     if (!st && opt) {
         st = join(path, dir, "optimizer.safetensors");
         if (!st) st = kiln_adamw_save(path, opt);
@@ -779,7 +780,8 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
     st = fsync_dir(run_dir);
     static const char *const links[] = {"model.safetensors", "model.safetensors.index.json", "config.json",
                                         "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                                        "trainer_state.json"};
+                                        "trainer_state.json", "adapter_config.json",
+                                        "adapter_model.safetensors"};
     for (size_t i = 0; i < sizeof links / sizeof links[0] && !st; i++) st = update_link(run_dir, name, links[i]);
     if (!st) st = link_shards(run_dir, name);
     if (!st) st = fsync_dir(run_dir);

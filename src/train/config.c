@@ -203,7 +203,21 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     if (kiln_train_compile_options(c, &co)) return KILN_ERR_INVALID;
     kiln_weights_options wo; /* save_dtype and shard_size (Hugging Face's decimal sizes) */
     if (kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo)) return KILN_ERR_INVALID;
+    kiln_lora_config lc;
+    kiln_status lst = kiln_train_lora_config(c, &lc);
+    if (lst) return lst;
     return kiln_train_check_batch_settings(c);
+}
+
+kiln_status kiln_train_lora_config(const kiln_train_config *c, kiln_lora_config *lc) {
+    memset(lc, 0, sizeof *lc);
+    if (c->lora_rank == 0) return KILN_OK;
+    lc->rank = c->lora_rank;
+    lc->alpha = c->lora_alpha;
+    lc->dropout = c->lora_dropout;
+    kiln_status st = kiln_lora_targets_parse(c->lora_targets, &lc->targets);
+    if (!st) st = kiln_lora_config_validate(lc);
+    return st;
 }
 
 kiln_status kiln_train_check_batch_settings(const kiln_train_config *c) {

@@ -229,6 +229,12 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
         if ((st = kiln_load_model_dir(ck, &t->model))) goto fail;
     } else if ((st = build_model(t, info))) {
         goto fail;
+    } else {
+        /* before the fit check and the micro-batch choice: they count the
+         * frozen base's missing gradients and optimiser state */
+        kiln_lora_config lc;
+        if ((st = kiln_train_lora_config(c, &lc))) goto fail;
+        if (lc.rank && (st = kiln_llama_lora_add(t->model, &lc, c->seed))) goto fail;
     }
     if ((st = check_fit(t, info)) || (st = check_tokenizer(t, resume, info))) goto fail;
     if (c->freeze[0] && kiln_llama_set_trainable(t->model, c->freeze, false) == 0) {

@@ -217,9 +217,17 @@ static kiln_status set_index(const char *dir, const char *index_path, weight_set
 
 /* Every parameter present, shaped and typed as the model needs; nothing
  * else but a tied model's lm_head.weight (ignored, with a warning). */
+static bool base_param(const kiln_llama *m, const char *name) {
+    for (int i = 0; i < m->n_base; i++)
+        if (!strcmp(m->params[i]->name, name)) return true;
+    return false;
+}
+
+/* The weight files hold the base model only (params[0..n_base)): a LoRA
+ * run's adapters go to adapter_model.safetensors (lora_io.c). */
 static void check_set(const weight_set *w, const kiln_llama *m, const char *what, problems *p) {
     char a[128], b[128];
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < m->n_base; i++) {
         const kiln_tensor *q = m->params[i];
         int k = find_name(w, q->name);
         if (k < 0) {
@@ -238,7 +246,7 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
             add_problem(p, "tensor '%s': loading into a %s parameter is not supported", q->name, kiln_dtype_name(q->dtype));
     }
     for (int i = 0; i < w->n; i++) {
-        if (kiln_llama_param(m, w->names[i])) continue;
+        if (base_param(m, w->names[i])) continue;
         if (m->cfg.tie_word_embeddings && !strcmp(w->names[i], "lm_head.weight"))
             kiln_log(KILN_LOG_WARN, "%s: ignoring 'lm_head.weight': the model ties it to model.embed_tokens.weight", what);
         else
@@ -264,7 +272,7 @@ static kiln_status load_set(weight_set *w, kiln_llama *m, const char *what, prob
     check_set(w, m, what, p);
     kiln_status st = report(p, what);
     if (st) return st; /* a refused set leaves the model as it was */
-    for (int i = 0; i < m->n_params; i++) fill(w->src[find_name(w, m->params[i]->name)], m->params[i]);
+    for (int i = 0; i < m->n_base; i++) fill(w->src[find_name(w, m->params[i]->name)], m->params[i]);
     return KILN_OK;
 }
 
@@ -304,7 +312,11 @@ kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out) {
     if (st) return st;
     kiln_llama *m = kiln_llama_new(&cfg, 0);
     if (!m) return kiln_error_context(kiln_last_status(), "model from %s", path);
-    if ((st = kiln_load_model_weights(dir, m))) {
+    st = kiln_load_model_weights(dir, m);
+    /* a LoRA run's checkpoint: the base plus its adapters */
+    if (!st) st = join(path, dir, "adapter_config.json");
+    if (!st && is_file(path)) st = kiln_lora_load(dir, m);
+    if (st) {
         kiln_llama_free(m);
         return st;
     }
@@ -359,7 +371,7 @@ static kiln_status save_file(const char *path, const kiln_llama *m, kiln_dtype d
 
 kiln_status kiln_save_weights(const char *path, const kiln_llama *m) {
     if (!path || !m) return kiln_error(KILN_ERR_INVALID, "kiln_save_weights: NULL argument");
-    return save_file(path, m, KILN_F32, 0, m->n_params);
+    return save_file(path, m, KILN_F32, 0, m->n_base);
 }
 
 /* Removes dir's weight files that are not part of the set just written
@@ -389,10 +401,10 @@ kiln_status kiln_save_model_weights(const char *dir, const kiln_llama *m, const 
     /* shards as the HF library cuts them: parameters in order, a new file
      * when the next one would pass the limit (one larger than the limit
      * gets a file of its own) */
-    int *start = calloc((size_t)m->n_params + 2, sizeof *start), n_shards = 0;
+    int *start = calloc((size_t)m->n_base + 2, sizeof *start), n_shards = 0;
     if (!start) return kiln_error(KILN_ERR_OOM, "out of memory saving %s", dir);
     uint64_t cur = 0, total = 0;
-    for (int i = 0; i < m->n_params; i++) {
+    for (int i = 0; i < m->n_base; i++) {
         uint64_t b = (uint64_t)kiln_tensor_numel(m->params[i]) * kiln_dtype_size(opt.dtype);
         if (i == 0 || (cur > 0 && cur + b > opt.shard_bytes)) {
             start[n_shards++] = i;
@@ -401,11 +413,11 @@ kiln_status kiln_save_model_weights(const char *dir, const kiln_llama *m, const 
         cur += b;
         total += b;
     }
-    start[n_shards] = m->n_params;
+    start[n_shards] = m->n_base;
     char path[PATH_CAP];
     kiln_status st = KILN_OK;
     if (n_shards <= 1) {
-        if (!(st = join(path, dir, SINGLE_NAME))) st = save_file(path, m, opt.dtype, 0, m->n_params);
+        if (!(st = join(path, dir, SINGLE_NAME))) st = save_file(path, m, opt.dtype, 0, m->n_base);
         if (!st) remove_stale(dir, 1, false);
         free(start);
         return st;

@@ -1,0 +1,156 @@
+/* LoRA adapters on the Llama model: creation (PEFT's initialisation),
+ * target names, merging into the base. The forward path is in llama.c
+ * (proj), built from ordinary ops. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kiln/model.h"
+
+static const char *const target_names[KILN_LORA_N] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                      "gate_proj", "up_proj", "down_proj"};
+/* where each target sits in the Hugging Face names */
+static const char *const target_parent[KILN_LORA_N] = {"self_attn", "self_attn", "self_attn", "self_attn",
+                                                       "mlp", "mlp", "mlp"};
+
+const char *kiln_lora_target_name(int target) {
+    return target >= 0 && target < KILN_LORA_N ? target_names[target] : NULL;
+}
+
+kiln_status kiln_lora_targets_parse(const char *list, unsigned *mask) {
+    *mask = 0;
+    if (!list || !*list) return kiln_error(KILN_ERR_INVALID, "--lora-targets: empty list");
+    if (strcmp(list, "all") == 0) {
+        *mask = (1u << KILN_LORA_N) - 1;
+        return KILN_OK;
+    }
+    const char *p = list;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        int hit = -1;
+        for (int i = 0; i < KILN_LORA_N; i++)
+            if (strlen(target_names[i]) == n && strncmp(p, target_names[i], n) == 0) hit = i;
+        if (hit < 0)
+            return kiln_error(KILN_ERR_INVALID,
+                              "--lora-targets: unknown module '%.*s' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                              "up_proj, down_proj, or all)",
+                              (int)n, p);
+        *mask |= 1u << hit;
+        p += n;
+        if (*p == ',') p++;
+    }
+    if (!*mask) return kiln_error(KILN_ERR_INVALID, "--lora-targets '%s' names no module", list);
+    return KILN_OK;
+}
+
+kiln_status kiln_lora_config_validate(const kiln_lora_config *lc) {
+    if (lc->rank < 1 || lc->rank > 65536) return kiln_error(KILN_ERR_INVALID, "lora rank must be in [1, 65536], got %d", lc->rank);
+    if (!isfinite(lc->alpha) || lc->alpha <= 0) return kiln_error(KILN_ERR_INVALID, "lora alpha must be > 0, got %g", lc->alpha);
+    if (!(lc->dropout >= 0 && lc->dropout < 1))
+        return kiln_error(KILN_ERR_INVALID, "lora dropout must be in [0, 1), got %g", lc->dropout);
+    if (lc->dropout != 0)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "lora dropout %g: only 0 is implemented (no dropout op yet)", lc->dropout);
+    if (!lc->targets || lc->targets >> KILN_LORA_N)
+        return kiln_error(KILN_ERR_INVALID, "lora targets mask 0x%x names no module or an unknown one", lc->targets);
+    return KILN_OK;
+}
+
+static kiln_tensor *base_weight(kiln_llama_layer *ly, int t) {
+    kiln_tensor *w[KILN_LORA_N] = {ly->q_proj, ly->k_proj, ly->v_proj, ly->o_proj, ly->gate_proj, ly->up_proj, ly->down_proj};
+    return w[t];
+}
+
+static kiln_tensor *adapter(const char *name, int64_t d0, int64_t d1) {
+    int64_t s[2] = {d0, d1};
+    kiln_tensor *t = kiln_tensor_new(KILN_F32, 2, s);
+    if (!t) return NULL;
+    kiln_tensor_set_name(t, name);
+    t->requires_grad = true;
+    return t;
+}
+
+kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint64_t seed) {
+    kiln_status st = kiln_lora_config_validate(lc);
+    if (st) return st;
+    if (m->lora_a) return kiln_error(KILN_ERR_INVALID, "the model already has LoRA adapters");
+    int64_t L = m->cfg.num_hidden_layers;
+    int per = __builtin_popcount(lc->targets);
+    kiln_tensor **p = realloc(m->params, (size_t)(m->n_params + 2 * per * L) * sizeof *p);
+    if (!p) return kiln_error(KILN_ERR_OOM, "out of memory adding LoRA adapters");
+    m->params = p;
+    m->lora_a = calloc((size_t)(L * KILN_LORA_N), sizeof *m->lora_a);
+    m->lora_b = calloc((size_t)(L * KILN_LORA_N), sizeof *m->lora_b);
+    if (!m->lora_a || !m->lora_b) goto oom;
+    for (int i = 0; i < m->n_base; i++) {
+        m->params[i]->requires_grad = false;
+        kiln_tensor_release(m->params[i]->grad);
+        m->params[i]->grad = NULL;
+    }
+    for (int64_t l = 0; l < L; l++)
+        for (int t = 0; t < KILN_LORA_N; t++) {
+            if (!(lc->targets & (1u << t))) continue;
+            kiln_tensor *W = base_weight(&m->layers[l], t);
+            int64_t out = W->shape[0], in = W->shape[1];
+            char name[128];
+            snprintf(name, sizeof name, "model.layers.%lld.%s.%s.lora_A.weight", (long long)l, target_parent[t], target_names[t]);
+            kiln_tensor *A = adapter(name, lc->rank, in);
+            name[strlen(name) - strlen("A.weight")] = 'B';
+            kiln_tensor *B = adapter(name, out, lc->rank);
+            if (!A || !B) {
+                kiln_tensor_release(A);
+                kiln_tensor_release(B);
+                goto oom;
+            }
+            /* PEFT: kaiming_uniform_(A, a=sqrt(5)): gain sqrt(2 / (1 + 5)),
+             * bound = gain * sqrt(3 / fan_in) = 1 / sqrt(in); B stays zero.
+             * Its own counter range per adapter, after the base's. */
+            float bound = (float)(1.0 / sqrt((double)in));
+            kiln_rng rng = {seed ^ 0x4c6f5241ull, (uint64_t)m->n_params << 40};
+            kiln_rng_uniform(&rng, kiln_f32(A), kiln_tensor_numel(A), -bound, bound);
+            memset(B->data, 0, kiln_tensor_nbytes(B));
+            m->lora_a[l * KILN_LORA_N + t] = A;
+            m->lora_b[l * KILN_LORA_N + t] = B;
+            m->params[m->n_params++] = A;
+            m->params[m->n_params++] = B;
+        }
+    m->lora = *lc;
+    return KILN_OK;
+oom:
+    for (int i = m->n_base; i < m->n_params; i++) kiln_tensor_release(m->params[i]);
+    m->n_params = m->n_base;
+    free(m->lora_a);
+    free(m->lora_b);
+    m->lora_a = m->lora_b = NULL;
+    return kiln_error(KILN_ERR_OOM, "out of memory adding LoRA adapters");
+}
+
+kiln_status kiln_llama_lora_merge(kiln_llama *m) {
+    if (!m->lora_a) return kiln_error(KILN_ERR_INVALID, "the model has no LoRA adapters to merge");
+    double scale = m->lora.alpha / m->lora.rank;
+    int64_t R = m->lora.rank;
+    for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int t = 0; t < KILN_LORA_N; t++) {
+            kiln_tensor *A = m->lora_a[l * KILN_LORA_N + t], *B = m->lora_b[l * KILN_LORA_N + t];
+            if (!A) continue;
+            kiln_tensor *W = base_weight(&m->layers[l], t);
+            if (W->dtype != KILN_F32)
+                return kiln_error(KILN_ERR_UNSUPPORTED, "merging into a %s base weight (%s)", kiln_dtype_name(W->dtype), W->name);
+            int64_t out = W->shape[0], in = W->shape[1];
+            float *w = kiln_f32(W);
+            const float *a = kiln_f32(A), *b = kiln_f32(B);
+            for (int64_t o = 0; o < out; o++)
+                for (int64_t i = 0; i < in; i++) {
+                    double s = 0;
+                    for (int64_t r = 0; r < R; r++) s += (double)b[o * R + r] * a[r * in + i];
+                    w[o * in + i] = (float)((double)w[o * in + i] + scale * s);
+                }
+        }
+    for (int i = m->n_base; i < m->n_params; i++) kiln_tensor_release(m->params[i]);
+    m->n_params = m->n_base;
+    free(m->lora_a);
+    free(m->lora_b);
+    m->lora_a = m->lora_b = NULL;
+    memset(&m->lora, 0, sizeof m->lora);
+    for (int i = 0; i < m->n_params; i++) m->params[i]->requires_grad = true;
+    return KILN_OK;
+}
