@@ -355,6 +355,12 @@ kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *
  * bias, fan_in_fan_out, per-layer patterns) is an error naming the field. */
 kiln_status kiln_lora_save(const char *dir, const kiln_llama *m, const char *base);
 kiln_status kiln_lora_load(const char *dir, kiln_llama *m);
+/* `kiln export RUN --merge-lora -o OUT`: the model of a LoRA run (its newest
+ * checkpoint) with the adapters merged into the base, written as a plain
+ * model directory: config.json, model.safetensors (F32, or shards + index),
+ * and tokenizer.json, tokenizer_config.json, generation_config.json copied
+ * when the checkpoint has them. A directory without adapters is an error. */
+kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *out_dir);
 kiln_status kiln_trainer_state_load(const char *path, kiln_trainer_state *st);
 
 /* ---- data parallel over MPI ------------------------------------------------

@@ -1,4 +1,5 @@
-/* `kiln export DIR --gguf OUT.gguf [--type T]`: a model for llama.cpp.
+/* `kiln export DIR --gguf OUT.gguf [--type T]`: a model for llama.cpp;
+ * `kiln export RUN --merge-lora -o DIR`: a LoRA run as a plain model dir.
  * Each output format is one function below; the command picks it from the
  * flags, so further formats (a merged model directory) slot in beside it. */
 #include <stdio.h>
@@ -9,13 +10,19 @@
 static const char *export_usage =
     "usage: kiln export RUN_OR_MODEL_DIR --gguf OUT.gguf [--type f32|f16|bf16|q8_0]\n"
     "                   [--tokenizer FILE] [--name NAME]\n"
+    "       kiln export LORA_RUN --merge-lora -o OUT_DIR\n"
     "\n"
     "Writes the model of RUN_OR_MODEL_DIR (a run directory: its newest\n"
     "checkpoint; or any directory with config.json, model.safetensors and\n"
     "tokenizer.json) as one GGUF file that llama.cpp, Ollama, LM Studio and\n"
     "node-llama-cpp load: llama architecture metadata, the tokenizer, and the\n"
     "tensors under llama.cpp's names. Matrices are written in --type, norms\n"
-    "in f32. The file appears only when it is complete.\n"
+    "in f32. The file appears only when it is complete. A LoRA run's adapters\n"
+    "are merged into the base first.\n"
+    "\n"
+    "--merge-lora writes the base of a LoRA run with its adapters merged\n"
+    "(W + alpha/r B A) as a model directory (config.json, model.safetensors,\n"
+    "tokenizer and generation files) that kiln and Hugging Face load.\n"
     "\n"
     "options:\n"
     "  --gguf FILE         the GGUF file to write\n"
@@ -23,11 +30,25 @@ static const char *export_usage =
     "                      with one f16 scale, llama.cpp's Q8_0)\n"
     "  --tokenizer FILE    tokenizer.json (default: DIR/tokenizer.json)\n"
     "  --name NAME         general.name in the file (default: the directory's name)\n"
+    "  --merge-lora        merge a LoRA run's adapters and write a model directory\n"
+    "  -o, --output DIR    where --merge-lora writes\n"
     "  -h, --help          this text\n";
 
 typedef struct {
-    const char *dir, *gguf, *type, *tokenizer, *name;
+    const char *dir, *gguf, *type, *tokenizer, *name, *out;
+    bool merge_lora;
 } export_args;
+
+static int export_merged(const export_args *a) {
+    double t0 = kiln_time_now();
+    if (kiln_lora_export_merged(a->dir, a->out)) {
+        fprintf(stderr, "kiln export: %s\n", kiln_last_error());
+        return 1;
+    }
+    printf("kiln export: %s -> %s (LoRA adapters merged; config.json, model weights) in %.2f s\n", a->dir, a->out,
+           kiln_time_now() - t0);
+    return 0;
+}
 
 static int export_gguf(const export_args *a) {
     kiln_export_gguf_opts o = {KILN_GGML_F32, a->tokenizer, a->name};
@@ -49,11 +70,15 @@ static int export_gguf(const export_args *a) {
 }
 
 int kiln_cmd_export(int argc, char **argv) {
-    static const char *const names[] = {"--gguf", "--type", "--tokenizer", "--name"};
+    static const char *const names[] = {"--gguf", "--type", "--tokenizer", "--name", "--output", "-o"};
     export_args a = {0};
     for (int i = 1; i < argc; i++) {
         const char *v;
-        int k = kiln_cli_arg("export", argc, argv, &i, names, 4, &v);
+        if (!strcmp(argv[i], "--merge-lora")) {
+            a.merge_lora = true;
+            continue;
+        }
+        int k = kiln_cli_arg("export", argc, argv, &i, names, 6, &v);
         if (k == KILN_ARG_HELP) {
             fputs(export_usage, stdout);
             return 0;
@@ -70,13 +95,25 @@ int kiln_cmd_export(int argc, char **argv) {
         if (k == 1) a.type = v;
         if (k == 2) a.tokenizer = v;
         if (k == 3) a.name = v;
+        if (k == 4 || k == 5) a.out = v;
     }
     if (!a.dir) {
         fputs(export_usage, stderr);
         return 2;
     }
+    if (a.merge_lora) {
+        if (a.gguf || a.type || a.tokenizer || a.name || !a.out) {
+            fprintf(stderr, "kiln export: --merge-lora writes a model directory: give -o DIR (and no GGUF options)\n");
+            return 2;
+        }
+        return export_merged(&a);
+    }
+    if (a.out) {
+        fprintf(stderr, "kiln export: -o goes with --merge-lora; a GGUF file is named by --gguf\n");
+        return 2;
+    }
     if (!a.gguf) {
-        fprintf(stderr, "kiln export: say what to write: --gguf OUT.gguf (see --help)\n");
+        fprintf(stderr, "kiln export: say what to write: --gguf OUT.gguf or --merge-lora -o DIR (see --help)\n");
         return 2;
     }
     return export_gguf(&a);

@@ -343,6 +343,12 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
     if (st) return st;
     kiln_llama *m = NULL;
     if ((st = kiln_load_model_dir(dir, &m))) return st;
+    /* a LoRA run: GGUF holds one set of weights, so the adapters are merged
+     * (W + alpha/r B A), never dropped */
+    if (m->lora_a && (st = kiln_llama_lora_merge(m))) {
+        kiln_llama_free(m);
+        return st;
+    }
     const kiln_llama_config *c = &m->cfg;
     if (c->head_dim * c->num_attention_heads != c->hidden_size) {
         kiln_llama_free(m);

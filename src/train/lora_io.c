@@ -1,11 +1,13 @@
 /* LoRA adapters in the files PEFT writes and reads: adapter_config.json and
  * adapter_model.safetensors, tensors named as PEFT names them on a
  * LlamaForCausalLM (base_model.model. + the module path). */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
 
@@ -186,4 +188,42 @@ kiln_status kiln_lora_load(const char *dir, kiln_llama *m) {
     }
     kiln_st_close(f);
     return st;
+}
+
+static kiln_status copy_if_present(const char *from_dir, const char *to_dir, const char *name) {
+    char src[4400], dst[4400];
+    snprintf(src, sizeof src, "%s/%s", from_dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", to_dir, name);
+    FILE *f = fopen(src, "rb");
+    if (!f) return KILN_OK;
+    fclose(f);
+    char *text = NULL;
+    size_t n = 0;
+    kiln_status st = kiln_read_file(src, &text, &n);
+    if (!st) st = kiln_write_file_atomic(dst, text, n);
+    free(text);
+    return st;
+}
+
+kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *out_dir) {
+    char dir[4200], path[4300];
+    kiln_status st = kiln_model_dir_resolve(run_or_model_dir, dir, sizeof dir);
+    if (st) return st;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return kiln_error(KILN_ERR_INVALID, "%s has no LoRA adapters (%s is missing): nothing to merge", dir, path);
+    fclose(f);
+    kiln_llama *m = NULL;
+    if ((st = kiln_load_model_dir(dir, &m))) return st;
+    st = kiln_llama_lora_merge(m);
+    if (!st && mkdir(out_dir, 0777) != 0 && errno != EEXIST)
+        st = kiln_error(KILN_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    if (!st) st = kiln_llama_config_save(path, &m->cfg);
+    kiln_weights_options wo = {KILN_F32, KILN_DEFAULT_SHARD_BYTES};
+    if (!st) st = kiln_save_model_weights(out_dir, m, &wo);
+    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+    for (int i = 0; i < 3 && !st; i++) st = copy_if_present(dir, out_dir, extra[i]);
+    kiln_llama_free(m);
+    return st ? kiln_error_context(st, "exporting %s merged into %s", dir, out_dir) : KILN_OK;
 }
