@@ -448,6 +448,45 @@ static void elementwise_bitwise(void) {
     kiln_tensor_release(sc);
 }
 
+/* A non-finite constant in a fused expression (scale by inf, by NaN) must
+ * still give C that builds: it once printed `(inff)`. */
+static float g_inf_factor;
+static kiln_status inf_fn(void *user, kiln_tensor *const *in, kiln_tensor **report, int *n_report, kiln_tensor **diff) {
+    kiln_tensor *x = user, *y = kiln_mul(x, x), *z = kiln_scale(y, g_inf_factor), *v = kiln_scale_by(z, in[0]);
+    kiln_tensor *sum = kiln_sum(v);
+    kiln_tensor_release(y), kiln_tensor_release(z), kiln_tensor_release(v);
+    if (!sum) return kiln_last_status();
+    report[0] = sum;
+    *n_report = 1;
+    if (diff) *diff = kiln_tensor_retain(sum);
+    return KILN_OK;
+}
+
+static void nonfinite_constants(void) {
+    int64_t shape[1] = {37}, one = 1;
+    kiln_tensor *x = kiln_tensor_new(KILN_F32, 1, shape), *sc = kiln_tensor_new(KILN_F32, 1, &one);
+    for (int i = 0; i < 37; i++) kiln_f32(x)[i] = 0.25f + (float)i;
+    x->requires_grad = true;
+    kiln_f32(sc)[0] = 1.0f;
+    const float factors[2] = {INFINITY, NAN};
+    for (int k = 0; k < 2; k++) {
+        g_inf_factor = factors[k];
+        kiln_compile_options co;
+        kiln_compile_options_default(&co);
+        CHECK_OK(kiln_compile_mode_parse("default", &co));
+        co.strict = true;
+        kiln_compiled *c = kiln_compile(inf_fn, x, &x, 1, 1, &co);
+        CHECK(c != NULL, "scale by %g: the generated C builds (%s)", (double)factors[k], c ? "" : kiln_last_error());
+        float got = 0;
+        if (c) {
+            CHECK_OK(kiln_compiled_run(c, &sc, &got));
+            CHECK(k == 0 ? isinf(got) && got > 0 : isnan(got), "scale by %g: sum %g", (double)factors[k], (double)got);
+            kiln_compiled_free(c);
+        }
+    }
+    kiln_tensor_release(x), kiln_tensor_release(sc);
+}
+
 int main(void) {
     char dir[] = "/tmp/kiln_test_compile_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -456,6 +495,7 @@ int main(void) {
     setenv("KILN_CACHE_DIR", cache, 1);
     kiln_eager_enable();
     elementwise_bitwise();
+    nonfinite_constants();
     modes_vs_eager();
     recompute();
     grad_ready_hook();

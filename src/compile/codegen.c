@@ -25,16 +25,25 @@ typedef struct {
     int64_t n;
 } row_names;
 
+/* The one way a float constant enters generated C: finite values exactly
+ * (9 significant digits round-trip a float), inf and NaN as builtins, since
+ * printf's "inf"/"nan" are not C and `(inff)` failed to build. */
+static void put_float(sbuf *b, float v) {
+    if (isfinite(v)) put(b, "(%.9ef)", (double)v);
+    else if (isnan(v)) put(b, "(__builtin_nanf(\"\"))");
+    else put(b, v > 0 ? "(__builtin_inff())" : "(-__builtin_inff())");
+}
+
 /* Expands an op's C expression: $0..$7 -> operand names, $f0 -> attr; with
  * `rn`, also a row epilogue's $x, $s, $r and $n. */
 static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_attrs *a, const row_names *rn) {
     for (const char *p = tmpl; *p; p++) {
         if (rn && p[0] == '$' && (p[1] == 'x' || p[1] == 's' || p[1] == 'r' || p[1] == 'n')) {
-            if (p[1] == 'n') put(b, "%.1ff", (double)rn->n);
+            if (p[1] == 'n') put_float(b, (float)rn->n);
             else put(b, "%s", p[1] == 'x' ? rn->x : p[1] == 's' ? rn->s : rn->r);
             p += 1;
         } else if (p[0] == '$' && p[1] == 'f' && p[2] >= '0' && p[2] <= '1') {
-            put(b, "(%.9ef)", (double)(float)a->f[p[2] - '0']);
+            put_float(b, (float)a->f[p[2] - '0']);
             p += 2;
         } else if (p[0] == '$' && p[1] >= '0' && p[1] <= '7') {
             put(b, "%s", operands[p[1] - '0']);
