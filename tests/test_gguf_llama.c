@@ -21,7 +21,9 @@
 #include "test.h"
 
 /* every path is a short mkdtemp directory plus a file name */
+#if defined(__GNUC__) && !defined(__clang__) /* clang has no such warning */
 #pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
 
 #define N_PREDICT 32
 static char kiln[1100], script[1200], dir[256], root[1100];
