@@ -5,7 +5,7 @@ BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O3 -march=native
 SAN      ?=
-CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -Werror -Iinclude -MMD -MP $(SAN) $(EXTRA_CFLAGS)
+CFLAGS   := -std=c11 -D_GNU_SOURCE $(OPT) -ffp-contract=off -fopenmp -Wall -Wextra -Werror -Iinclude -MMD -MP $(SAN) $(EXTRA_CFLAGS)
 LDLIBS   := -ldnnl -ljansson -lpcre2-8 -lutf8proc -lm -ldl -lpthread
 LDFLAGS  := -fopenmp $(SAN)
 
