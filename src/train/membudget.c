@@ -66,18 +66,10 @@ kiln_status kiln_train_plan_bytes(kiln_llama *m, int b, int T, const kiln_compil
     return KILN_OK;
 }
 
+/* The core's reading (MemAvailable, else sysconf, capped by a cgroup limit). */
 int64_t kiln_mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    int64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "MemAvailable:", 13)) { /* "MemAvailable:   1234 kB" */
-            if (kiln_parse_leading_i64(line + 13 + strspn(line + 13, " \t"), 0, INT64_MAX / 1024, &kb)) kb = 0;
-            break;
-        }
-    fclose(f);
-    return (int64_t)kb * 1024;
+    uint64_t b = kiln_mem_available_bytes(NULL);
+    return b > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)b;
 }
 
 const char *kiln_bytes_str(int64_t b, char *buf, size_t n) {
