@@ -218,6 +218,28 @@ static void inputs(void) {
     CHECK(kiln_trainer_open(&c, false, &t) != KILN_OK && !t && strstr(kiln_last_error(), "valdir/val.bin") &&
               strstr(kiln_last_error(), "directory"),
           "a directory as val.bin is refused: %s", kiln_last_error());
+    /* no val.bin but evaluation asked for: refused at open, naming the way out */
+    snprintf(d, sizeof d, "%s/noval", tmpdir);
+    mkdir(d, 0755);
+    shard(d, "train.bin", 61, 3000);
+    base_config(&c, "noval_run");
+    snprintf(c.data, sizeof c.data, "%s", d);
+    c.eval_every = 5;
+    CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && !t && strstr(kiln_last_error(), "noval/val.bin") &&
+              strstr(kiln_last_error(), "--eval-every 0"),
+          "a missing val.bin with eval_every > 0 is refused: %s", kiln_last_error());
+    c.eval_every = 0;
+    CHECK(kiln_trainer_open(&c, false, &t) == KILN_OK && t, "without evaluation no val.bin is needed: %s",
+          t ? "" : kiln_last_error());
+    kiln_trainer_free(t);
+    t = NULL;
+    shard(d, "val.bin", 61, 5); /* fewer tokens than one evaluation row */
+    base_config(&c, "shortval_run");
+    snprintf(c.data, sizeof c.data, "%s", d);
+    c.eval_every = 5;
+    CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && !t && strstr(kiln_last_error(), "noval/val.bin") &&
+              strstr(kiln_last_error(), "5 tokens"),
+          "a val.bin too short for one evaluation is refused: %s", kiln_last_error());
     base_config(&c, "notok_run");
     snprintf(c.tokenizer, sizeof c.tokenizer, "%s/no_such_tokenizer.json", tmpdir);
     CHECK(kiln_trainer_open(&c, false, &t) != KILN_OK && !t && strstr(kiln_last_error(), "no_such_tokenizer.json"),

@@ -90,6 +90,13 @@ static kiln_status open_loaders(kiln_trainer *t) {
     struct stat vs;
     bool have_val = stat(path, &vs) == 0;
     if (!have_val && errno != ENOENT) return kiln_error(KILN_ERR_IO, "%s: %s", path, strerror(errno));
+    /* asked to evaluate with nothing to evaluate on: say so now, not by a
+     * metrics file that never gets a val_loss */
+    if (!have_val && c->eval_every > 0)
+        return kiln_error(KILN_ERR_INVALID,
+                          "%s does not exist, but eval_every is %lld: give a data directory with val.bin "
+                          "or pass --eval-every 0 to train without evaluation",
+                          path, (long long)c->eval_every);
     /* a directory (or device) there would otherwise turn evaluation off unnoticed */
     if (have_val && !S_ISREG(vs.st_mode))
         return kiln_error(KILN_ERR_INVALID, "%s is not a file (%s): evaluation reads a token shard there", path,
