@@ -133,6 +133,58 @@ static void help_and_usage(void) {
           "a new run without --tokenizer is refused");
 }
 
+/* The output up to the closing "[N tokens in ...]" line (stderr's timing). */
+static char *output_text(void) {
+    char path[512], *text;
+    size_t n;
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    if (kiln_read_file(path, &text, &n)) return NULL;
+    char *end = strstr(text, "\n[");
+    if (end) end[1] = 0;
+    return text;
+}
+
+/* generate --chat: the user message rendered through the template with the
+ * generation prompt (the template writes bos), then the reply alone; the
+ * same ids given as --prompt (bos + the rendered rest) continue the same
+ * way under greedy decoding. */
+static void chat_generate(const char *run) {
+    char tpl[600];
+    snprintf(tpl, sizeof tpl, "%s/chat.jinja", dir);
+    FILE *f = fopen(tpl, "w");
+    fputs("{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+          "{% if add_generation_prompt %}<assistant>{% endif %}",
+          f);
+    fclose(f);
+    int rc = run_kiln((const char *[]){"generate", run, "--chat", "and god said", "--system", "the lord", "--chat-template",
+                                       tpl, "--temperature", "0", "--max-tokens", "12", NULL},
+                      0, 0);
+    char *chat = output_text();
+    CHECK(rc == 0 && chat, "generate --chat (rc %d)", rc);
+    rc = run_kiln((const char *[]){"generate", run, "--prompt", "<system>the lord\n<user>and god said\n<assistant>",
+                                   "--temperature", "0", "--max-tokens", "12", NULL},
+                  0, 0);
+    char *plain = output_text();
+    const char *echo = "<system>the lord\n<user>and god said\n<assistant>";
+    CHECK(rc == 0 && plain && !strncmp(plain, echo, strlen(echo)), "generate --prompt echoes the rendered prompt (rc %d)", rc);
+    CHECK(chat && plain && strlen(chat) > 1 && !strcmp(chat, plain + strlen(echo)),
+          "--chat replies as the rendered prompt continues: '%s' vs '%s'", chat ? chat : "", plain ? plain + strlen(echo) : "");
+    free(chat);
+    free(plain);
+    CHECK(run_kiln((const char *[]){"generate", run, "--chat", "hi", "--prompt", "x", NULL}, 0, 0) == 2 &&
+              output_has("exclude each other"),
+          "--chat with --prompt is refused");
+    CHECK(run_kiln((const char *[]){"generate", run, "--system", "x", NULL}, 0, 0) == 2 && output_has("--system needs --chat"),
+          "--system without --chat is refused");
+    snprintf(tpl, sizeof tpl, "%s/bad.jinja", dir);
+    f = fopen(tpl, "w");
+    fputs("{% for m in messages %}{{ m.content | wordwrap(5) }}{% endfor %}", f);
+    fclose(f);
+    CHECK(run_kiln((const char *[]){"generate", run, "--chat", "hi", "--chat-template", tpl, NULL}, 0, 0) == 1 &&
+              output_has("bad.jinja") && output_has("wordwrap"),
+          "a template outside the subset is refused naming the file and the construct");
+}
+
 static void pipeline(void) {
     char corpus[512], tok[512], data[512], run[512], path[600];
     int rc;
@@ -178,6 +230,7 @@ static void pipeline(void) {
                   0 && output_has("the lord"),
           "generate echoes the prompt and continues");
     CHECK(run_kiln((const char *[]){"plot", run, NULL}, 0, 0) == 0 && output_has("loss.svg"), "plot");
+    chat_generate(run);
     /* a truncated model file is refused with its name, and nothing crashes */
     char target[600];
     snprintf(path, sizeof path, "%s/model.safetensors", run);

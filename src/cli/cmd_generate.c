@@ -1,15 +1,18 @@
 /* `kiln generate RUN_DIR --prompt TEXT ...`: samples from a run's newest
  * checkpoint and streams the text as it comes. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "kiln/train.h"
 
 static const char *generate_usage =
     "usage: kiln generate RUN_DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
     "                     [--top-k K] [--top-p P] [--seed S] [--tokenizer FILE]\n"
+    "       kiln generate RUN_DIR --chat MESSAGE [--system TEXT] [--chat-template FILE] ...\n"
     "\n"
     "Loads the checkpoint `kiln train --resume RUN_DIR` would continue from\n"
     "(or RUN_DIR itself when it is a model directory: config.json, weights,\n"
@@ -18,8 +21,17 @@ static const char *generate_usage =
     "arrive, until an eos id of the model (generation_config.json, config.json,\n"
     "tokenizer_config.json, or the tokenizer's eos) or --max-tokens.\n"
     "\n"
+    "With --chat the prompt is a conversation: MESSAGE as the user's turn (after\n"
+    "--system TEXT as a system turn), rendered through the model's chat template\n"
+    "(tokenizer_config.json's chat_template, or --chat-template FILE) with the\n"
+    "generation prompt, encoded as rendered (the template writes any bos), and\n"
+    "only the reply is written.\n"
+    "\n"
     "options:\n"
     "  --prompt TEXT       text to continue (default: empty, i.e. start from bos)\n"
+    "  --chat MESSAGE      a user message to answer (instead of --prompt)\n"
+    "  --system TEXT       with --chat: a system message before it\n"
+    "  --chat-template F   with --chat: a Jinja template file instead of the model's\n"
     "  --max-tokens N      new tokens at most (default: 200); prompt + N must fit\n"
     "                      the model's max_position_embeddings\n"
     "  --temperature T     softmax temperature; 0 = greedy (default: 0.8)\n"
@@ -76,16 +88,18 @@ static void on_token(int32_t id, void *user) {
 }
 
 typedef struct {
-    const char *run_dir, *prompt, *tokenizer;
+    const char *run_dir, *prompt, *tokenizer, *chat, *system, *chat_template;
     kiln_sample_config sc;
 } gen_args;
 
 static int parse_args(int argc, char **argv, gen_args *a) {
-    static const char *const names[] = {"--prompt", "--max-tokens", "--temperature", "--top-k",
-                                        "--top-p",  "--seed",       "--tokenizer",   "--threads"};
+    static const char *const names[] = {"--prompt",  "--max-tokens", "--temperature", "--top-k",
+                                        "--top-p",   "--seed",       "--tokenizer",   "--threads",
+                                        "--chat",    "--system",     "--chat-template"};
+    bool prompt_given = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
-        int k = kiln_cli_arg("generate", argc, argv, &i, names, 8, &v);
+        int k = kiln_cli_arg("generate", argc, argv, &i, names, 11, &v);
         if (k == KILN_ARG_HELP) {
             fputs(generate_usage, stdout);
             return -1;
@@ -103,7 +117,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         bool ok = true;
         const char *g = "generate";
         switch (k) {
-        case 0: a->prompt = v; break;
+        case 0: a->prompt = v, prompt_given = true; break;
         case 1: ok = kiln_cli_int(g, names[k], v, 0, 1 << 24, &x), a->sc.max_tokens = (int)x; break;
         case 2: ok = kiln_cli_num(g, names[k], v, 0, 1e6, &a->sc.temperature); break;
         case 3: ok = kiln_cli_int(g, names[k], v, 0, 1 << 30, &x), a->sc.top_k = (int)x; break;
@@ -111,8 +125,19 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         case 5: ok = kiln_cli_u64(g, names[k], v, &a->sc.seed); break;
         case 6: a->tokenizer = v; break;
         case 7: ok = kiln_cli_threads(g, v); break;
+        case 8: a->chat = v; break;
+        case 9: a->system = v; break;
+        case 10: a->chat_template = v; break;
         }
         if (!ok) return 2;
+    }
+    if (a->chat && prompt_given) {
+        fputs("kiln generate: --chat and --prompt exclude each other (--chat renders the prompt)\n", stderr);
+        return 2;
+    }
+    if (!a->chat && (a->system || a->chat_template)) {
+        fprintf(stderr, "kiln generate: %s needs --chat\n", a->system ? "--system" : "--chat-template");
+        return 2;
     }
     if (!a->run_dir) {
         fputs(generate_usage, stderr);
@@ -142,8 +167,42 @@ static kiln_status encode_prompt(const kiln_tokenizer *tok, const char *text, in
     return KILN_OK;
 }
 
+/* --chat: the conversation rendered by the model's template with the
+ * generation prompt and encoded as rendered, as transformers'
+ * apply_chat_template(..., add_generation_prompt=True) tokenizes it (no
+ * special tokens added: the template writes bos where the model has one). */
+static kiln_status chat_prompt(const gen_args *a, const char *dir, const kiln_tokenizer *tok, int32_t **ids, int *n) {
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    kiln_chat *chat = NULL;
+    bool have_cfg = access(cfg, F_OK) == 0;
+    if (!have_cfg && !a->chat_template)
+        return kiln_error(KILN_ERR_INVALID, "--chat: %s does not exist (it holds the chat template); give --chat-template FILE",
+                          cfg);
+    kiln_status st = kiln_chat_load(have_cfg ? cfg : NULL, a->chat_template, &chat);
+    if (st) return kiln_error_context(st, "--chat");
+    json_t *conv = json_pack("{s:[]}", "messages");
+    json_t *msgs = json_object_get(conv, "messages");
+    if (a->system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", a->system));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", a->chat));
+    char *text = NULL;
+    size_t len = 0;
+    st = json_array_size(msgs) ? kiln_chat_render(chat, conv, true, &text, &len)
+                               : kiln_error(KILN_ERR_OOM, "out of memory");
+    json_decref(conv);
+    kiln_chat_free(chat);
+    if (st) return st;
+    size_t nb = 0;
+    st = kiln_tokenizer_encode(tok, text, len, ids, &nb);
+    free(text);
+    if (st) return st;
+    *n = (int)nb;
+    if (!nb) return kiln_error(KILN_ERR_INVALID, "--chat: the chat template rendered an empty prompt");
+    return KILN_OK;
+}
+
 int kiln_cmd_generate(int argc, char **argv) {
-    gen_args a = {NULL, "", NULL, {.max_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1}};
+    gen_args a = {NULL, "", NULL, NULL, NULL, NULL, {.max_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1}};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
     char tok_path[4096], dir[3000];
@@ -162,7 +221,7 @@ int kiln_cmd_generate(int argc, char **argv) {
     int n_prompt = 0;
     stream s = {0};
     if (kiln_load_model_dir(dir, &m) || kiln_tokenizer_load(tok_path, &tok) || kiln_model_meta_load(dir, tok, &meta) ||
-        encode_prompt(tok, a.prompt, &prompt, &n_prompt)) {
+        (a.chat ? chat_prompt(&a, dir, tok, &prompt, &n_prompt) : encode_prompt(tok, a.prompt, &prompt, &n_prompt))) {
         fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
         rc = 1;
         goto done;
@@ -197,7 +256,7 @@ int kiln_cmd_generate(int argc, char **argv) {
         rc = 1;
         goto done;
     }
-    fputs(a.prompt, stdout);
+    if (!a.chat) fputs(a.prompt, stdout); /* a chat reply is written alone */
     fflush(stdout);
     int n_out = 0;
     double t0 = kiln_time_now();
