@@ -148,7 +148,7 @@ static char *output_text(void) {
  * generation prompt (the template writes bos), then the reply alone; the
  * same ids given as --prompt (bos + the rendered rest) continue the same
  * way under greedy decoding. */
-static void chat_generate(const char *run) {
+static void chat_generate(const char *run, const char *tok) {
     char tpl[600];
     snprintf(tpl, sizeof tpl, "%s/chat.jinja", dir);
     FILE *f = fopen(tpl, "w");
@@ -169,6 +169,48 @@ static void chat_generate(const char *run) {
     CHECK(rc == 0 && plain && !strncmp(plain, echo, strlen(echo)), "generate --prompt echoes the rendered prompt (rc %d)", rc);
     CHECK(chat && plain && strlen(chat) > 1 && !strcmp(chat, plain + strlen(echo)),
           "--chat replies as the rendered prompt continues: '%s' vs '%s'", chat ? chat : "", plain ? plain + strlen(echo) : "");
+    free(chat);
+    free(plain);
+    /* the template goes with the data into the fine-tuned model: tokenize
+     * through it (chat_template.jinja beside the shards), train --init on
+     * them (the run's model directory holds it), generate --chat finds it */
+    char jl[600], data[600], ft[600], got[700];
+    snprintf(jl, sizeof jl, "%s/chat.jsonl", dir);
+    snprintf(data, sizeof data, "%s/chatdata", dir);
+    snprintf(ft, sizeof ft, "%s/chatrun", dir);
+    f = fopen(jl, "w");
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"who begat number %d\"}, "
+                   "{\"role\": \"assistant\", \"content\": \"and %d begat %d\"}]}\n",
+                i, i, i + 1);
+    fclose(f);
+    CHECK(run_kiln((const char *[]){"tokenize", jl, "--tokenizer", tok, "--chat-template", tpl, "-o", data, NULL}, 0, 0) == 0,
+          "tokenize a chat JSONL through the template");
+    char *want = NULL, *have = NULL;
+    size_t nw = 0, nh = 0;
+    snprintf(got, sizeof got, "%s/chat_template.jinja", data);
+    CHECK(!kiln_read_file(tpl, &want, &nw) && !kiln_read_file(got, &have, &nh) && nw == nh && !memcmp(want, have, nw),
+          "the shards' directory records the template they were rendered with");
+    free(have);
+    have = NULL;
+    rc = run_kiln((const char *[]){"train", "--init", run, "--data", data, "--run-dir", ft, "--seq-len", "32", "--batch", "2",
+                                   "--accum", "1", "--steps", "1", "--eval-every", "0", "--no-plot", NULL},
+                  0, 0);
+    snprintf(got, sizeof got, "%s/chat_template.jinja", ft);
+    CHECK(rc == 0 && !kiln_read_file(got, &have, &nh) && nw == nh && !memcmp(want, have, nw),
+          "train --init on chat shards puts the template in the model directory (rc %d)", rc);
+    free(want);
+    free(have);
+    rc = run_kiln((const char *[]){"generate", ft, "--chat", "who begat number 3", "--temperature", "0", "--max-tokens", "6",
+                                   NULL},
+                  0, 0);
+    chat = output_text();
+    rc = rc == 0 ? run_kiln((const char *[]){"generate", ft, "--chat", "who begat number 3", "--chat-template", tpl,
+                                             "--temperature", "0", "--max-tokens", "6", NULL},
+                            0, 0)
+                 : rc;
+    plain = output_text();
+    CHECK(rc == 0 && chat && plain && !strcmp(chat, plain), "generate --chat uses the model's chat_template.jinja (rc %d)", rc);
     free(chat);
     free(plain);
     CHECK(run_kiln((const char *[]){"generate", run, "--chat", "hi", "--prompt", "x", NULL}, 0, 0) == 2 &&
@@ -230,7 +272,7 @@ static void pipeline(void) {
                   0 && output_has("the lord"),
           "generate echoes the prompt and continues");
     CHECK(run_kiln((const char *[]){"plot", run, NULL}, 0, 0) == 0 && output_has("loss.svg"), "plot");
-    chat_generate(run);
+    chat_generate(run, tok);
     /* a truncated model file is refused with its name, and nothing crashes */
     char target[600];
     snprintf(path, sizeof path, "%s/model.safetensors", run);

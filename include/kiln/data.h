@@ -135,6 +135,8 @@ kiln_status kiln_template_render(const kiln_template *t, const struct json_t *va
 typedef struct kiln_chat kiln_chat;
 kiln_status kiln_chat_load(const char *config_path, const char *template_path, kiln_chat **out);
 void kiln_chat_free(kiln_chat *c);
+/* The template's text as loaded (not NUL-terminated beyond *len). */
+const char *kiln_chat_source(const kiln_chat *c, size_t *len);
 /* Renders a conversation {"messages": [...], ...}: the other keys of the
  * object (tools, documents, enable_thinking, ...) are template variables
  * too, tools defaulting to None as in transformers. */

@@ -1,8 +1,10 @@
 /* `kiln tokenizer {train,encode,decode}` and `kiln tokenize`. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "kiln/data.h"
 
@@ -282,6 +284,24 @@ int kiln_cmd_tokenizer(int argc, char **argv) {
     return rc;
 }
 
+/* The template the shards were rendered with goes beside them as
+ * chat_template.jinja (the file transformers saves too), so a run trained
+ * on them carries it into its model directory (kiln_model_files_save) and
+ * `generate --chat` answers in the format it learned. Shards made without a
+ * template lose a stale one. */
+static kiln_status record_template(const char *out, const kiln_chat *chat) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/chat_template.jinja", out) >= (int)sizeof path)
+        return kiln_error(KILN_ERR_INVALID, "path too long: %s", out);
+    if (!chat) {
+        if (unlink(path) != 0 && errno != ENOENT) return kiln_error(KILN_ERR_IO, "cannot remove stale %s: %s", path, strerror(errno));
+        return KILN_OK;
+    }
+    size_t n = 0;
+    const char *src = kiln_chat_source(chat, &n);
+    return kiln_write_file_atomic(path, src, n);
+}
+
 int kiln_cmd_tokenize(int argc, char **argv) {
     const char *cmd = "tokenize";
     args a = {0};
@@ -320,6 +340,8 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     if ((a.config || a.chat_template) && kiln_chat_load(a.config, a.chat_template, &chat)) {
         rc = fail(cmd);
     } else if ((o.chat = chat), kiln_tokenizer_load(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
+        rc = fail(cmd);
+    } else if (record_template(a.out, chat)) {
         rc = fail(cmd);
     } else {
         fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu docs), %s/val.bin (%llu tokens, %llu docs)",

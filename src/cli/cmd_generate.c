@@ -172,14 +172,20 @@ static kiln_status encode_prompt(const kiln_tokenizer *tok, const char *text, in
  * apply_chat_template(..., add_generation_prompt=True) tokenizes it (no
  * special tokens added: the template writes bos where the model has one). */
 static kiln_status chat_prompt(const gen_args *a, const char *dir, const kiln_tokenizer *tok, int32_t **ids, int *n) {
-    char cfg[4096];
+    char cfg[4096], jinja[4096];
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
     kiln_chat *chat = NULL;
     bool have_cfg = access(cfg, F_OK) == 0;
-    if (!have_cfg && !a->chat_template)
-        return kiln_error(KILN_ERR_INVALID, "--chat: %s does not exist (it holds the chat template); give --chat-template FILE",
-                          cfg);
-    kiln_status st = kiln_chat_load(have_cfg ? cfg : NULL, a->chat_template, &chat);
+    /* the template: --chat-template, the model's chat_template.jinja (what
+     * its chat data was rendered with), tokenizer_config.json's */
+    const char *tpl = a->chat_template ? a->chat_template : access(jinja, F_OK) == 0 ? jinja : NULL;
+    if (!have_cfg && !tpl)
+        return kiln_error(KILN_ERR_INVALID,
+                          "--chat: %s has no chat_template.jinja and no tokenizer_config.json (they hold the chat "
+                          "template); give --chat-template FILE",
+                          dir);
+    kiln_status st = kiln_chat_load(have_cfg ? cfg : NULL, tpl, &chat);
     if (st) return kiln_error_context(st, "--chat");
     json_t *conv = json_pack("{s:[]}", "messages");
     json_t *msgs = json_object_get(conv, "messages");

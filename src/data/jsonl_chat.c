@@ -11,6 +11,8 @@ struct kiln_chat {
     kiln_template *tmpl;
     json_t *tokens; /* {"bos_token": ..., "eos_token": ..., ...} */
     char *name;
+    char *source; /* the template's text (chat_template.jinja beside data rendered with it) */
+    size_t source_len;
 };
 
 static json_t *token_string(json_t *v) {
@@ -71,6 +73,7 @@ kiln_status kiln_chat_load(const char *config_path, const char *template_path, k
     }
     if (!st) st = kiln_template_parse(src, n, name, &c->tmpl);
     if (!st && !(c->name = strdup(name))) st = kiln_error(KILN_ERR_OOM, "out of memory");
+    if (!st) c->source = src, c->source_len = n, src = NULL;
     free(src);
     json_decref(cfg);
     if (st) return kiln_chat_free(c), st;
@@ -83,7 +86,13 @@ void kiln_chat_free(kiln_chat *c) {
     kiln_template_free(c->tmpl);
     json_decref(c->tokens);
     free(c->name);
+    free(c->source);
     free(c);
+}
+
+const char *kiln_chat_source(const kiln_chat *c, size_t *len) {
+    if (len) *len = c ? c->source_len : 0;
+    return c ? c->source : NULL;
 }
 
 /* Template variables: the conversation's keys (messages replaced by `msgs`),

@@ -148,6 +148,17 @@ kiln_status kiln_model_meta_load(const char *dir, const kiln_tokenizer *tok, kil
         st = i < 2 ? read_ids(path, o, &m) : read_tokenizer_config(path, o, tok, &m);
         json_decref(o);
     }
+    /* chat_template.jinja beside them wins over tokenizer_config.json's
+     * chat_template, as in transformers */
+    if (!st && snprintf(path, PATH_CAP, "%s/chat_template.jinja", dir) < PATH_CAP && exists(path)) {
+        char *text = NULL;
+        size_t n = 0;
+        if (!(st = kiln_read_file(path, &text, &n))) {
+            if (memchr(text, 0, n)) st = kiln_error(KILN_ERR_FORMAT, "%s: a NUL byte in a chat template", path);
+            else free(m.chat_template), m.chat_template = text, text = NULL;
+        }
+        free(text);
+    }
     /* every eos id must be a token the tokenizer has */
     for (int i = 0; !st && tok && i < m.n_eos; i++)
         if (m.eos_ids[i] >= kiln_tokenizer_vocab_size(tok))

@@ -222,8 +222,9 @@ kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *ou
     if (!st) st = kiln_llama_config_save(path, &m->cfg);
     kiln_weights_options wo = {KILN_F32, KILN_DEFAULT_SHARD_BYTES};
     if (!st) st = kiln_save_model_weights(out_dir, m, &wo);
-    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
-    for (int i = 0; i < 3 && !st; i++) st = copy_if_present(dir, out_dir, extra[i]);
+    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                                        "chat_template.jinja"};
+    for (int i = 0; i < 4 && !st; i++) st = copy_if_present(dir, out_dir, extra[i]);
     kiln_llama_free(m);
     return st ? kiln_error_context(st, "exporting %s merged into %s", dir, out_dir) : KILN_OK;
 }

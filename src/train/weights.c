@@ -450,10 +450,13 @@ kiln_status kiln_save_model_weights(const char *dir, const kiln_llama *m, const 
 
 /* ---- generation_config.json, tokenizer_config.json ------------------------ */
 
-/* Where a run's model came from: the --init model, the tokenizer's
- * directory, the run's newest checkpoint (a resumed run). */
-static int meta_sources(const kiln_train_config *c, char src[3][PATH_CAP]) {
+/* Where a run's model came from: the data directory (its
+ * chat_template.jinja: the template the shards were rendered with), the
+ * --init model, the tokenizer's directory, the run's newest checkpoint (a
+ * resumed run). */
+static int meta_sources(const kiln_train_config *c, char src[4][PATH_CAP]) {
     int n = 0;
+    if (c && c->data[0]) snprintf(src[n++], PATH_CAP, "%s", c->data);
     if (c && c->init[0] && !kiln_model_dir_resolve(c->init, src[n], PATH_CAP)) n++;
     if (c && c->tokenizer[0]) {
         snprintf(src[n], PATH_CAP, "%s", c->tokenizer);
@@ -492,21 +495,23 @@ static kiln_status write_known(const char *dir, const kiln_llama *m, const kiln_
 
 kiln_status kiln_model_files_save(const char *dir, const kiln_llama *m, const kiln_train_config *c) {
     if (!dir || !m) return kiln_error(KILN_ERR_INVALID, "kiln_model_files_save: NULL argument");
-    static const char *const names[2] = {"generation_config.json", "tokenizer_config.json"};
-    char src[3][PATH_CAP], path[PATH_CAP], dst[PATH_CAP];
+    /* the data directory may only give the chat template (it has no model) */
+    static const char *const names[3] = {"generation_config.json", "tokenizer_config.json", "chat_template.jinja"};
+    char src[4][PATH_CAP], path[PATH_CAP], dst[PATH_CAP];
     int n_src = meta_sources(c, src);
     /* what the model's config and the tokenizer say first; then any file a
      * source has replaces it verbatim (keeping fields kiln does not use) */
     kiln_status st = write_known(dir, m, c);
-    for (int f = 0; f < 2 && !st; f++) {
+    bool data_first = c && c->data[0];
+    for (int f = 0; f < 3 && !st; f++) {
         bool done = false;
-        for (int i = 0; i < n_src && !done && !st; i++) {
+        for (int i = data_first && f < 2 ? 1 : 0; i < n_src && !done && !st; i++) {
             if (join(path, src[i], names[f]) || !is_file(path)) continue;
             char *text = NULL;
             size_t len = 0;
             json_error_t je;
             json_t *o = NULL;
-            if (!(st = kiln_read_file(path, &text, &len)) && !(o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je)))
+            if (!(st = kiln_read_file(path, &text, &len)) && f < 2 && !(o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je)))
                 st = kiln_error(KILN_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, je.line, je.column, je.text);
             json_decref(o);
             if (!st && !(st = join(dst, dir, names[f]))) st = kiln_write_file_atomic(dst, text, len);
