@@ -42,6 +42,10 @@ bool kiln_cli_u64(const char *cmd, const char *flag, const char *v, uint64_t *ou
 bool kiln_cli_num(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
 bool kiln_cli_size(const char *cmd, const char *flag, const char *v, int64_t *out);
 bool kiln_cli_choice(const char *cmd, const char *flag, const char *v, const kiln_choice *choices, int *out);
+/* `kiln bench --compete N`: N spinning child processes (pids[n]); returns
+ * how many started. stop kills and reaps them. */
+int kiln_cli_compete_start(int n, int *pids);
+void kiln_cli_compete_stop(int n, const int *pids);
 /* --threads N (1..4096): sets the compute threads. */
 bool kiln_cli_threads(const char *cmd, const char *v);
 #endif

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "kiln/compile.h"
 #include "kiln/eager.h"
@@ -28,7 +29,9 @@ static const char *bench_help =
     "  --recompute R       none (default), attention or layer: compiled modes recompute activations\n"
     "  --precision P       fp32 (default) or bf16 (autocast: bf16 matrix products, fp32 accumulate;\n"
     "                      MFU then against the bf16 peak, taken as 2x the fp32 FMA peak)\n"
-    "  --peak GFLOPS       fp32 FMA peak for MFU (default: measured at start)\n";
+    "  --peak GFLOPS       fp32 FMA peak for MFU (default: measured at start)\n"
+    "  --compete N         run every mode twice: idle, then beside N busy processes, and print\n"
+    "                      the loaded speed against kiln's fair share of the cores\n";
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -153,7 +156,9 @@ int kiln_cmd_bench(int argc, char **argv) {
     kiln_dtype prec = KILN_F32;
     static const kiln_cli_flag flags[] = {{"--model", true},  {"--batch", true},   {"--seq", true},       {"--steps", true},
                                           {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
-                                          {"--modes", true},  {"--precision", true}, {"--recompute", true}};
+                                          {"--modes", true},  {"--precision", true}, {"--recompute", true},
+                                          {"--compete", true}};
+    int compete = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int k = kiln_cli_scan("bench", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
@@ -175,6 +180,7 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 8: modes = v; break;
         case 9: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("precision")->choices, &e), prec = e; break;
         case 10: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("recompute")->choices, &b.recompute); break;
+        case 11: ok = kiln_cli_int("bench", flags[k].name, v, 1, 64, &x), compete = (int)x; break;
         }
         if (!ok) return 2;
     }
@@ -221,6 +227,14 @@ int kiln_cmd_bench(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", modes);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < 8; tok = strtok_r(NULL, ",", &save))
         res[n++] = run_mode(&b, tok);
+    result loaded[8];
+    int hogs[64], n_hogs = 0;
+    if (compete) { /* the same modes again beside N busy processes */
+        n_hogs = kiln_cli_compete_start(compete, hogs);
+        printf("\nagain beside %d busy processes:\n", n_hogs);
+        for (int i = 0; i < n; i++) loaded[i] = run_mode(&b, res[i].name);
+        kiln_cli_compete_stop(n_hogs, hogs);
+    }
     kiln_autocast_set(old_prec);
     double base = 0;
     for (int i = 0; i < n; i++)
@@ -241,6 +255,21 @@ int kiln_cmd_bench(int argc, char **argv) {
            " live + cached; build s = first call (trace, passes, code generation, cc); warm s = the same step\n"
            " compiled again, loaded from the cache)\n", b.steps,
            prec == KILN_BF16 ? "bf16 (2x fp32 FMA)" : "fp32 FMA");
+    if (n_hogs) {
+        /* kiln's T threads and N spinners share C cores: T/(T+N) of them
+         * is kiln's fair part, against the min(T, C) it uses alone */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        double T = kiln_num_threads(), C = cores > 0 ? (double)cores : T;
+        double fair = T + n_hogs > C ? C * T / (T + n_hogs) / (T < C ? T : C) : 1.0;
+        printf("\nbeside %d busy processes (%d threads, %.0f cores: fair share %.0f%% of idle speed)\n%-16s %10s %10s %10s "
+               "%9s %12s\n",
+               n_hogs, (int)T, C, 100 * fair, "mode", "idle tok/s", "load tok/s", "fair tok/s", "vs idle", "vs fair");
+        for (int i = 0; i < n; i++)
+            if (res[i].ok && loaded[i].ok)
+                printf("%-16s %10.0f %10.0f %10.0f %8.1f%% %11.2fx\n", res[i].name, res[i].tokens_s, loaded[i].tokens_s,
+                       fair * res[i].tokens_s, 100 * loaded[i].tokens_s / res[i].tokens_s,
+                       loaded[i].tokens_s / (fair * res[i].tokens_s));
+    }
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
     kiln_llama_free(b.m);
     return 0;
