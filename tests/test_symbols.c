@@ -1,8 +1,7 @@
 /* The library exports kiln_ names only (issue 11: the data layer's helpers
- * were linked as bare kd_*): every global symbol defined in libkiln.a, read
- * with binutils' nm beside this test's build directory, must carry the
- * prefix. Unprefixed names of other layers are listed, and the kd_ ones,
- * which this change fixed, must be absent. */
+ * were linked as bare kd_*, the Jinja subset's as jn_/jb_/jl_): every global
+ * symbol defined in libkiln.a, read with binutils' nm beside this test's
+ * build directory, must carry the prefix. */
 #include <libgen.h>
 #include <stdlib.h>
 #include "test.h"
@@ -32,5 +31,6 @@ int main(int argc, char **argv) {
     printf("  %d global symbols, %d without the kiln_ prefix\n", total, bare);
     CHECK(total > 100, "the library's symbols were read (%d)", total);
     CHECK(kd == 0, "%d data-layer kd_ helpers exported under their bare names", kd);
+    CHECK(bare == 0, "%d symbols exported without the kiln_ prefix (listed above)", bare);
     TEST_END();
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "kiln/data.h"
+#include "data_names.h" /* links the jn_/jb_/jl_ helpers as kiln_* */
 
 typedef enum {
     /* expressions */
@@ -64,6 +65,36 @@ struct kiln_template {
     char *name;
     jnode *root;
 };
+
+/* ---- tokens (jinja_lex.c) ---- */
+
+typedef enum {
+    T_DATA, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STRING, T_INT, T_FLOAT, T_OP, T_EOF
+} tkind;
+
+typedef struct {
+    tkind kind;
+    int line, col;
+    char *s; /* data, name, unescaped string, operator */
+    size_t n;
+    long long i;
+    double f;
+} token;
+
+typedef struct {
+    const char *name;
+    const char *src;
+    size_t n;
+    size_t pos;
+    int line, col;
+    token *toks;
+    size_t n_toks, cap;
+    size_t cur; /* parser position */
+} lexer;
+/* Tokenizes L->src[0..n) into L->toks (ending in T_EOF). */
+kiln_status jl_lex(lexer *L);
+/* "NAME:LINE:COL: message" (fmt takes up to two %s: a, b). */
+kiln_status jl_lex_error(const lexer *L, int line, int col, const char *fmt, const char *a, const char *b);
 
 /* Allocation helpers shared by the parser. */
 jnode *jn_new(jn_kind kind, int line, int col);
