@@ -222,6 +222,9 @@ static void chat_masks(const tmpl_src *src, kiln_tokenizer *tok, json_t *convs, 
         fprintf(jf, "%s\n", line ? line : "");
         free(line);
         json_array_append_new(jobs, json_pack("{ssso}", "template", tsrc, "vars", vars(msgs, false, tokens)));
+        json_t *none = json_array(); /* the template's tail after any conversation (Llama 3.0's header) */
+        json_array_append_new(jobs, json_pack("{ssso}", "template", tsrc, "vars", vars(none, false, tokens)));
+        json_decref(none);
         for (size_t i = 0; i < json_array_size(msgs); i++) {
             if (strcmp(json_string_value(json_object_get(json_array_get(msgs, i), "role")), "assistant")) continue;
             json_t *p = slice(msgs, i), *q = slice(msgs, i + 1);
@@ -253,8 +256,12 @@ static void chat_masks(const tmpl_src *src, kiln_tokenizer *tok, json_t *convs, 
         json_t *msgs = json_object_get(c, "messages");
         const char *R = json_string_value(json_object_get(json_array_get(ref, r), "text"));
         size_t rn = json_string_length(json_object_get(json_array_get(ref, r), "text"));
-        r++;
-        /* trained ranges from Jinja2's prefixes */
+        json_t *tail_j = json_object_get(json_array_get(ref, r + 1), "text"); /* NULL: an empty conversation raises */
+        const char *tail = tail_j ? json_string_value(tail_j) : "";
+        size_t tn = tail_j ? json_string_length(tail_j) : 0;
+        r += 2;
+        /* trained ranges from Jinja2's prefixes: messages[:i] with the
+         * generation prompt to messages[:i+1] without the template's tail */
         size_t spans[64], ns = 0, last_assistant = 0;
         for (size_t i = 0; i < json_array_size(msgs); i++)
             if (!strcmp(json_string_value(json_object_get(json_array_get(msgs, i), "role")), "assistant")) last_assistant = i;
@@ -263,6 +270,7 @@ static void chat_masks(const tmpl_src *src, kiln_tokenizer *tok, json_t *convs, 
             json_t *P = json_object_get(json_array_get(ref, r), "text"), *Q = json_object_get(json_array_get(ref, r + 1), "text");
             r += 2;
             size_t pn = json_string_length(P), qn = json_string_length(Q);
+            if (tn && qn >= pn + tn && !memcmp(json_string_value(Q) + qn - tn, tail, tn)) qn -= tn;
             CHECK(pn <= qn && qn <= rn && !memcmp(json_string_value(P), R, pn) && !memcmp(json_string_value(Q), R, qn),
                   "%s conversation %zu: Jinja2's prefixes are prefixes of its rendering", src->name, ci);
             if (last_only && i != last_assistant) continue;
@@ -370,7 +378,8 @@ int main(void) {
         tmpl_src srcs[] = {{"smollm2", NULL, "tests/chat/smollm2.jinja"},
                            {"mistral", NULL, "tests/chat/mistral.jinja"},
                            {"llama2", NULL, "tests/chat/llama2.jinja"},
-                           {"gemma3", NODE "tokenizer-gemma3/models/tokenizer_config.json", NULL}};
+                           {"gemma3", NODE "tokenizer-gemma3/models/tokenizer_config.json", NULL},
+                           {"llama3", NODE "tokenizer-llama3/models/tokenizer_config.json", NULL}};
         int n_tok = 0, n_trained = 0;
         for (size_t k = 0; k < sizeof srcs / sizeof *srcs; k++) {
             if (srcs[k].config && access(srcs[k].config, R_OK)) {

@@ -157,9 +157,11 @@ static const char *find(const char *h, size_t hn, const char *nd, size_t nn) {
     return NULL;
 }
 
-/* The span of assistant message i in the full rendering R. */
+/* The span of assistant message i in the full rendering R. tail: what the
+ * template writes after any conversation, even an empty one (Llama 3.0's
+ * unconditional assistant header), which belongs to no turn. */
 static kiln_status locate(const kiln_chat *c, const json_t *conv, json_t *msgs, size_t i, const char *R, size_t rn,
-                          size_t *s0, size_t *s1) {
+                          const char *tail, size_t tn, size_t *s0, size_t *s1) {
     json_t *pre = prefix(msgs, i), *upto = prefix(msgs, i + 1);
     char *P = NULL, *Q = NULL;
     size_t pn = 0, qn = 0;
@@ -170,6 +172,7 @@ static kiln_status locate(const kiln_chat *c, const json_t *conv, json_t *msgs, 
         st = render_msgs(c, conv, upto, false, &Q, &qn, NULL, NULL);
         if (st) kiln_error_context(st, "rendering messages[:%zu]", i + 1);
     }
+    if (!st && tn && qn >= pn + tn && !memcmp(Q + qn - tn, tail, tn)) qn -= tn;
     if (!st && (pn > rn || memcmp(P, R, pn)))
         st = kiln_error(KILN_ERR_INVALID,
                         "assistant message %zu: the template renders messages[:%zu] + generation prompt differently from the start of the whole conversation (differs at byte %zu), so its turn cannot be located; use a template with {%% generation %%} blocks",
@@ -229,17 +232,26 @@ kiln_status kiln_chat_assistant_spans(const kiln_chat *c, const json_t *conv, bo
     free(gen);
     size_t n = json_array_size(msgs), *sp = malloc(2 * (n ? n : 1) * sizeof *sp), k = 0;
     if (!sp) return free(R), kiln_error(KILN_ERR_OOM, "out of memory");
+    /* the template's unconditional tail: the rendering of no messages, when
+     * it renders (a template may refuse an empty conversation: no tail) */
+    char *tail = NULL;
+    size_t tn = 0;
+    json_t *none = json_array();
+    if (!none) return free(R), free(sp), kiln_error(KILN_ERR_OOM, "out of memory");
+    if (render_msgs(c, conv, none, false, &tail, &tn, NULL, NULL)) tail = NULL, tn = 0;
+    json_decref(none);
     size_t last = n;
     for (size_t i = 0; i < n; i++)
         if (!strcmp(json_string_value(json_object_get(json_array_get(msgs, i), "role")), "assistant")) last = i;
     for (size_t i = 0; i < n && !st; i++) {
         if (strcmp(json_string_value(json_object_get(json_array_get(msgs, i), "role")), "assistant")) continue;
         if (last_only && i != last) continue;
-        st = locate(c, conv, msgs, i, R, rn, &sp[2 * k], &sp[2 * k + 1]);
+        st = locate(c, conv, msgs, i, R, rn, tail, tn, &sp[2 * k], &sp[2 * k + 1]);
         if (!st && k && sp[2 * k] < sp[2 * k - 1])
             st = kiln_error(KILN_ERR_INVALID, "assistant message %zu overlaps the previous assistant turn", i);
         k++;
     }
+    free(tail);
     if (st) return free(R), free(sp), st;
     *text = R;
     *len = rn;
