@@ -120,6 +120,7 @@ static kiln_tensor *f_scale_by(kiln_tensor **in) { return kiln_scale_by(in[0], i
 static kiln_tensor *f_silu(kiln_tensor **in) { return kiln_silu(in[0]); }
 static kiln_tensor *f_rmsnorm(kiln_tensor **in) { return kiln_rmsnorm(in[0], in[1], 1e-5); }
 static kiln_tensor *f_rope(kiln_tensor **in) { return kiln_rope(in[0], 10000.0, 5, false); }
+static kiln_tensor *f_rope_at(kiln_tensor **in) { return kiln_rope_at(in[0], in[1], 10000.0, false, NULL); }
 static kiln_tensor *f_repeat(kiln_tensor **in) { return kiln_repeat_kv(in[0], 3); }
 static kiln_tensor *f_transpose(kiln_tensor **in) { return kiln_transpose12(in[0]); }
 static kiln_tensor *f_reshape(kiln_tensor **in) {
@@ -136,6 +137,27 @@ static kiln_tensor *f_masked_softmax(kiln_tensor **in) {
     return y;
 }
 static kiln_tensor *f_flash(kiln_tensor **in) { return kiln_flash_attn(in[0], in[1], in[2], in[3], 0.2); }
+static kiln_tensor *f_flash_seg(kiln_tensor **in) { return kiln_flash_attn_seg(in[0], in[1], in[2], in[3], in[4], 0.2); }
+/* the same with a block-diagonal (segment) mask */
+static kiln_tensor *f_seg_softmax(kiln_tensor **in) {
+    kiln_tensor *m = kiln_attn_mask_seg(in[1], in[2], in[0]->shape[2]);
+    kiln_tensor *s = kiln_add(in[0], m);
+    kiln_tensor *y = kiln_softmax(s);
+    kiln_tensor_release(m);
+    kiln_tensor_release(s);
+    return y;
+}
+/* segment ids: documents of 5, 9, ... tokens per row (positions restart) */
+static kiln_tensor *seg_tensor(int64_t B, int64_t T, bool positions) {
+    int64_t s[2] = {B, T};
+    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0, seg = 1, p = 0; i < T; i++, p++) {
+            if (p == 5 + 4 * seg) seg++, p = 0;
+            kiln_i32(t)[b * T + i] = (int32_t)(positions ? p : seg);
+        }
+    return t;
+}
 static kiln_tensor *f_linear_ce(kiln_tensor **in) { return kiln_linear_cross_entropy(in[0], in[1], in[2], KILN_IGNORE_INDEX); }
 static kiln_tensor *f_ce(kiln_tensor **in) { return kiln_cross_entropy(in[0], in[1], KILN_IGNORE_INDEX); }
 static kiln_tensor *f_sum(kiln_tensor **in) { return kiln_sum(in[0]); }
@@ -192,7 +214,7 @@ int main(void) {
     inner = kiln_op_get_dispatcher();
     kiln_op_set_dispatcher((kiln_dispatcher){recording, NULL});
     printf("finite-difference check of every backward rule:\n");
-    kiln_tensor *in[4];
+    kiln_tensor *in[5];
 #define RUN(name, fn, n, diff, ...)                                          \
     do {                                                                     \
         kiln_tensor *tmp_[] = {__VA_ARGS__};                                 \
@@ -215,6 +237,7 @@ int main(void) {
     RUN("silu", f_silu, 1, 1, RND(-4, 4, 37, 24));
     RUN("rmsnorm", f_rmsnorm, 2, 3, RND(-2, 2, 2, 37, 24), RND(0.5f, 1.5f, 24));
     RUN("rope", f_rope, 1, 1, RND(-1, 1, 2, 37, 3, 24));
+    RUN("rope (positions per token)", f_rope_at, 2, 1, RND(-1, 1, 2, 37, 3, 24), seg_tensor(2, 37, true));
     RUN("repeat_kv", f_repeat, 1, 1, RND(-1, 1, 2, 2, 37, 24));
     RUN("transpose12", f_transpose, 1, 1, RND(-1, 1, 2, 37, 3, 24));
     RUN("reshape", f_reshape, 1, 1, RND(-1, 1, 2, 37, 24));
@@ -222,6 +245,11 @@ int main(void) {
         kiln_tensor *pm = ids_tensor(2, 37, 1, false); /* all zeros... then set */
         for (int64_t i = 0; i < 74; i++) kiln_i32(pm)[i] = (i % 37) < (i < 37 ? 37 : 30); /* row 1: 7 pads */
         RUN("softmax (causal+padding mask)", f_masked_softmax, 2, 1, RND(-3, 3, 2, 3, 37, 37), pm);
+    }
+    {
+        kiln_tensor *pm = ids_tensor(2, 37, 1, false);
+        for (int64_t i = 0; i < 74; i++) kiln_i32(pm)[i] = (i % 37) < (i < 37 ? 37 : 30);
+        RUN("softmax (segment mask)", f_seg_softmax, 3, 1, RND(-3, 3, 2, 3, 37, 37), pm, seg_tensor(2, 37, false));
     }
     RUN("cross_entropy (ignore index)", f_ce, 2, 1, RND(-3, 3, 2, 9, 29), ids_tensor(2, 9, 29, true));
     RUN("sum", f_sum, 1, 1, RND(-1, 1, 5, 37));
@@ -232,6 +260,12 @@ int main(void) {
         for (int64_t i = 0; i < 26; i++) kiln_i32(pm)[i] = i < 13 || (i % 13) >= 3; /* row 1: 3 left pads */
         RUN("flash_attn (GQA, padding)", f_flash, 4, 7, RND(-1, 1, 2, 4, 9, 8), RND(-1, 1, 2, 2, 13, 8),
             RND(-1, 1, 2, 2, 13, 8), pm);
+    }
+    {
+        kiln_tensor *pm = ids_tensor(2, 13, 1, false);
+        for (int64_t i = 0; i < 26; i++) kiln_i32(pm)[i] = i < 13 || (i % 13) < 11; /* row 1: 2 right pads */
+        RUN("flash_attn (segments)", f_flash_seg, 5, 7, RND(-1, 1, 2, 4, 13, 8), RND(-1, 1, 2, 2, 13, 8),
+            RND(-1, 1, 2, 2, 13, 8), pm, seg_tensor(2, 13, false));
     }
     RUN("linear_cross_entropy", f_linear_ce, 3, 3, RND(-1, 1, 2, 9, 24), RND(-1, 1, 29, 24), ids_tensor(2, 9, 29, true));
     check_registry();

@@ -74,6 +74,8 @@ typedef struct {
 kiln_compile_stats kiln_compiled_stats(const kiln_compiled *c);
 /* The last variant's graph (for --explain); NULL before the first run. */
 const kiln_graph *kiln_compiled_graph(const kiln_compiled *c);
+/* The number of inputs kiln_compiled_run reads (as given to kiln_compile). */
+int kiln_compiled_n_inputs(const kiln_compiled *c);
 
 #ifdef __cplusplus
 }

@@ -278,15 +278,25 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
  *           input of a row targets the next token of the document (the eos
  *           at the end); a short row is right-padded with the pad id,
  *           pad_mask 0, target KILN_IGNORE_INDEX.
+ *   documents: the pieces of padded mode (a document's inputs, cut into
+ *           pieces of at most T) packed whole into rows, first fit over the
+ *           last few open rows; each piece is a segment of its row
+ *           (segments 1, 2, ... in row order, 0 for padding) whose
+ *           positions restart at 0, and targets stay inside the piece's
+ *           document, so the model attends within a segment only (block-
+ *           diagonal causal) and nothing crosses a document boundary. The
+ *           rest of a row is padding as in padded mode.
  * A shard's loss mask turns the target of every masked token into
  * KILN_IGNORE_INDEX (its input stays, pad_mask 1), so n_targets and the
  * token-normalised loss count only trained targets.
  * An epoch is a permutation of the items, seeded by (seed, epoch) (identity
  * when shuffle is off); micro-batch i takes items [iB, iB+B) of it, so a
- * batch is a pure function of (seed, epoch, index). The final micro-batch of
- * an epoch may hold fewer rows: `rows` says how many; the rows after it are
- * all padding (mask 0, targets ignored). */
-typedef enum { KILN_PACK_PACKED = 0, KILN_PACK_PADDED = 1 } kiln_pack_mode;
+ * batch is a pure function of (seed, epoch, index). In documents mode the
+ * pieces are also put into rows in a seeded order of the documents (file
+ * order when shuffle is off), once per loader: rows per epoch stay fixed.
+ * The final micro-batch of an epoch may hold fewer rows: `rows` says how
+ * many; the rows after it are all padding (mask 0, targets ignored). */
+typedef enum { KILN_PACK_PACKED = 0, KILN_PACK_PADDED = 1, KILN_PACK_DOCUMENTS = 2 } kiln_pack_mode;
 
 typedef struct {
     const char *path;  /* shard */
@@ -305,6 +315,12 @@ typedef struct {
     int32_t *input_ids;  /* B*T, row-major; wrap with kiln_tensor_wrap if needed */
     int32_t *targets;    /* B*T */
     int32_t *pad_mask;   /* B*T, 1 = real token, 0 = padding */
+    /* Filled in every mode; the model uses them only when `segmented`
+     * (documents mode): the RoPE position of each token (t in packed and
+     * padded rows) and its segment in the row (1.. real, 0 padding). */
+    int32_t *positions;  /* B*T */
+    int32_t *segments;   /* B*T */
+    bool segmented;      /* rows hold several documents: attend within segments */
 } kiln_batch;
 
 kiln_batch *kiln_batch_alloc(int B, int T); /* NULL + error on OOM */

@@ -87,6 +87,11 @@ void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, in
 /* The same with given frequencies inv[D/2] (angle of position p: p * inv[j]). */
 void kiln_k_rope_freq(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos0,
                       const float *inv, bool inverse);
+/* The same with the position of token (b, t) given: pos [B*T], each >= 0
+ * (packed documents restart at 0). The angles are those of
+ * kiln_k_rope_freq at the same position, bit for bit. */
+void kiln_k_rope_freq_pos(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D, const int32_t *pos,
+                          const float *inv, bool inverse);
 /* Frequencies of Hugging Face's rope_scaling types: DEFAULT theta^(-2j/D);
  * LINEAR those / factor; LLAMA3 (_compute_llama3_parameters) per band by
  * wavelength against orig_max / low and orig_max / high. */
@@ -136,6 +141,14 @@ void kiln_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float
 void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                        float *out, float *lse, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                        int64_t Tk, int64_t D, float scale);
+/* The same, block-diagonal: seg [B,Tk] i32 (NULL = kiln_k_flash_attn) gives
+ * each token's segment, and query i (key position Tk-T+i) sees key j only
+ * when their segments are equal too. A key block whose segments no query
+ * of the query block shares is skipped (packed short documents cost
+ * attention within each document only). */
+void kiln_k_flash_attn_seg(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                           const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
+                           int64_t T, int64_t Tk, int64_t D, float scale);
 /* Gradients given dout [B,H,T,D]: dq [B,H,T,D] overwritten; dk, dv
  * [B,Hkv,Tk,D] overwritten (summed over the heads that share a kv head).
  * Recomputes probabilities from q, k and lse. Bitwise deterministic for any
@@ -145,6 +158,11 @@ void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
                                 const float *dout, float *dq, float *dk, float *dv, int64_t B,
                                 int64_t H, int64_t Hkv, int64_t T, int64_t Tk, int64_t D,
                                 float scale);
+/* Its backward with segment ids (NULL = kiln_k_flash_attn_backward). */
+void kiln_k_flash_attn_backward_seg(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                                    const int32_t *seg, const float *out, const float *lse, const float *dout,
+                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                                    int64_t Tk, int64_t D, float scale);
 /* Fused final linear + cross-entropy. loss = sum over rows n with
  * targets[n] != ignore of -log softmax(h[n]·Wᵀ)[targets[n]]; *count = number
  * of such rows. h [N,C], W [V,C]. When dh (N×C, overwritten) and/or dW (V×C,

@@ -151,9 +151,22 @@ int64_t kiln_llama_cache_len(const kiln_llama_cache *c);
  * Returns logits [B, T, V]. With a cache, the T new positions follow the
  * cached ones (pad_mask may then be NULL) and are appended to it. */
 kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, kiln_llama_cache *cache);
+/* Rows that pack several documents: positions [B, T] i32 (RoPE position of
+ * each token, restarting at 0 where a document starts) and segments [B, T]
+ * i32 (the document of each token in its row): attention is causal within
+ * a segment only (block-diagonal), so each document's logits are those it
+ * has alone. Not with a cache. */
+typedef struct {
+    kiln_tensor *positions, *segments;
+} kiln_llama_docs;
+/* kiln_llama_forward with packed documents (docs NULL: the same). */
+kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, const kiln_llama_docs *docs,
+                                   kiln_llama_cache *cache);
 /* Sum of token cross-entropies over targets != KILN_IGNORE_INDEX, shape [1].
  * Dividing by the window's target count is the trainer's business. */
 kiln_tensor *kiln_llama_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask);
+kiln_tensor *kiln_llama_loss_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask,
+                                const kiln_llama_docs *docs);
 /* Model FLOPs per trained token (forward + backward, 6N + attention). */
 double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t seq_len);
 

@@ -44,13 +44,15 @@ extern "C" {
     X(RMSNORM, rmsnorm)                 /* (x[...,C], w[C]) f0=eps */                                \
     X(RMSNORM_BWD_X, rmsnorm_bwd_x)     /* (x, w, g) f0=eps */                                       \
     X(RMSNORM_BWD_W, rmsnorm_bwd_w)     /* (x, w, g) f0=eps -> [C] */                                \
-    X(ROPE, rope)                       /* (x[B,T,H,D]) f0=theta i0=pos0 i1=inverse, scaling:      */ \
-                                        /* i2=type f1=factor i3=orig_max i4,i5=low,high (f64 bits)  */ \
+    X(ROPE, rope)                       /* (x[B,T,H,D] [, pos[B,T] i32]) f0=theta i0=pos0             */ \
+                                        /* i1=inverse | 2 (pos given), scaling: i2=type f1=factor   */ \
+                                        /* i3=orig_max i4,i5=low,high (f64 bits)                    */ \
     X(REPEAT_KV, repeat_kv)             /* (x[B,Hkv,T,D]) i0=n_rep -> [B,Hkv*n_rep,T,D] */           \
     X(REPEAT_KV_BWD, repeat_kv_bwd)     /* (g[B,H,T,D]) i0=n_rep -> [B,H/n_rep,T,D] */               \
     X(TRANSPOSE12, transpose12)         /* [A,B,C,D] -> [A,C,B,D] */                                 \
     X(RESHAPE, reshape)                 /* view; i0=ndim, i1..i4 = shape */                          \
-    X(ATTN_MASK, attn_mask)             /* (pad_mask[B,T] i32) i0=q_len -> [B,1,Tq,Tk] additive */   \
+    X(ATTN_MASK, attn_mask)             /* (pad_mask[B,T] [, seg[B,T]] i32) i0=q_len i1=seg given    \
+                                           -> [B,1,Tq,Tk] additive */                                \
     X(SOFTMAX, softmax)                 /* last dim */                                               \
     X(SOFTMAX_BWD, softmax_bwd)         /* (y, g) */                                                 \
     X(CROSS_ENTROPY, cross_entropy)     /* (logits[...,V], targets[...] i32) i0=ignore -> [1] sum */ \
@@ -61,9 +63,9 @@ extern "C" {
     X(SUM_TO, sum_to)                   /* (g) i0=ndim, i1..i4=shape: sum over broadcast dims */     \
     X(FILL, fill)                       /* () i0=ndim, i1..i4=shape, f0=value (seeds backward) */    \
     /* fused ops the compiler rewrites to (eager runs the model's decomposition) */                  \
-    X(FLASH_ATTN, flash_attn)           /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk]) f0=scale -> out; \
-                                           aux lse[B,H,T] */                                         \
-    X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout) -> dq; aux dk, dv */             \
+    X(FLASH_ATTN, flash_attn)           /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk] [, seg[B,Tk]])    \
+                                           f0=scale i0=seg given -> out; aux lse[B,H,T] */           \
+    X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout [, seg]) -> dq; aux dk, dv */     \
     X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh     \
                                            i2=need_dW -> loss sum [1]; aux dh, dW (seed 1) */        \
     X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */
@@ -121,6 +123,10 @@ typedef struct {
 typedef struct {
     const char *name;
     int n_in;
+    /* Optional trailing inputs (0..n_opt of them after the n_in): the op's
+     * attributes say which are present, so its shape rule can check them
+     * (rope's positions, the attention ops' segment ids). */
+    int n_opt;
     unsigned save_in;      /* bitmask: inputs the backward rule reads */
     bool save_out;         /* the backward rule reads the output */
     bool is_view;          /* output aliases input 0's storage */
@@ -248,6 +254,9 @@ typedef struct {
 } kiln_rope_scaling;
 /* kiln_rope with scaled frequencies (s NULL or DEFAULT: kiln_rope). */
 kiln_tensor *kiln_rope_scaled(kiln_tensor *x, double theta, int64_t pos0, bool inverse, const kiln_rope_scaling *s);
+/* The same with a position per token: pos [B, T] i32 (>= 0) instead of
+ * pos0 + t (packed documents restart at 0). pos NULL: kiln_rope_scaled. */
+kiln_tensor *kiln_rope_at(kiln_tensor *x, kiln_tensor *pos, double theta, bool inverse, const kiln_rope_scaling *s);
 kiln_tensor *kiln_repeat_kv(kiln_tensor *x, int64_t n_rep);
 kiln_tensor *kiln_repeat_kv_backward(kiln_tensor *g, int64_t n_rep);
 kiln_tensor *kiln_transpose12(kiln_tensor *x);
@@ -255,6 +264,10 @@ kiln_tensor *kiln_reshape(kiln_tensor *x, int ndim, const int64_t *shape);
 /* pad_mask [B, Tk] (1 real, 0 pad) -> [B, 1, Tq, Tk] with 0 where query i
  * (at absolute position Tk-Tq+i) may see key j, -inf elsewhere. */
 kiln_tensor *kiln_attn_mask(kiln_tensor *pad_mask, int64_t q_len);
+/* The same, block-diagonal: query i sees key j only when seg[i] == seg[j]
+ * too (seg [B, Tk] i32, the segment of each token; queries are the last
+ * Tq). seg NULL: kiln_attn_mask. */
+kiln_tensor *kiln_attn_mask_seg(kiln_tensor *pad_mask, kiln_tensor *seg, int64_t q_len);
 kiln_tensor *kiln_softmax(kiln_tensor *x);
 kiln_tensor *kiln_softmax_backward(kiln_tensor *y, kiln_tensor *g);
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index);
@@ -267,6 +280,10 @@ kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
 kiln_tensor *kiln_cast_bf16(kiln_tensor *x);
 kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, double scale);
+/* With segment ids [B, Tk] i32 (NULL: kiln_flash_attn): attention within a
+ * segment only, key blocks no query of a block can see skipped. */
+kiln_tensor *kiln_flash_attn_seg(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, kiln_tensor *seg,
+                                 double scale);
 kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index);
 
 #ifdef __cplusplus

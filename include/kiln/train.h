@@ -65,7 +65,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(batch, INT, 1, 8, "N", "rows per micro-batch")                                                                       \
     X(accum, INT, 1, 4, "N", "micro-batches per optimiser step")                                                           \
     X(seq_len, INT, 2, 128, "N", "tokens per row")                                                                         \
-    X(pack, ENUM, pack, KILN_PACK_PACKED, "packed|padded", "contiguous windows, or document-aligned padded rows")           \
+    X(pack, ENUM, pack, KILN_PACK_PACKED, "packed|padded|documents", "contiguous windows, document-aligned padded rows, or whole documents packed with attention within each") \
     X(shuffle, FLAG, 0, true, "", "keep the data in order (default: shuffled each epoch)")                                  \
     X(loss_norm, ENUM, loss_norm, KILN_LOSS_NORM_TOKENS, "tokens|steps", "normalise by target tokens in the window, or by k") \
     X(lr, F64, POS, 1e-3, "X", "peak learning rate")                                                                       \
@@ -208,8 +208,16 @@ kiln_status kiln_train_window_ex(kiln_llama *m, kiln_adamw *opt, const kiln_trai
  * summed token loss and differentiates scale x sum. */
 kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                   kiln_tensor **diff);
+/* The same for rows of packed documents: inputs 4 and 5 are the batch's
+ * positions and segment ids [B,T] (kiln_batch.segmented). */
+kiln_status kiln_train_trace_step_docs(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
+                                       kiln_tensor **diff);
 /* A compiled training step (backward) or evaluation step (forward only). */
 kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, bool backward);
+/* documents: for segmented batches (--pack documents), whose positions and
+ * segment ids it takes as inputs; running it on the other kind of batch
+ * (or kiln_train_compile's on segmented ones) is an error. */
+kiln_compiled *kiln_train_compile_ex(kiln_llama *m, const kiln_compile_options *o, bool backward, bool documents);
 kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs);
 /* Mean token loss over batches, no gradient work. */
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens);

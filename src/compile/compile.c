@@ -421,3 +421,4 @@ kiln_status kiln_compiled_run(kiln_compiled *c, kiln_tensor *const *in, float *r
 
 kiln_compile_stats kiln_compiled_stats(const kiln_compiled *c) { return c->stats; }
 const kiln_graph *kiln_compiled_graph(const kiln_compiled *c) { return c->last >= 0 ? c->v[c->last].g : NULL; }
+int kiln_compiled_n_inputs(const kiln_compiled *c) { return c->n_inputs; }

@@ -1,5 +1,6 @@
-/* The batch loader: packed windows or document-aligned padded rows, in a
- * per-epoch permutation that is a pure function of (seed, epoch). */
+/* The batch loader: packed windows, document-aligned padded rows, or whole
+ * documents packed into rows as segments, in a per-epoch permutation that
+ * is a pure function of (seed, epoch). */
 #include <stdlib.h>
 #include <string.h>
 #include "data_impl.h"
@@ -10,8 +11,13 @@ struct kiln_loader {
     kiln_shard *shard;
     const kiln_shard_info *info;
     int64_t n_items;
-    uint64_t *row_start; /* padded mode: per row */
+    uint64_t *row_start; /* padded mode: per row; documents mode: per piece */
     uint32_t *row_len;
+    int64_t n_pieces;
+    int64_t *doc_piece;  /* documents: first piece of each document, n_docs + 1 */
+    int64_t n_docs;
+    int64_t *row_first;  /* documents: row r holds pieces row_piece[row_first[r] .. row_first[r+1]) */
+    int64_t *row_piece;
     int32_t pad_id;
     int64_t *perm;       /* permutation of perm_epoch (shuffle only) */
     int64_t perm_epoch;
@@ -31,8 +37,10 @@ kiln_batch *kiln_batch_alloc(int B, int T) {
         b->input_ids = malloc(n * sizeof(int32_t));
         b->targets = malloc(n * sizeof(int32_t));
         b->pad_mask = malloc(n * sizeof(int32_t));
+        b->positions = malloc(n * sizeof(int32_t));
+        b->segments = malloc(n * sizeof(int32_t));
     }
-    if (!b || !b->input_ids || !b->targets || !b->pad_mask) {
+    if (!b || !b->input_ids || !b->targets || !b->pad_mask || !b->positions || !b->segments) {
         kiln_batch_free(b);
         kiln_error(KILN_ERR_OOM, "out of memory for a %d x %d batch", B, T);
         return NULL;
@@ -45,21 +53,26 @@ void kiln_batch_free(kiln_batch *b) {
     free(b->input_ids);
     free(b->targets);
     free(b->pad_mask);
+    free(b->positions);
+    free(b->segments);
     free(b);
 }
 
-/* Rows of padded mode: each document's inputs (all but its last token) cut
- * into pieces of at most T. Two passes: count, then fill. */
+/* Rows of padded mode (the pieces of documents mode): each document's
+ * inputs (all but its last token) cut into pieces of at most T. Two passes:
+ * count, then fill. */
 static kiln_status build_rows(kiln_loader *l) {
     const kiln_shard_info *in = l->info;
     uint64_t T = (uint64_t)l->cfg.seq_len;
     for (int pass = 0; pass < 2; pass++) {
-        int64_t r = 0;
+        int64_t r = 0, d = 0;
         uint64_t s = 0;
         for (uint64_t i = 0; i < in->count; i++) {
             bool end = kiln_shard_token(l->shard, i) == in->eos_id || i + 1 == in->count;
             if (!end) continue;
             uint64_t inputs = i - s; /* tokens s..i, the last one only as a target */
+            if (pass && l->doc_piece) l->doc_piece[d] = r;
+            d += inputs > 0;
             for (uint64_t o = 0; o < inputs; o += T, r++) {
                 if (pass) {
                     l->row_start[r] = s + o;
@@ -69,13 +82,79 @@ static kiln_status build_rows(kiln_loader *l) {
             s = i + 1;
         }
         if (!pass) {
-            l->n_items = r;
+            l->n_items = l->n_pieces = r;
+            l->n_docs = d;
             l->row_start = malloc((size_t)(r ? r : 1) * sizeof *l->row_start);
             l->row_len = malloc((size_t)(r ? r : 1) * sizeof *l->row_len);
-            if (!l->row_start || !l->row_len) return kiln_error(KILN_ERR_OOM, "out of memory for %lld rows", (long long)r);
+            if (l->cfg.mode == KILN_PACK_DOCUMENTS) l->doc_piece = malloc((size_t)(d + 1) * sizeof *l->doc_piece);
+            if (!l->row_start || !l->row_len || (l->cfg.mode == KILN_PACK_DOCUMENTS && !l->doc_piece))
+                return kiln_error(KILN_ERR_OOM, "out of memory for %lld rows", (long long)r);
+        } else if (l->doc_piece) {
+            l->doc_piece[d] = r;
         }
     }
     return KILN_OK;
+}
+
+/* Rows open for more pieces while packing: first fit over the most recent
+ * ones, so short pieces fill the gaps long ones leave, in bounded time. */
+#define OPEN_ROWS 8
+
+/* Documents mode: the pieces go into rows whole, document by document in a
+ * seeded order (file order without shuffle), each piece into the first of
+ * the open rows with room for it, else a new row. Done once, so the number
+ * of rows is the same in every epoch (epochs then permute the rows). */
+static kiln_status pack_documents(kiln_loader *l) {
+    int64_t nd = l->n_docs, np = l->n_pieces, T = l->cfg.seq_len;
+    int64_t *order = malloc((size_t)(nd ? nd : 1) * sizeof *order);
+    int64_t *row_of = malloc((size_t)(np ? np : 1) * sizeof *row_of);
+    int64_t *placed = malloc((size_t)(np ? np : 1) * sizeof *placed);
+    int64_t *free_of = malloc((size_t)(np ? np : 1) * sizeof *free_of); /* room left per row */
+    l->row_first = calloc((size_t)np + 2, sizeof *l->row_first);
+    l->row_piece = malloc((size_t)(np ? np : 1) * sizeof *l->row_piece);
+    kiln_status st = KILN_OK;
+    if (!order || !row_of || !placed || !free_of || !l->row_first || !l->row_piece) {
+        st = kiln_error(KILN_ERR_OOM, "out of memory packing %lld documents", (long long)nd);
+        goto done;
+    }
+    for (int64_t i = 0; i < nd; i++) order[i] = i;
+    if (l->cfg.shuffle) {
+        uint64_t key = kiln_rng_u64(l->cfg.seed, 0xd0c5ULL << 32);
+        for (int64_t i = nd - 1; i > 0; i--) {
+            uint64_t r = kiln_rng_u64(key, (uint64_t)i);
+            int64_t j = (int64_t)(((unsigned __int128)r * (uint64_t)(i + 1)) >> 64);
+            int64_t t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+    }
+    int64_t rows = 0, n_placed = 0;
+    for (int64_t k = 0; k < nd; k++) {
+        int64_t d = order[k];
+        for (int64_t p = l->doc_piece[d]; p < l->doc_piece[d + 1]; p++) {
+            int64_t len = l->row_len[p], r = rows - OPEN_ROWS > 0 ? rows - OPEN_ROWS : 0;
+            while (r < rows && free_of[r] < len) r++;
+            if (r == rows) free_of[rows++] = T;
+            free_of[r] -= len;
+            row_of[p] = r;
+            placed[n_placed++] = p;
+        }
+    }
+    /* rows as lists of pieces in the order they were placed */
+    for (int64_t i = 0; i < n_placed; i++) l->row_first[row_of[placed[i]] + 2]++;
+    for (int64_t r = 0; r < rows; r++) l->row_first[r + 2] += l->row_first[r + 1];
+    for (int64_t i = 0; i < n_placed; i++) l->row_piece[l->row_first[row_of[placed[i]] + 1]++] = placed[i];
+    l->n_items = rows;
+done:
+    free(order);
+    free(row_of);
+    free(placed);
+    free(free_of);
+    return st;
+}
+
+static const char *mode_name(kiln_pack_mode m) {
+    return m == KILN_PACK_PACKED ? "packed" : m == KILN_PACK_PADDED ? "padded" : "documents";
 }
 
 kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out) {
@@ -84,7 +163,7 @@ kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out) {
     if (cfg->batch_size <= 0 || cfg->seq_len <= 0)
         return kiln_error(KILN_ERR_INVALID, "loader: batch size %d and sequence length %d must be positive",
                           cfg->batch_size, cfg->seq_len);
-    if (cfg->mode != KILN_PACK_PACKED && cfg->mode != KILN_PACK_PADDED)
+    if (cfg->mode != KILN_PACK_PACKED && cfg->mode != KILN_PACK_PADDED && cfg->mode != KILN_PACK_DOCUMENTS)
         return kiln_error(KILN_ERR_INVALID, "loader: unknown packing mode %d", (int)cfg->mode);
     kiln_loader *l = calloc(1, sizeof *l);
     if (!l) return kiln_error(KILN_ERR_OOM, "out of memory");
@@ -101,10 +180,11 @@ kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out) {
             l->n_items = l->info->count > T ? (int64_t)((l->info->count - 1) / T) : 0;
         else
             st = build_rows(l);
+        if (!st && cfg->mode == KILN_PACK_DOCUMENTS) st = pack_documents(l);
     }
     if (!st && l->n_items == 0)
         st = kiln_error(KILN_ERR_INVALID, "%s: %llu tokens make no %s row of length %d", cfg->path,
-                        (unsigned long long)l->info->count, cfg->mode == KILN_PACK_PACKED ? "packed" : "padded",
+                        (unsigned long long)l->info->count, mode_name(cfg->mode),
                         cfg->seq_len);
     if (st) {
         kiln_loader_close(l);
@@ -119,6 +199,9 @@ void kiln_loader_close(kiln_loader *l) {
     kiln_shard_close(l->shard);
     free(l->row_start);
     free(l->row_len);
+    free(l->doc_piece);
+    free(l->row_first);
+    free(l->row_piece);
     free(l->perm);
     free(l->path);
     free(l);
@@ -150,12 +233,11 @@ static kiln_status ensure_perm(kiln_loader *l, int64_t epoch) {
     return KILN_OK;
 }
 
-/* Fills one row; returns its number of targets (masked tokens are inputs
- * but never targets). */
-static int64_t fill_row(const kiln_loader *l, int64_t item, int32_t *in, int32_t *tg, int32_t *mask) {
-    int T = l->cfg.seq_len;
-    uint64_t start = l->cfg.mode == KILN_PACK_PACKED ? (uint64_t)item * (uint64_t)T : l->row_start[item];
-    int len = l->cfg.mode == KILN_PACK_PACKED ? T : (int)l->row_len[item];
+/* Inputs [start, start + len) of the shard at row offset o, as segment
+ * `seg` with positions from 0; returns the number of targets (masked
+ * tokens are inputs but never targets). */
+static int64_t fill_span(const kiln_loader *l, uint64_t start, int len, int32_t seg, int32_t *in, int32_t *tg,
+                         int32_t *mask, int32_t *pos, int32_t *sg) {
     const uint8_t *lm = kiln_shard_mask(l->shard);
     int64_t n = 0;
     for (int t = 0; t < len; t++) {
@@ -164,12 +246,41 @@ static int64_t fill_row(const kiln_loader *l, int64_t item, int32_t *in, int32_t
         tg[t] = !lm || lm[j] ? (int32_t)kiln_shard_token(l->shard, j) : KILN_IGNORE_INDEX;
         n += tg[t] != KILN_IGNORE_INDEX;
         mask[t] = 1;
+        pos[t] = t;
+        sg[t] = seg;
     }
-    for (int t = len; t < T; t++) {
+    return n;
+}
+
+static void fill_pad(const kiln_loader *l, int from, int32_t *in, int32_t *tg, int32_t *mask, int32_t *pos, int32_t *sg) {
+    for (int t = from; t < l->cfg.seq_len; t++) {
         in[t] = l->pad_id;
         tg[t] = KILN_IGNORE_INDEX;
         mask[t] = 0;
+        pos[t] = t;
+        sg[t] = 0;
     }
+}
+
+/* Fills one row; returns its number of targets. */
+static int64_t fill_row(const kiln_loader *l, int64_t item, int32_t *in, int32_t *tg, int32_t *mask, int32_t *pos,
+                        int32_t *sg) {
+    int T = l->cfg.seq_len, used = 0;
+    int64_t n = 0;
+    if (l->cfg.mode == KILN_PACK_DOCUMENTS) {
+        for (int64_t k = l->row_first[item]; k < l->row_first[item + 1]; k++) {
+            int64_t p = l->row_piece[k];
+            int len = (int)l->row_len[p];
+            n += fill_span(l, l->row_start[p], len, (int32_t)(k - l->row_first[item] + 1), in + used, tg + used,
+                           mask + used, pos + used, sg + used);
+            used += len;
+        }
+    } else {
+        uint64_t start = l->cfg.mode == KILN_PACK_PACKED ? (uint64_t)item * (uint64_t)T : l->row_start[item];
+        used = l->cfg.mode == KILN_PACK_PACKED ? T : (int)l->row_len[item];
+        n = fill_span(l, start, used, 1, in, tg, mask, pos, sg);
+    }
+    fill_pad(l, used, in, tg, mask, pos, sg);
     return n;
 }
 
@@ -188,17 +299,15 @@ kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_b
     b->n_targets = 0;
     b->epoch = epoch;
     b->index = index;
+    b->segmented = l->cfg.mode == KILN_PACK_DOCUMENTS;
     for (int r = 0; r < B; r++) {
-        int32_t *in = b->input_ids + (size_t)r * T, *tg = b->targets + (size_t)r * T, *mk = b->pad_mask + (size_t)r * T;
+        size_t o = (size_t)r * T;
+        int32_t *in = b->input_ids + o, *tg = b->targets + o, *mk = b->pad_mask + o;
         if (r < rows) {
             int64_t item = l->cfg.shuffle ? l->perm[first + r] : first + r;
-            b->n_targets += fill_row(l, item, in, tg, mk);
+            b->n_targets += fill_row(l, item, in, tg, mk, b->positions + o, b->segments + o);
         } else {
-            for (int t = 0; t < T; t++) {
-                in[t] = l->pad_id;
-                tg[t] = KILN_IGNORE_INDEX;
-                mk[t] = 0;
-            }
+            fill_pad(l, 0, in, tg, mk, b->positions + o, b->segments + o);
         }
     }
     return KILN_OK;

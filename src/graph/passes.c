@@ -103,7 +103,7 @@ static kiln_status become(kiln_graph *g, int v, int op, int n_in, const int *in,
 
 static bool is_op(const kiln_graph *g, int v, int op) { return g->v[v].kind == KILN_V_OP && !g->v[v].dead && g->v[v].op == op; }
 
-/* softmax(scale(q·k_repᵀ) + mask(pad))·v_rep  ->  flash_attn(q, k, v, pad) */
+/* softmax(scale(q·k_repᵀ) + mask(pad[, seg]))·v_rep  ->  flash_attn(q, k, v, pad[, seg]) */
 kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
     int done = 0;
     kiln_status st = KILN_OK;
@@ -126,9 +126,11 @@ kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
         if (is_op(g, vr, KILN_OP_REPEAT_KV)) v = g->v[vr].in[0], rv = g->v[vr].attrs.i[0];
         const kiln_meta *qm = &g->v[q].meta, *km = &g->v[k].meta;
         if (rk != rv || qm->ndim != 4 || km->ndim != 4 || g->v[mask].attrs.i[0] != qm->shape[2]) continue;
-        int in[4] = {q, k, v, g->v[mask].in[0]};
-        kiln_attrs a = {.f = {g->v[s1].attrs.f[0]}};
-        if (!(st = become(g, o, KILN_OP_FLASH_ATTN, 4, in, a))) done++;
+        /* a block-diagonal mask hands its segment ids on */
+        bool seg = g->v[mask].attrs.i[1] != 0;
+        int in[5] = {q, k, v, g->v[mask].in[0], seg ? g->v[mask].in[1] : 0};
+        kiln_attrs a = {.i = {seg}, .f = {g->v[s1].attrs.f[0]}};
+        if (!(st = become(g, o, KILN_OP_FLASH_ATTN, seg ? 5 : 4, in, a))) done++;
     }
     if (!st && done) st = kiln_pass_dce(g, NULL);
     if (done_out) *done_out = done;

@@ -35,8 +35,8 @@ static kiln_status check_op(const kiln_graph *g, int v) {
     const kiln_value *x = &g->v[v];
     const kiln_op_def *d = kiln_op_get(x->op);
     if (!d) return bad(g, v, "unknown op", NULL);
-    if (x->n_in != d->n_in) return bad(g, v, "input count differs from the op's", NULL);
-    kiln_meta im[KILN_OP_MAX_IN], out, am[KILN_OP_MAX_AUX];
+    if (x->n_in < d->n_in || x->n_in > d->n_in + d->n_opt) return bad(g, v, "input count differs from the op's", NULL);
+    kiln_meta im[KILN_OP_MAX_IN] = {0}, out, am[KILN_OP_MAX_AUX]; /* absent optional inputs: ndim 0 */
     for (int j = 0; j < x->n_in; j++) im[j] = g->v[x->in[j]].meta;
     if (d->shape(im, &x->attrs, &out)) {
         char why[512];

@@ -1,5 +1,6 @@
 /* Flash attention on CPU: causal, padding-masked, grouped-query attention
- * that never forms the T×Tk score matrix.
+ * that never forms the T×Tk score matrix; optionally block-diagonal over
+ * segment ids (packed documents), skipping the tiles no query can see.
  *
  * Tiles are BQ queries × BK keys. K (and, in the backward, V) is first
  * transposed once into key blocks laid out [D][BK] (zero-padded past the last
@@ -17,6 +18,7 @@
  * and accumulate in the same order, so they agree bitwise too.
  */
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kiln/kernels.h"
@@ -208,6 +210,59 @@ static int64_t causal_limit(int64_t qpos, int64_t j0, int64_t nk) {
     return lim < 0 ? 0 : lim > nk ? nk : lim;
 }
 
+/* ---- segments ----------------------------------------------------------- */
+/* Per (batch row, key block): the smallest and largest segment id of its
+ * real keys (min > max when it has none). A query sees a key only with its
+ * own segment, so a tile whose queries all have segments outside the key
+ * block's range is fully masked and skipped; packed documents have
+ * contiguous segments, so this skips exactly the blocks of other documents. */
+typedef struct {
+    const int32_t *seg; /* [B, Tk] or NULL */
+    int32_t *kmin, *kmax;
+} seg_info;
+
+static bool seg_ranges(seg_info *si, const int32_t *seg, const int32_t *pad, int64_t B, int64_t Tk, int64_t nkb) {
+    si->seg = seg;
+    si->kmin = si->kmax = NULL;
+    if (!seg) return true;
+    si->kmin = malloc((size_t)(2 * B * nkb + 1) * sizeof(int32_t));
+    if (!si->kmin) return false;
+    si->kmax = si->kmin + B * nkb;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t kb = 0; kb < nkb; kb++) {
+            int32_t lo = INT32_MAX, hi = INT32_MIN;
+            for (int64_t j = kb * BK; j < Tk && j < (kb + 1) * BK; j++) {
+                if (pad && !pad[b * Tk + j]) continue;
+                int32_t v = seg[b * Tk + j];
+                lo = v < lo ? v : lo;
+                hi = v > hi ? v : hi;
+            }
+            si->kmin[b * nkb + kb] = lo;
+            si->kmax[b * nkb + kb] = hi;
+        }
+    return true;
+}
+
+/* For queries [i0, i0+nr) (key positions off+i0..) of row b against key
+ * block kb: 0 = no query's segment is in the block's range (skip), 1 = all
+ * queries and keys in one segment (no segment masking), 2 = mixed. */
+static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int64_t qpos0, int64_t nr, int64_t kb) {
+    if (!si->seg) return 1;
+    const int32_t lo = si->kmin[b * nkb + kb], hi = si->kmax[b * nkb + kb];
+    const int32_t *sq = si->seg + b * Tk + qpos0;
+    bool any = false, all_one = lo == hi;
+    for (int64_t r = 0; r < nr; r++) {
+        bool in = sq[r] >= lo && sq[r] <= hi;
+        any |= in;
+        all_one &= sq[r] == lo;
+    }
+    if (!any) return 0;
+    if (!all_one) return 2;
+    /* one segment on both sides only if every real key has it; padding
+     * keys are masked by the pad path */
+    return 1;
+}
+
 /* ---- forward ------------------------------------------------------------ */
 
 typedef struct {
@@ -216,6 +271,7 @@ typedef struct {
     float *out, *lse;
     int64_t H, Hkv, T, Tk, D, nkb;
     float scale;
+    seg_info si;
 } fwd_args;
 
 /* One (b, h, query block): online softmax over the visible key blocks,
@@ -234,10 +290,13 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
     for (int64_t r = 0; r < nr; r++) m[r] = -INFINITY, l[r] = 0.0f;
     int64_t jend = off + i0 + nr; /* keys < jend may be visible to some row */
     if (jend > Tk) jend = Tk;
+    const int32_t *sg = a->si.seg ? a->si.seg + b * Tk : NULL;
     for (int64_t kb = 0; kb * BK < jend; kb++) {
         const int64_t j0 = kb * BK, nk = Tk - j0 < BK ? Tk - j0 : BK;
         if (block_all_pad(pad, j0, nk)) continue;
-        const bool has_pad = block_has_pad(pad, j0, nk);
+        const int st = seg_tile(&a->si, b, Tk, a->nkb, off + i0, nr, kb);
+        if (!st) continue; /* another document's keys */
+        const bool has_pad = block_has_pad(pad, j0, nk), mixed = st == 2;
         if (has_pad)
             for (int64_t c = 0; c < nk; c++) bias[c] = pad[j0 + c] ? 0.0f : -INFINITY;
         mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
@@ -246,7 +305,16 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             const int64_t lim = causal_limit(off + i0 + r, j0, nk);
             const float sc = a->scale;
             float mx = -INFINITY;
-            if (lim == nk && !has_pad) {
+            if (mixed) { /* block-diagonal: keys of the query's own segment only */
+                const int32_t sq = sg[off + i0 + r], *sk = sg + j0;
+#pragma omp simd reduction(max : mx)
+                for (int64_t c = 0; c < nk; c++) {
+                    float x = s[c] * sc + (has_pad ? bias[c] : 0.0f);
+                    x = c < lim && sk[c] == sq ? x : -INFINITY;
+                    s[c] = x;
+                    mx = x > mx ? x : mx;
+                }
+            } else if (lim == nk && !has_pad) {
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < nk; c++) {
                     float x = s[c] * sc;
@@ -301,16 +369,26 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
 void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                        float *out, float *lse, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                        int64_t Tk, int64_t D, float scale) {
+    kiln_k_flash_attn_seg(q, k, v, pad_mask, NULL, out, lse, B, H, Hkv, T, Tk, D, scale);
+}
+
+void kiln_k_flash_attn_seg(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                           const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
+                           int64_t T, int64_t Tk, int64_t D, float scale) {
     if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
     float *kt = nkb ? kiln_alloc((size_t)(B * Hkv * nkb * D * BK) * sizeof(float)) : NULL;
-    if (nkb && !kt) { /* out of memory: nothing sensible to return but NaN */
+    seg_info si;
+    bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
+    if ((nkb && !kt) || !seg_ok) { /* out of memory: nothing sensible to return but NaN */
         for (int64_t i = 0; i < B * H * T * D; i++) out[i] = NAN;
         for (int64_t i = 0; i < B * H * T; i++) lse[i] = NAN;
+        kiln_dealloc(kt);
+        free(si.kmin);
         return;
     }
     if (nkb) transpose_blocks(k, kt, B * Hkv, Tk, D);
-    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale};
+    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si};
     const int64_t ntask = B * H * nqb;
 #pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
     {
@@ -325,6 +403,7 @@ void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int
         kiln_dealloc(S);
     }
     kiln_dealloc(kt);
+    free(si.kmin);
 }
 
 /* ---- backward ----------------------------------------------------------- */
@@ -335,19 +414,22 @@ typedef struct {
     float *dq, *dk, *dv;
     int64_t H, Hkv, T, Tk, D, nkb, nqb;
     float scale;
+    seg_info si;
 } bwd_args;
 
-/* Does query block qb see any key of key block kb (ignoring padding)? */
-static bool tile_visible(const bwd_args *a, int64_t qb, int64_t kb) {
+/* Does query block qb see any key of key block kb (ignoring padding)?
+ * 0 no, 1 yes, 2 yes with segment masking inside the tile. */
+static int tile_visible(const bwd_args *a, int64_t b, int64_t qb, int64_t kb) {
     int64_t i0 = qb * BQ, nr = a->T - i0 < BQ ? a->T - i0 : BQ;
-    return a->Tk - a->T + i0 + nr - 1 >= kb * BK;
+    if (a->Tk - a->T + i0 + nr - 1 < kb * BK) return 0;
+    return seg_tile(&a->si, b, a->Tk, a->nkb, a->Tk - a->T + i0, nr, kb);
 }
 
 /* One tile (b, h, qb) × kb: recompute P, form dS = P∘(dP − delta), and add
  * the tile's contributions to whichever of dq (unscaled), dk (unscaled), dv
  * are asked for. S and dP are BQ×BK scratch. */
 static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_t kb, bool want_q,
-                     bool want_kv, float *S, float *dP) {
+                     bool want_kv, bool mixed, float *S, float *dP) {
     const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
     const int64_t g = h / (a->H / a->Hkv);
     const int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
@@ -367,7 +449,16 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         float *s = S + r * BK, *dp = dP + r * BK;
         const float L = a->lse[qrow + r], dl = a->delta[qrow + r];
         const int64_t lim = L == -INFINITY ? 0 : causal_limit(off + i0 + r, j0, nk);
-        if (lim == nk && !has_pad) {
+        if (mixed) { /* block-diagonal: keys of the query's own segment only */
+            const int32_t *sg = a->si.seg + b * Tk, sq = sg[off + i0 + r], *sk = sg + j0;
+#pragma omp simd
+            for (int64_t c = 0; c < nk; c++) {
+                float p = kiln_expf_fast(s[c] * sc - L + (has_pad ? bias[c] : 0.0f));
+                p = c < lim && sk[c] == sq ? p : 0.0f;
+                s[c] = p;
+                dp[c] = p * (dp[c] - dl);
+            }
+        } else if (lim == nk && !has_pad) {
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L);
@@ -404,8 +495,10 @@ static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool
     if (block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk)) return;
     const int64_t grp = a->H / a->Hkv;
     for (int64_t h = g * grp; h < (g + 1) * grp; h++)
-        for (int64_t qb = 0; qb < a->nqb; qb++)
-            if (tile_visible(a, qb, kb)) bwd_tile(a, b, h, qb, kb, want_q, true, S, dP);
+        for (int64_t qb = 0; qb < a->nqb; qb++) {
+            int vis = tile_visible(a, b, qb, kb);
+            if (vis) bwd_tile(a, b, h, qb, kb, want_q, true, vis == 2, S, dP);
+        }
 }
 
 void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
@@ -413,6 +506,13 @@ void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
                                 const float *dout, float *dq, float *dk, float *dv, int64_t B,
                                 int64_t H, int64_t Hkv, int64_t T, int64_t Tk, int64_t D,
                                 float scale) {
+    kiln_k_flash_attn_backward_seg(q, k, v, pad_mask, NULL, out, lse, dout, dq, dk, dv, B, H, Hkv, T, Tk, D, scale);
+}
+
+void kiln_k_flash_attn_backward_seg(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                                    const int32_t *seg, const float *out, const float *lse, const float *dout,
+                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                                    int64_t Tk, int64_t D, float scale) {
     if (B <= 0 || H <= 0 || D <= 0) return;
     memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
     memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
@@ -420,8 +520,12 @@ void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
     if (T <= 0 || Tk <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ), nkv = B * Hkv * nkb * D * BK;
     float *kt = kiln_alloc((size_t)(2 * nkv + B * H * T) * sizeof(float));
-    if (!kt) {
+    seg_info si;
+    bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
+    if (!kt || !seg_ok) {
         for (int64_t i = 0; i < B * H * T * D; i++) dq[i] = NAN;
+        kiln_dealloc(kt);
+        free(si.kmin);
         return;
     }
     float *vt = kt + nkv, *delta = vt + nkv;
@@ -436,7 +540,7 @@ void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
         delta[i] = s;
     }
     bwd_args a = {q, k, v, kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
-                  H, Hkv, T, Tk, D, nkb, nqb, scale};
+                  H, Hkv, T, Tk, D, nkb, nqb, scale, si};
     const int64_t grp = H / Hkv, nth = omp_get_max_threads();
     const bool small = T * Tk * D * B * H <= (1 << 16);
     if (B * Hkv >= 4 * nth || small) {
@@ -471,8 +575,9 @@ void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
                 const int32_t *pad = pad_mask ? pad_mask + b * Tk : NULL;
                 for (int64_t kb = 0; kb < nkb; kb++) {
                     int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
-                    if (tile_visible(&a, qb, kb) && !block_all_pad(pad, kb * BK, nk))
-                        bwd_tile(&a, b, bh % H, qb, kb, true, false, S, dP);
+                    int vis = tile_visible(&a, b, qb, kb);
+                    if (vis && !block_all_pad(pad, kb * BK, nk))
+                        bwd_tile(&a, b, bh % H, qb, kb, true, false, vis == 2, S, dP);
                 }
                 scale_rows(dq + (bh * T + i0) * D, nr * D, scale);
             }
@@ -480,4 +585,5 @@ void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
         }
     }
     kiln_dealloc(kt);
+    free(si.kmin);
 }

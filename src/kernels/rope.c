@@ -113,6 +113,44 @@ void kiln_k_rope_freq(const float *x, float *out, int64_t B, int64_t T, int64_t 
     }
 }
 
+/* One table row per distinct position up to the largest (rows are
+ * positions within a document, so at most T of them); without memory for
+ * it, each token's angles a block at a time (the same values). */
+void kiln_k_rope_freq_pos(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D, const int32_t *pos,
+                          const float *inv, bool inverse) {
+    int64_t half = D / 2, rows = B * T * H, np = 0;
+    float sign = inverse ? -1.0f : 1.0f;
+    if (rows == 0 || half == 0) return;
+    for (int64_t i = 0; i < B * T; i++) np = pos[i] + 1 > np ? pos[i] + 1 : np;
+    bool par = rows * D > KILN_ROPE_PAR;
+    float *tab = np <= 2 * T + 1024 ? malloc((size_t)(2 * np * half) * sizeof(float)) : NULL;
+    if (tab) {
+#pragma omp parallel if (par)
+        {
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < np; p++) rope_table(tab + 2 * p * half, tab + (2 * p + 1) * half, 0, half, p, inv);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < rows; i++) {
+                int64_t p = pos[i / H];
+                const float *xi = x + i * D;
+                float *oi = out + i * D;
+                rope_pairs(xi, xi + half, oi, oi + half, tab + 2 * p * half, tab + (2 * p + 1) * half, half, sign);
+            }
+        }
+        free(tab);
+        return;
+    }
+    float cs[KILN_ROPE_BLK], sn[KILN_ROPE_BLK];
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
+            int64_t j1 = j0 + KILN_ROPE_BLK < half ? j0 + KILN_ROPE_BLK : half;
+            rope_table(cs, sn, 0, j1 - j0, pos[i / H], inv + j0);
+            const float *xi = x + i * D;
+            float *oi = out + i * D;
+            rope_pairs(xi + j0, xi + half + j0, oi + j0, oi + half + j0, cs, sn, j1 - j0, sign);
+        }
+}
+
 void kiln_k_rope(const float *x, float *out, int64_t B, int64_t T, int64_t H, int64_t D,
                  int64_t pos0, float theta, bool inverse) {
     int64_t half = D / 2;

@@ -310,27 +310,29 @@ static kiln_tensor *lproj(kiln_llama *m, int64_t l, int which, kiln_tensor *x, k
 
 /* x [B, T, C] -> [B, heads, T, D]: per-head RMSNorm (qwen3's q_norm/k_norm,
  * over each head's D features, before RoPE) and rotation where asked */
-static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, kiln_tensor *norm, bool rotate, int64_t pos0) {
+static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, kiln_tensor *norm, bool rotate, int64_t pos0,
+                          kiln_tensor *positions) {
     if (!x) return NULL;
     int64_t s[4] = {x->shape[0], x->shape[1], nh, c->head_dim};
     kiln_tensor *t = kiln_reshape(x, 4, s);
     if (norm) NEXT(t, kiln_rmsnorm(t, norm, c->rms_norm_eps));
-    if (rotate) NEXT(t, kiln_rope_scaled(t, c->rope_theta, pos0, false, &c->rope_scaling));
+    if (rotate && positions) NEXT(t, kiln_rope_at(t, positions, c->rope_theta, false, &c->rope_scaling));
+    else if (rotate) NEXT(t, kiln_rope_scaled(t, c->rope_theta, pos0, false, &c->rope_scaling));
     NEXT(t, kiln_transpose12(t));
     return t;
 }
 
 static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, kiln_tensor *x, kiln_tensor *mask,
-                              kiln_llama_cache *kc) {
+                              kiln_tensor *positions, kiln_llama_cache *kc) {
     const kiln_llama_config *c = &m->cfg;
     int64_t B = x->shape[0], T = x->shape[1], pos0 = kc ? kc->len : 0;
     int64_t rep = c->num_attention_heads / c->num_key_value_heads;
     kiln_tensor *t = lproj(m, l, KILN_LORA_Q, x, ly->q_proj, ly->q_bias);
-    kiln_tensor *q = heads(t, c, c->num_attention_heads, ly->q_norm, true, pos0);
+    kiln_tensor *q = heads(t, c, c->num_attention_heads, ly->q_norm, true, pos0, positions);
     NEXT(t, lproj(m, l, KILN_LORA_K, x, ly->k_proj, ly->k_bias));
-    kiln_tensor *k = heads(t, c, c->num_key_value_heads, ly->k_norm, true, pos0);
+    kiln_tensor *k = heads(t, c, c->num_key_value_heads, ly->k_norm, true, pos0, positions);
     NEXT(t, lproj(m, l, KILN_LORA_V, x, ly->v_proj, ly->v_bias));
-    kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, pos0);
+    kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, pos0, NULL);
     kiln_tensor_release(t);
     if (kc) {
         NEXT(k, cache_append(kc->k[l], k, kc->len));
@@ -375,6 +377,26 @@ static kiln_tensor *ones_mask(int64_t B, int64_t T) {
 }
 
 kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, kiln_llama_cache *kc) {
+    return kiln_llama_forward_ex(m, ids, pad_mask, NULL, kc);
+}
+
+/* positions and segments: [B, T] i32 like ids, or NULL */
+static bool seg_ok(const kiln_tensor *ids, const kiln_tensor *t, const char *what, const kiln_llama_cache *kc) {
+    char b1[96], b2[96];
+    if (t && kc) {
+        kiln_error(KILN_ERR_UNSUPPORTED, "llama forward: %s with a key/value cache (generation runs one document)", what);
+        return false;
+    }
+    if (t && (t->dtype != KILN_I32 || !kiln_tensor_same_shape(t, ids))) {
+        kiln_error(KILN_ERR_SHAPE, "llama forward: %s %s must be i32 like input_ids %s", what, kiln_shape_str(t, b1, sizeof b1),
+                   kiln_shape_str(ids, b2, sizeof b2));
+        return false;
+    }
+    return true;
+}
+
+kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, const kiln_llama_docs *docs,
+                                   kiln_llama_cache *kc) {
     const kiln_llama_config *c = &m->cfg;
     char b1[96], b2[96];
     if (!ids || ids->ndim != 2 || ids->dtype != KILN_I32) {
@@ -402,8 +424,16 @@ kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pa
                    (long long)(pos0 + T), (long long)window, (long long)window);
         return NULL;
     }
+    kiln_tensor *positions = docs ? docs->positions : NULL, *segments = docs ? docs->segments : NULL;
+    if (docs && (!positions || !segments)) {
+        kiln_error(KILN_ERR_INVALID, "llama forward: packed documents need both positions and segment ids");
+        return NULL;
+    }
+    if (!seg_ok(ids, positions, "positions", kc) || !seg_ok(ids, segments, "segment ids", kc)) return NULL;
     kiln_tensor *pm = pad_mask && !kc ? kiln_tensor_retain(pad_mask) : ones_mask(B, pos0 + T);
-    kiln_tensor *mask = kiln_attn_mask(pm, T);
+    /* packed documents: block-diagonal causal (each token sees its own
+     * document only), RoPE positions restarting at each document */
+    kiln_tensor *mask = kiln_attn_mask_seg(pm, segments, T);
     kiln_tensor_release(pm);
     kiln_tensor *h = kiln_embedding(m->embed_tokens, ids);
     int outer = kiln_op_get_scope();
@@ -411,7 +441,7 @@ kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pa
         kiln_llama_layer *ly = &m->layers[l];
         kiln_op_set_scope((int)(2 * l + 1)); /* the attention block */
         kiln_tensor *x = kiln_rmsnorm(h, ly->input_layernorm, c->rms_norm_eps);
-        kiln_tensor *a = x ? attention(m, ly, l, x, mask, kc) : NULL;
+        kiln_tensor *a = x ? attention(m, ly, l, x, mask, positions, kc) : NULL;
         kiln_tensor_release(x);
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);
@@ -431,11 +461,16 @@ kiln_tensor *kiln_llama_forward(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pa
 }
 
 kiln_tensor *kiln_llama_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask) {
+    return kiln_llama_loss_ex(m, ids, targets, pad_mask, NULL);
+}
+
+kiln_tensor *kiln_llama_loss_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask,
+                                const kiln_llama_docs *docs) {
     if (!targets || kiln_tensor_numel(targets) != kiln_tensor_numel(ids)) {
         kiln_error(KILN_ERR_SHAPE, "llama loss: targets must match input_ids");
         return NULL;
     }
-    kiln_tensor *logits = kiln_llama_forward(m, ids, pad_mask, NULL);
+    kiln_tensor *logits = kiln_llama_forward_ex(m, ids, pad_mask, docs, NULL);
     kiln_tensor *loss = kiln_cross_entropy(logits, targets, KILN_IGNORE_INDEX);
     kiln_tensor_release(logits);
     return loss;

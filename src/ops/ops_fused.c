@@ -5,7 +5,9 @@
 #include "internal.h"
 
 /* ---- flash attention ------------------------------------------------------- */
-static kiln_status fa_check(const char *name, const kiln_meta *in) {
+/* Attribute i0 = 1: segment ids [B, Tk] i32 follow (input 4 of flash_attn,
+ * input 7 of its backward), and attention is block-diagonal. */
+static kiln_status fa_check(const char *name, const kiln_meta *in, const kiln_attrs *a, int seg_at) {
     const kiln_meta *q = &in[0], *k = &in[1], *v = &in[2], *p = &in[3];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || p->ndim != 2 || q->dtype != KILN_F32 || k->dtype != KILN_F32 ||
         v->dtype != KILN_F32 || p->dtype != KILN_I32)
@@ -13,12 +15,16 @@ static kiln_status fa_check(const char *name, const kiln_meta *in) {
     if (k->shape[0] != q->shape[0] || memcmp(k->shape, v->shape, sizeof k->shape) || k->shape[3] != q->shape[3] ||
         q->shape[1] % k->shape[1] || p->shape[0] != q->shape[0] || p->shape[1] != k->shape[2] || q->shape[2] > k->shape[2])
         return kiln_op_shape_error(name, in, 4, "shapes do not fit (H a multiple of Hkv, T <= Tk)");
+    const kiln_meta *s = &in[seg_at];
+    if (a->i[0] != 0 && a->i[0] != 1) return kiln_op_shape_error(name, in, 4, "bad flag %lld", (long long)a->i[0]);
+    if (a->i[0] && (s->ndim != 2 || s->dtype != KILN_I32 || memcmp(s->shape, p->shape, 2 * sizeof(int64_t))))
+        return kiln_op_shape_error(name, in, seg_at + 1, "need segment ids [B,Tk] i32 like pad");
+    if (!a->i[0] && s->ndim) return kiln_op_shape_error(name, in, seg_at + 1, "segment ids given but not announced (attribute i0)");
     return KILN_OK;
 }
 static kiln_status fa_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
     *out = in[0];
-    return fa_check("flash_attn", in);
+    return fa_check("flash_attn", in, a, 4);
 }
 static kiln_status fa_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux) {
     (void)a;
@@ -27,14 +33,14 @@ static kiln_status fa_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_m
 }
 static kiln_status fa_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
     const int64_t *q = in[0]->shape, *k = in[1]->shape;
-    kiln_k_flash_attn(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), kiln_f32(out), kiln_f32(aux[0]),
-                      q[0], q[1], k[1], q[2], k[2], q[3], (float)a->f[0]);
+    kiln_k_flash_attn_seg(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), a->i[0] ? kiln_i32(in[4]) : NULL,
+                          kiln_f32(out), kiln_f32(aux[0]), q[0], q[1], k[1], q[2], k[2], q[3], (float)a->f[0]);
     return KILN_OK;
 }
 static kiln_status fa_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
-    kiln_tensor *in[7] = {c->in[0], c->in[1], c->in[2], c->in[3], c->out, c->aux[0], g};
+    kiln_tensor *in[8] = {c->in[0], c->in[1], c->in[2], c->in[3], c->out, c->aux[0], g, c->attrs.i[0] ? c->in[4] : NULL};
     kiln_tensor *aux[2] = {0};
-    kiln_tensor *dq = kiln_op_call_aux(KILN_OP_FLASH_ATTN_BWD, in, 7, &c->attrs, aux);
+    kiln_tensor *dq = kiln_op_call_aux(KILN_OP_FLASH_ATTN_BWD, in, c->attrs.i[0] ? 8 : 7, &c->attrs, aux);
     if (!dq) return kiln_last_status();
     if (c->needs[0]) gin[0] = kiln_tensor_retain(dq);
     if (c->needs[1]) gin[1] = kiln_tensor_retain(aux[0]);
@@ -46,19 +52,19 @@ static kiln_status fa_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin
 }
 static double fa_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
     (void)a, (void)out;
-    /* two products of B·H·T·Tk·D, half of them masked by causality */
+    /* two products of B·H·T·Tk·D, half of them masked by causality (with
+     * segments fewer still: the count is an upper bound) */
     return 2.0 * (double)in[0].shape[0] * (double)in[0].shape[1] * (double)in[0].shape[2] * (double)in[1].shape[2] *
            (double)in[0].shape[3];
 }
 const kiln_op_def kiln_opdef_flash_attn = {
-    .name = "flash_attn", .n_in = 4, .save_in = 15, .save_out = true, .nondiff_in = 8, .shape = fa_shape,
+    .name = "flash_attn", .n_in = 4, .n_opt = 1, .save_in = 31, .save_out = true, .nondiff_in = 24, .shape = fa_shape,
     .backward = fa_bw, .flops = fa_flops, .n_aux = 1, .save_aux = true, .aux_shape = fa_aux_shape, .forward_aux = fa_fwd,
 };
 
 static kiln_status fab_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
     *out = in[0];
-    return fa_check("flash_attn_backward", in);
+    return fa_check("flash_attn_backward", in, a, 7);
 }
 static kiln_status fab_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux) {
     (void)a;
@@ -68,16 +74,17 @@ static kiln_status fab_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_
 }
 static kiln_status fab_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
     const int64_t *q = in[0]->shape, *k = in[1]->shape;
-    kiln_k_flash_attn_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), kiln_f32(in[4]),
-                               kiln_f32(in[5]), kiln_f32(in[6]), kiln_f32(out), kiln_f32(aux[0]), kiln_f32(aux[1]), q[0], q[1],
-                               k[1], q[2], k[2], q[3], (float)a->f[0]);
+    kiln_k_flash_attn_backward_seg(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]),
+                                   a->i[0] ? kiln_i32(in[7]) : NULL, kiln_f32(in[4]), kiln_f32(in[5]), kiln_f32(in[6]),
+                                   kiln_f32(out), kiln_f32(aux[0]), kiln_f32(aux[1]), q[0], q[1], k[1], q[2], k[2], q[3],
+                                   (float)a->f[0]);
     return KILN_OK;
 }
 static double fab_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
     return 2.5 * fa_flops(in, a, out); /* recompute scores + four products */
 }
 const kiln_op_def kiln_opdef_flash_attn_bwd = {
-    .name = "flash_attn_backward", .n_in = 7, .nondiff_in = 0x7f, .shape = fab_shape, .flops = fab_flops,
+    .name = "flash_attn_backward", .n_in = 7, .n_opt = 1, .nondiff_in = 0xff, .shape = fab_shape, .flops = fab_flops,
     .n_aux = 2, .aux_shape = fab_aux_shape, .forward_aux = fab_fwd,
 };
 
@@ -136,6 +143,13 @@ kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kil
     kiln_attrs a = {.f = {scale}};
     kiln_tensor *in[4] = {q, k, v, pad_mask};
     return kiln_op_call(KILN_OP_FLASH_ATTN, in, 4, &a);
+}
+kiln_tensor *kiln_flash_attn_seg(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, kiln_tensor *seg,
+                                 double scale) {
+    if (!seg) return kiln_flash_attn(q, k, v, pad_mask, scale);
+    kiln_attrs a = {.i = {1}, .f = {scale}};
+    kiln_tensor *in[5] = {q, k, v, pad_mask, seg};
+    return kiln_op_call(KILN_OP_FLASH_ATTN, in, 5, &a);
 }
 kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index) {
     kiln_attrs a = {.i = {ignore_index, h && h->requires_grad, W && (W->requires_grad || W->node)}};

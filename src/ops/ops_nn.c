@@ -82,6 +82,7 @@ static int64_t f64_attr(double d) {
     memcpy(&bits, &d, sizeof bits);
     return bits;
 }
+/* i1 bit 1: the positions come as input 1 ([B, T] i32) and pos0 is 0 */
 static kiln_status rope_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (in[0].ndim != 4 || in[0].dtype != KILN_F32 || in[0].shape[3] % 2)
         return kiln_op_shape_error("rope", in, 1, "need x [B, T, H, D] f32 with even D");
@@ -89,34 +90,49 @@ static kiln_status rope_shape(const kiln_meta *in, const kiln_attrs *a, kiln_met
     if (a->i[2] < KILN_ROPE_DEFAULT || a->i[2] > KILN_ROPE_LLAMA3 || (a->i[2] && !(a->f[1] > 0)) ||
         (a->i[2] == KILN_ROPE_LLAMA3 && (a->i[3] <= 0 || !(attr_f64(a->i[4]) > 0) || !(attr_f64(a->i[5]) > attr_f64(a->i[4])))))
         return kiln_op_shape_error("rope", in, 1, "bad rope scaling (type %lld, factor %g)", (long long)a->i[2], a->f[1]);
+    if (a->i[1] < 0 || a->i[1] > 3) return kiln_op_shape_error("rope", in, 1, "bad flags %lld", (long long)a->i[1]);
+    if (a->i[1] & 2) {
+        if (in[1].ndim != 2 || in[1].dtype != KILN_I32 || in[1].shape[0] != in[0].shape[0] ||
+            in[1].shape[1] != in[0].shape[1] || a->i[0])
+            return kiln_op_shape_error("rope", in, 2, "need positions [B, T] i32 matching x (and pos0 0)");
+    } else if (in[1].ndim) {
+        return kiln_op_shape_error("rope", in, 2, "positions given but not announced (attribute i1)");
+    }
     *out = in[0];
     return KILN_OK;
 }
 static kiln_status rope_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
     const int64_t *s = in[0]->shape;
-    if (!a->i[2]) {
-        kiln_k_rope(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], (float)a->f[0], a->i[1] != 0);
+    const int32_t *pos = a->i[1] & 2 ? kiln_i32(in[1]) : NULL;
+    bool inverse = a->i[1] & 1;
+    for (int64_t i = 0; pos && i < s[0] * s[1]; i++)
+        if (pos[i] < 0) return kiln_error(KILN_ERR_RANGE, "op rope: position %d at index %lld is negative", pos[i], (long long)i);
+    if (!a->i[2] && !pos) {
+        kiln_k_rope(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], (float)a->f[0], inverse);
         return KILN_OK;
     }
     float *inv = malloc((size_t)(s[3] / 2 ? s[3] / 2 : 1) * sizeof(float));
     if (!inv) return kiln_error(KILN_ERR_OOM, "rope: out of memory for %lld frequencies", (long long)(s[3] / 2));
+    /* as kiln_k_rope forms them (theta rounded to float first) */
     kiln_k_rope_inv_freq(s[3], (float)a->f[0], (int)a->i[2], a->f[1], attr_f64(a->i[4]), attr_f64(a->i[5]), a->i[3], inv);
-    kiln_k_rope_freq(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], inv, a->i[1] != 0);
+    if (pos) kiln_k_rope_freq_pos(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], pos, inv, inverse);
+    else kiln_k_rope_freq(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], inv, inverse);
     free(inv);
     return KILN_OK;
 }
 static kiln_status rope_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     kiln_attrs a = c->attrs; /* the same rotation backwards: the transpose */
-    a.i[1] = !a.i[1];
-    gin[0] = kiln_op_call(KILN_OP_ROPE, &g, 1, &a);
+    a.i[1] ^= 1;
+    kiln_tensor *in[2] = {g, c->n_in > 1 ? c->in[1] : NULL};
+    gin[0] = kiln_op_call(KILN_OP_ROPE, in, c->n_in, &a);
     return need_ok(c, gin);
 }
 static double rope_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
     (void)a, (void)out;
     return 3.0 * (double)kiln_meta_numel(&in[0]);
 }
-const kiln_op_def kiln_opdef_rope = {.name = "rope", .n_in = 1, .shape = rope_shape, .forward = rope_fwd, .backward = rope_bw,
-                                     .flops = rope_flops};
+const kiln_op_def kiln_opdef_rope = {.name = "rope", .n_in = 1, .n_opt = 1, .save_in = 2, .nondiff_in = 2,
+                                     .shape = rope_shape, .forward = rope_fwd, .backward = rope_bw, .flops = rope_flops};
 
 /* ---- repeat_kv ([B, Hkv, T, D] -> [B, Hkv*n_rep, T, D], head h reads h/n_rep) -- */
 static kiln_status rep_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -168,26 +184,34 @@ static kiln_status repbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_t
 const kiln_op_def kiln_opdef_repeat_kv_bwd = {.name = "repeat_kv_backward", .n_in = 1, .shape = repbw_shape, .forward = repbw_fwd};
 
 /* ---- attention mask ---------------------------------------------------------- */
+/* i1 = 1: segment ids [B, Tk] i32 as input 1 (block-diagonal) */
 static kiln_status mask_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (in[0].ndim != 2 || in[0].dtype != KILN_I32 || a->i[0] < 1 || a->i[0] > in[0].shape[1])
         return kiln_op_shape_error("attn_mask", in, 1, "need pad_mask [B, T] i32 and 1 <= q_len <= T");
+    if (a->i[1] != 0 && a->i[1] != 1) return kiln_op_shape_error("attn_mask", in, 1, "bad flag %lld", (long long)a->i[1]);
+    if (a->i[1] && (in[1].ndim != 2 || in[1].dtype != KILN_I32 || memcmp(in[1].shape, in[0].shape, 2 * sizeof(int64_t))))
+        return kiln_op_shape_error("attn_mask", in, 2, "need segment ids [B, T] i32 like pad_mask");
+    if (!a->i[1] && in[1].ndim) return kiln_op_shape_error("attn_mask", in, 2, "segment ids given but not announced (attribute i1)");
     int64_t s[4] = {in[0].shape[0], 1, a->i[0], in[0].shape[1]};
     *out = kiln_meta_make(KILN_F32, 4, s);
     return KILN_OK;
 }
 static kiln_status mask_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
     int64_t B = in[0]->shape[0], Tk = in[0]->shape[1], Tq = a->i[0];
-    const int32_t *pm = kiln_i32(in[0]);
+    const int32_t *pm = kiln_i32(in[0]), *sg = a->i[1] ? kiln_i32(in[1]) : NULL;
     float *m = kiln_f32(out);
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < Tq; i++) {
             int64_t p = Tk - Tq + i;
             float *row = m + (b * Tq + i) * Tk;
-            for (int64_t j = 0; j < Tk; j++) row[j] = (j <= p && pm[b * Tk + j]) ? 0.0f : -INFINITY;
+            const int32_t *sr = sg ? sg + b * Tk : NULL;
+            for (int64_t j = 0; j < Tk; j++)
+                row[j] = (j <= p && pm[b * Tk + j] && (!sr || sr[j] == sr[p])) ? 0.0f : -INFINITY;
         }
     return KILN_OK;
 }
-const kiln_op_def kiln_opdef_attn_mask = {.name = "attn_mask", .n_in = 1, .nondiff_in = 1, .shape = mask_shape, .forward = mask_fwd};
+const kiln_op_def kiln_opdef_attn_mask = {.name = "attn_mask", .n_in = 1, .n_opt = 1, .nondiff_in = 3, .shape = mask_shape,
+                                          .forward = mask_fwd};
 
 /* ---- softmax ------------------------------------------------------------------- */
 static kiln_status sm_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -313,6 +337,16 @@ kiln_tensor *kiln_rope_scaled(kiln_tensor *x, double theta, int64_t pos0, bool i
                     .f = {theta, s->factor}};
     return kiln_op_call(KILN_OP_ROPE, &x, 1, &a);
 }
+kiln_tensor *kiln_rope_at(kiln_tensor *x, kiln_tensor *pos, double theta, bool inverse, const kiln_rope_scaling *s) {
+    if (!pos) return kiln_rope_scaled(x, theta, 0, inverse, s);
+    kiln_attrs a = {.i = {0, 2 | (int64_t)inverse}, .f = {theta}};
+    if (s && s->type != KILN_ROPE_DEFAULT)
+        a = (kiln_attrs){.i = {0, 2 | (int64_t)inverse, s->type, s->original_max_position_embeddings, f64_attr(s->low_freq_factor),
+                               f64_attr(s->high_freq_factor)},
+                         .f = {theta, s->factor}};
+    kiln_tensor *in[2] = {x, pos};
+    return kiln_op_call(KILN_OP_ROPE, in, 2, &a);
+}
 kiln_tensor *kiln_repeat_kv(kiln_tensor *x, int64_t n_rep) {
     kiln_attrs a = {.i = {n_rep}};
     return kiln_op_call(KILN_OP_REPEAT_KV, &x, 1, &a);
@@ -324,6 +358,12 @@ kiln_tensor *kiln_repeat_kv_backward(kiln_tensor *g, int64_t n_rep) {
 kiln_tensor *kiln_attn_mask(kiln_tensor *pad_mask, int64_t q_len) {
     kiln_attrs a = {.i = {q_len}};
     return kiln_op_call(KILN_OP_ATTN_MASK, &pad_mask, 1, &a);
+}
+kiln_tensor *kiln_attn_mask_seg(kiln_tensor *pad_mask, kiln_tensor *seg, int64_t q_len) {
+    if (!seg) return kiln_attn_mask(pad_mask, q_len);
+    kiln_attrs a = {.i = {q_len, 1}};
+    kiln_tensor *in[2] = {pad_mask, seg};
+    return kiln_op_call(KILN_OP_ATTN_MASK, in, 2, &a);
 }
 kiln_tensor *kiln_softmax(kiln_tensor *x) { return kiln_op_call(KILN_OP_SOFTMAX, &x, 1, NULL); }
 kiln_tensor *kiln_softmax_backward(kiln_tensor *y, kiln_tensor *g) {

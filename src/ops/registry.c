@@ -130,11 +130,12 @@ kiln_tensor *kiln_op_call_aux(int op, kiln_tensor *const *in, int n_in, const ki
         kiln_error(KILN_ERR_INVALID, "unknown op %d", op);
         return NULL;
     }
-    if (n_in != d->n_in) {
-        kiln_error(KILN_ERR_INVALID, "op %s takes %d inputs, got %d", d->name, d->n_in, n_in);
+    if (n_in < d->n_in || n_in > d->n_in + d->n_opt) {
+        if (d->n_opt) kiln_error(KILN_ERR_INVALID, "op %s takes %d to %d inputs, got %d", d->name, d->n_in, d->n_in + d->n_opt, n_in);
+        else kiln_error(KILN_ERR_INVALID, "op %s takes %d inputs, got %d", d->name, d->n_in, n_in);
         return NULL;
     }
-    kiln_meta m[KILN_OP_MAX_IN];
+    kiln_meta m[KILN_OP_MAX_IN] = {0}; /* an absent optional input reads as ndim 0 */
     for (int i = 0; i < n_in; i++) {
         if (!in[i]) return NULL; /* propagate the earlier error */
         m[i] = kiln_meta_of(in[i]);

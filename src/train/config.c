@@ -16,7 +16,8 @@
 /* The names of each ENUM setting (choices_<LIMIT>); first name of a value
  * is the one written, later ones are older or alternative spellings that
  * saved files may hold. */
-static const kiln_choice choices_pack[] = {{"packed", KILN_PACK_PACKED}, {"padded", KILN_PACK_PADDED}, {NULL, 0}};
+static const kiln_choice choices_pack[] = {
+    {"packed", KILN_PACK_PACKED}, {"padded", KILN_PACK_PADDED}, {"documents", KILN_PACK_DOCUMENTS}, {NULL, 0}};
 static const kiln_choice choices_loss_norm[] = {{"tokens", KILN_LOSS_NORM_TOKENS}, {"steps", KILN_LOSS_NORM_STEPS}, {NULL, 0}};
 static const kiln_choice choices_on_nan[] = {{"skip", KILN_ON_NAN_SKIP}, {"stop", KILN_ON_NAN_STOP}, {NULL, 0}};
 static const kiln_choice choices_compile[] = {

@@ -5,6 +5,7 @@
 
 typedef struct {
     kiln_tensor *ids, *targets, *mask;
+    kiln_llama_docs docs; /* packed documents (segmented batches) only */
 } batch_tensors;
 
 static kiln_status wrap_batch(const kiln_batch *b, batch_tensors *t) {
@@ -12,13 +13,23 @@ static kiln_status wrap_batch(const kiln_batch *b, batch_tensors *t) {
     t->ids = kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s);
     t->targets = kiln_tensor_wrap(b->targets, KILN_I32, 2, s);
     t->mask = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s);
+    t->docs = (kiln_llama_docs){0};
+    if (b->segmented) {
+        t->docs.positions = kiln_tensor_wrap(b->positions, KILN_I32, 2, s);
+        t->docs.segments = kiln_tensor_wrap(b->segments, KILN_I32, 2, s);
+        if (!t->docs.positions || !t->docs.segments) return kiln_last_status();
+    }
     return t->ids && t->targets && t->mask ? KILN_OK : kiln_last_status();
 }
+
+static const kiln_llama_docs *batch_docs(const batch_tensors *t) { return t->docs.segments ? &t->docs : NULL; }
 
 static void release_batch(batch_tensors *t) {
     kiln_tensor_release(t->ids);
     kiln_tensor_release(t->targets);
     kiln_tensor_release(t->mask);
+    kiln_tensor_release(t->docs.positions);
+    kiln_tensor_release(t->docs.segments);
 }
 
 kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
@@ -31,9 +42,25 @@ kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tens
     return KILN_OK;
 }
 
+kiln_status kiln_train_trace_step_docs(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
+                                       kiln_tensor **diff) {
+    kiln_llama_docs docs = {in[4], in[5]};
+    kiln_tensor *sum = kiln_llama_loss_ex(model, in[0], in[1], in[2], &docs);
+    if (!sum) return kiln_last_status();
+    report[0] = sum;
+    *n_report = 1;
+    if (diff && !(*diff = kiln_scale_by(sum, in[3]))) return kiln_last_status();
+    return KILN_OK;
+}
+
 kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, bool backward) {
+    return kiln_train_compile_ex(m, o, backward, false);
+}
+
+kiln_compiled *kiln_train_compile_ex(kiln_llama *m, const kiln_compile_options *o, bool backward, bool documents) {
     kiln_compile_options co = *o;
     co.backward = backward;
+    if (documents) return kiln_compile(kiln_train_trace_step_docs, m, m->params, m->n_params, 6, &co);
     return kiln_compile(kiln_train_trace_step, m, m->params, m->n_params, 4, &co);
 }
 
@@ -41,13 +68,20 @@ kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, 
  * a new window's token count never rebuilds anything. Returns
  * KILN_ERR_LIMIT past the variant limit (the caller runs eager). */
 static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double scale, double *sum) {
+    /* a step compiled for one kind of row must not silently run the other */
+    int want = b->segmented ? 6 : 4;
+    if (kiln_compiled_n_inputs(cs) != want)
+        return kiln_error(KILN_ERR_INVALID, "the compiled step takes %s rows, the batch holds %s (--pack documents needs "
+                          "kiln_train_compile_ex(..., documents = true))",
+                          kiln_compiled_n_inputs(cs) == 6 ? "packed-document" : "plain",
+                          b->segmented ? "packed documents" : "plain rows");
     batch_tensors bt;
     kiln_status st = wrap_batch(b, &bt);
     int64_t one = 1;
     kiln_tensor *s = st ? NULL : kiln_tensor_new(KILN_F32, 1, &one);
     if (s) {
         kiln_f32(s)[0] = (float)scale;
-        kiln_tensor *in[4] = {bt.ids, bt.targets, bt.mask, s};
+        kiln_tensor *in[6] = {bt.ids, bt.targets, bt.mask, s, bt.docs.positions, bt.docs.segments};
         float rep[1] = {0};
         st = kiln_compiled_run(cs, in, rep);
         *sum = rep[0];
@@ -70,7 +104,7 @@ static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, 
     }
     batch_tensors bt;
     kiln_status st = wrap_batch(b, &bt);
-    kiln_tensor *loss = st ? NULL : kiln_llama_loss(m, bt.ids, bt.targets, bt.mask);
+    kiln_tensor *loss = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
     if (!loss) {
         release_batch(&bt);
         return kiln_last_status();
@@ -193,7 +227,7 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
         }
         batch_tensors bt;
         st = wrap_batch(mb[i], &bt);
-        kiln_tensor *l = st ? NULL : kiln_llama_loss(m, bt.ids, bt.targets, bt.mask);
+        kiln_tensor *l = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
         if (l) {
             total += kiln_f32(l)[0];
             count += mb[i]->n_targets;

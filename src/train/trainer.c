@@ -284,7 +284,7 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
     kiln_compile_options co;
     kiln_train_compile_options(c, &co); /* validated above */
     if (co.mode != KILN_COMPILE_OFF) {
-        t->cs_train = kiln_train_compile(t->model, &co, true);
+        t->cs_train = kiln_train_compile_ex(t->model, &co, true, c->pack == KILN_PACK_DOCUMENTS);
         t->cs_eval = kiln_train_compile(t->model, &co, false);
         if (!t->cs_train || !t->cs_eval) {
             st = kiln_last_status();
