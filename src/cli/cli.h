@@ -8,6 +8,10 @@
 int kiln_cmd_tokenizer(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
+/* kiln bench --pack documents (bench_pack.c): the compiled step (the first
+ * compiled mode of `modes`) on rows of doc_len-token documents against
+ * plain packed rows of the same tokens; prints both and the ratio. */
+int kiln_bench_pack(void *model, int64_t B, int64_t T, int64_t doc_len, int steps, int warmup, const char *modes);
 int kiln_cmd_compile(int argc, char **argv);
 int kiln_cmd_train(int argc, char **argv);
 int kiln_cmd_eval(int argc, char **argv);

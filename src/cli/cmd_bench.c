@@ -31,7 +31,10 @@ static const char *bench_help =
     "                      MFU then against the bf16 peak, taken as 2x the fp32 FMA peak)\n"
     "  --peak GFLOPS       fp32 FMA peak for MFU (default: measured at start)\n"
     "  --compete N         run every mode twice: idle, then beside N busy processes, and print\n"
-    "                      the loaded speed against kiln's fair share of the cores\n";
+    "                      the loaded speed against kiln's fair share of the cores\n"
+    "  --pack documents    instead: the compiled step (first compiled mode of --modes) on rows of packed\n"
+    "                      documents of --doc-len tokens next to plain packed rows of the same tokens\n"
+    "  --doc-len N         document length for --pack documents (default 64)\n";
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -157,8 +160,10 @@ int kiln_cmd_bench(int argc, char **argv) {
     static const kiln_cli_flag flags[] = {{"--model", true},  {"--batch", true},   {"--seq", true},       {"--steps", true},
                                           {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
                                           {"--modes", true},  {"--precision", true}, {"--recompute", true},
-                                          {"--compete", true}};
+                                          {"--compete", true}, {"--pack", true},  {"--doc-len", true}};
     int compete = 0;
+    int pack = KILN_PACK_PACKED;
+    int64_t doc_len = 0;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int k = kiln_cli_scan("bench", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
@@ -181,6 +186,8 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 9: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("precision")->choices, &e), prec = e; break;
         case 10: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("recompute")->choices, &b.recompute); break;
         case 11: ok = kiln_cli_int("bench", flags[k].name, v, 1, 64, &x), compete = (int)x; break;
+        case 12: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("pack")->choices, &pack); break;
+        case 13: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &doc_len); break;
         }
         if (!ok) return 2;
     }
@@ -195,6 +202,21 @@ int kiln_cmd_bench(int argc, char **argv) {
     if (!b.m) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
         return 1;
+    }
+    if (pack == KILN_PACK_PADDED || (doc_len && pack != KILN_PACK_DOCUMENTS) || (compete && pack == KILN_PACK_DOCUMENTS)) {
+        fprintf(stderr, "kiln bench: %s\n", compete && pack == KILN_PACK_DOCUMENTS
+                ? "--compete and --pack documents do not go together (the documents bench times its two steps alone)"
+                : "only --pack documents (with --doc-len) has a bench of its own, not --pack padded or --doc-len alone");
+        kiln_llama_free(b.m);
+        return 2;
+    }
+    if (pack == KILN_PACK_DOCUMENTS) {
+        if (!doc_len) doc_len = 64;
+        kiln_dtype was = kiln_autocast_set(prec);
+        int rc = kiln_bench_pack(b.m, B, T, doc_len, b.steps, b.warmup, modes);
+        kiln_autocast_set(was);
+        kiln_llama_free(b.m);
+        return rc;
     }
     int64_t shape[2] = {B, T}, one = 1;
     for (int i = 0; i < 3; i++) b.in[i] = kiln_tensor_new(KILN_I32, 2, shape);
