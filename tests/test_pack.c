@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include "kiln/eager.h"
+#include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"
 #include "test_models.h"
@@ -547,6 +548,111 @@ static void test_accumulation(void) {
     kiln_loader_close(small);
 }
 
+/* ---- against PyTorch ------------------------------------------------------------ */
+/* tests/reference/make_pack_fixture.py: the loader's rows of its document
+ * stream (ids, labels, padding, positions, segments) equal the fixture's,
+ * and the mean loss, logits and gradients of those rows, eager and
+ * compiled, equal PyTorch's (RoPE at position_ids, block-diagonal mask). */
+#define FIX "tests/fixtures/"
+static const int32_t *st_i32(const kiln_st_file *f, const char *name, int64_t n) {
+    const kiln_st_tensor *t = kiln_st_find(f, name);
+    bool ok = t && t->dtype == KILN_I32 && (int64_t)(t->nbytes / 4) == n;
+    CHECK(ok, "fixture tensor %s", name);
+    return ok ? t->data : NULL;
+}
+
+static void test_torch(void) {
+    kiln_llama_config cfg;
+    kiln_st_file *f = NULL;
+    CHECK_OK(kiln_llama_config_load(FIX "pack_ref.config.json", &cfg));
+    CHECK_OK(kiln_st_open(FIX "pack_ref.safetensors", &f));
+    if (!f) return;
+    const kiln_st_tensor *stream = kiln_st_find(f, "stream"), *labels = kiln_st_find(f, "labels");
+    const kiln_st_tensor *ref_loss = kiln_st_find(f, "loss"), *ref_logits = kiln_st_find(f, "logits");
+    CHECK(stream && labels && ref_loss && ref_logits, "fixture tensors");
+    if (!stream || !labels || !ref_loss || !ref_logits) return kiln_st_close(f);
+    int B = (int)labels->shape[0], T = (int)labels->shape[1];
+    int64_t n = B * T;
+    const int32_t *ids = st_i32(f, "input_ids", n), *lab = st_i32(f, "labels", n), *am = st_i32(f, "attention_mask", n);
+    const int32_t *pos = st_i32(f, "position_ids", n), *seg = st_i32(f, "segment_ids", n);
+    char path[128];
+    snprintf(path, sizeof path, "%s/torch.bin", tmpdir);
+    kiln_shard_info info = {.vocab_size = (uint32_t)cfg.vocab_size, .eos_id = (uint32_t)cfg.eos_token_id, .pad_id = 2,
+                            .bos_id = 0xffffffffu, .n_docs = 0};
+    CHECK_OK(kiln_shard_write(path, stream->data, (size_t)stream->shape[0], &info));
+    kiln_loader_config lc = {.path = path, .batch_size = B, .seq_len = T, .mode = KILN_PACK_DOCUMENTS};
+    kiln_loader *l = NULL;
+    CHECK_OK(kiln_loader_open(&lc, &l));
+    kiln_batch *b = kiln_batch_alloc(B, T);
+    if (!l || !b || !ids || !lab || !am || !pos || !seg) goto out;
+    CHECK(kiln_loader_len(l) == 1, "the fixture's rows are one batch (%lld)", (long long)kiln_loader_len(l));
+    CHECK_OK(kiln_loader_get(l, 0, 0, b));
+    bool same = true;
+    for (int64_t i = 0; i < n; i++)
+        same &= b->input_ids[i] == ids[i] && b->targets[i] == lab[i] && b->pad_mask[i] == am[i] &&
+                (!am[i] || (b->positions[i] == pos[i] && b->segments[i] == seg[i]));
+    CHECK(same, "the loader's packed rows equal the reference's");
+    kiln_llama *m = kiln_llama_new(&cfg, 1);
+    for (int i = 0; m && i < m->n_params; i++) {
+        const kiln_st_tensor *t = kiln_st_find(f, m->params[i]->name);
+        if (t && t->nbytes == kiln_tensor_nbytes(m->params[i])) memcpy(m->params[i]->data, t->data, t->nbytes);
+        else CHECK(0, "fixture parameter %s", m->params[i]->name);
+    }
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    kiln_compiled *cs = m ? kiln_train_compile_ex(m, &co, true, true) : NULL;
+    for (int compiled = 0; m && compiled < 2; compiled++) {
+        int64_t np;
+        float *g;
+        double sum = run_grads(m, b, compiled ? cs : NULL, &g, &np) / (double)b->n_targets;
+        double le = t_rel(sum, ((const float *)ref_loss->data)[0]), worst = 0;
+        /* run_grads differentiates the sum: PyTorch's gradients are of the mean */
+        for (int64_t i = 0, o = 0; i < m->n_params; o += kiln_tensor_numel(m->params[i]), i++) {
+            char gn[160];
+            snprintf(gn, sizeof gn, "grad.%s", m->params[i]->name);
+            const kiln_st_tensor *rg = kiln_st_find(f, gn);
+            int64_t k = kiln_tensor_numel(m->params[i]);
+            if (!rg || rg->nbytes != (size_t)k * 4) {
+                CHECK(0, "fixture gradient %s", gn);
+                continue;
+            }
+            for (int64_t j = 0; j < k; j++) g[o + j] /= (float)b->n_targets;
+            worst = fmax(worst, rel_diff(g + o, rg->data, k));
+        }
+        printf("  vs PyTorch (%s): %d rows of %d, loss %.7f (PyTorch %.7f, rel %.1e), worst parameter-gradient rel diff "
+               "%.2e (tolerance 1e-4)\n", compiled ? "compiled" : "eager", B, T, sum, ((const float *)ref_loss->data)[0], le,
+               worst);
+        CHECK(le < 1e-5 && worst < 1e-4, "%s packed documents = PyTorch (%.3g, %.3g)", compiled ? "compiled" : "eager", le,
+              worst);
+        free(g);
+    }
+    if (m) { /* the logits of the real tokens */
+        kiln_tensor *t[6];
+        wrap(b, t);
+        kiln_llama_docs d = {t[4], t[5]};
+        bool was = kiln_grad_set_enabled(false);
+        kiln_tensor *lg = kiln_llama_forward_ex(m, t[0], t[2], &d, NULL);
+        kiln_grad_set_enabled(was);
+        double worst = 0, scale = 0;
+        int64_t V = cfg.vocab_size;
+        for (int64_t i = 0; lg && i < n; i++)
+            for (int64_t v = 0; am[i] && v < V; v++) {
+                worst = fmax(worst, fabs((double)kiln_f32(lg)[i * V + v] - ((const float *)ref_logits->data)[i * V + v]));
+                scale = fmax(scale, fabs((double)((const float *)ref_logits->data)[i * V + v]));
+            }
+        printf("  vs PyTorch: logits of the real tokens max rel diff %.2e\n", worst / scale);
+        CHECK(lg && worst / scale < 1e-4, "packed logits = PyTorch (%.3g)", worst / scale);
+        kiln_tensor_release(lg);
+        unwrap(t);
+    }
+    kiln_compiled_free(cs);
+    kiln_llama_free(m);
+out:
+    kiln_batch_free(b);
+    kiln_loader_close(l);
+    kiln_st_close(f);
+}
+
 /* Bad inputs: a mode past the list, a shard without any document input. */
 static void test_refusals(void) {
     char path[128];
@@ -580,6 +686,8 @@ int main(void) {
     test_flash_segments();
     printf("documents A and B in one row against each alone:\n");
     test_equivalence();
+    printf("against PyTorch:\n");
+    test_torch();
     printf("accumulation:\n");
     test_accumulation();
     char cmd[128];
