@@ -474,16 +474,18 @@ static void refusals(const char *run_dir) {
     char *o = output();
     CHECK(strstr(o, "/nonexistent/model") != NULL, "missing dir not named: %s", o);
     free(o);
-    /* a family llama.cpp's llama architecture does not cover */
+    /* a family whose llama.cpp architecture cannot hold the model (more in
+     * test_gguf_families) */
     char qdir[600];
     snprintf(qdir, sizeof qdir, "%s/qwen", dir);
     mkdir(qdir, 0755);
     snprintf(cfg, sizeof cfg, "%s/config.json", qdir);
-    write_text(cfg, "{\"model_type\": \"qwen2\", \"vocab_size\": 8, \"hidden_size\": 8, \"intermediate_size\": 8,"
-                    " \"num_hidden_layers\": 1, \"num_attention_heads\": 2}");
-    CHECK(run((const char *[]){kiln, "export", qdir, "--gguf", out, NULL}) == 1, "qwen2 accepted");
+    write_text(cfg, "{\"model_type\": \"qwen3\", \"vocab_size\": 8, \"hidden_size\": 8, \"intermediate_size\": 8,"
+                    " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"head_dim\": 4,"
+                    " \"attention_bias\": true}");
+    CHECK(run((const char *[]){kiln, "export", qdir, "--gguf", out, NULL}) == 1, "qwen3 with attention biases accepted");
     o = output();
-    CHECK(strstr(o, "model_type qwen2") && strstr(o, "config.json"), "refusal does not name the field: %s", o);
+    CHECK(strstr(o, "attention_bias") && strstr(o, "qwen3") && strstr(o, "config.json"), "refusal does not name the field: %s", o);
     free(o);
     /* a tokenizer llama.cpp's gpt2 tokenizer would not reproduce */
     char tp[600], bad[600];

@@ -447,20 +447,29 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
 /* ---- export ---------------------------------------------------------------
  * A model directory (a run directory: its newest complete checkpoint, as
  * kiln_model_dir_resolve; or any directory with config.json,
- * model.safetensors and tokenizer.json) as one GGUF file for llama.cpp:
- * architecture "llama" with its llama.* metadata, the byte-level BPE
- * tokenizer as tokenizer.ggml.* (model "gpt2", pre "gpt-2", tokens, token
- * types, merges, bos/eos/pad and a second eos as eot (kiln_model_meta),
- * add_bos_token as kiln generate does it, the chat template when the
- * directory has one), tensors under
- * llama.cpp's names (token_embd, blk.N.attn_q/k/v/output, ffn_gate/up/down,
- * attn_norm, ffn_norm, output_norm, output unless tied) with each q/k head's
- * rows reordered from Hugging Face's rotate_half halves to the adjacent
- * pairs llama.cpp rotates. Matrices are written as `type`, norms as F32 (a
- * Q8_0 matrix whose rows are not whole blocks of 32 as F16). Refused with
- * the field named: another model_type, biases, rope_scaling, a tokenizer
- * with a normalizer, byte fallback or a pre-tokenizer other than GPT-2's
- * ByteLevel, non-finite weights. The file is written atomically. */
+ * model.safetensors and tokenizer.json) as one GGUF file for llama.cpp, in
+ * the llama.cpp architecture that represents the family: llama and mistral
+ * as "llama" (q/k rows of each head reordered from Hugging Face's
+ * rotate_half halves to the adjacent pairs llama.cpp rotates; attention and
+ * MLP biases; rope_scaling linear as rope.scaling.type/factor, llama3 as the
+ * rope_freqs.weight tensor), qwen2 as "qwen2" (q/k/v biases), qwen3 as
+ * "qwen3" (attn_q_norm/attn_k_norm), both rotating halves as Hugging Face
+ * does; head_dim as attention.key_length/value_length; a sliding window
+ * shorter than max_position_embeddings as context_length. The byte-level
+ * BPE tokenizer goes in as tokenizer.ggml.* (model "gpt2"; pre "gpt-2",
+ * "llama-bpe" or "qwen2" by the exact regex and options of its
+ * pre-tokenizer; tokens, token types, merges, bos/eos/pad and a second eos
+ * as eot (kiln_model_meta), add_bos_token as kiln generate does it, the
+ * chat template when the directory has one). Matrices are written as
+ * `type`, norms and biases as F32 (a Q8_0 matrix whose rows are not whole
+ * blocks of 32 as F16). Refused with the file, field and reason, before any
+ * weight is read: what the target architecture cannot hold (qwen3 attention
+ * biases, llama3 rope scaling outside llama, head_dim x heads != hidden
+ * with qwen2 or with llama biases), a tokenizer that llama.cpp would
+ * tokenize differently (another pre-tokenizer regex, a normalizer other
+ * than Qwen's NFC, ignore_merges not as that pre-tokenizer does it,
+ * SentencePiece-style byte fallback), non-finite weights. The file is
+ * written atomically. */
 typedef struct {
     kiln_ggml_type type;   /* of the matrices */
     const char *tokenizer; /* NULL: DIR/tokenizer.json */
@@ -470,6 +479,7 @@ typedef struct {
     int n_tensors;
     int64_t n_tokens, n_merges, n_params;
     uint64_t data_bytes;
+    const char *arch, *pre; /* general.architecture, tokenizer.ggml.pre (static strings) */
 } kiln_export_gguf_stats;
 kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path, const kiln_export_gguf_opts *opts,
                              kiln_export_gguf_stats *stats);

@@ -15,8 +15,10 @@ static const char *export_usage =
     "Writes the model of RUN_OR_MODEL_DIR (a run directory: its newest\n"
     "checkpoint; or any directory with config.json, model.safetensors and\n"
     "tokenizer.json) as one GGUF file that llama.cpp, Ollama, LM Studio and\n"
-    "node-llama-cpp load: llama architecture metadata, the tokenizer, and the\n"
-    "tensors under llama.cpp's names. Matrices are written in --type, norms\n"
+    "node-llama-cpp load: the metadata of the llama.cpp architecture of the\n"
+    "family (llama and mistral: llama; qwen2; qwen3), the byte-level BPE\n"
+    "tokenizer (pre-tokenizer gpt-2, llama-bpe or qwen2), and the tensors\n"
+    "under llama.cpp's names. Matrices are written in --type, norms and biases\n"
     "in f32. The file appears only when it is complete. A LoRA run's adapters\n"
     "are merged into the base first.\n"
     "\n"
@@ -62,10 +64,10 @@ static int export_gguf(const export_args *a) {
         fprintf(stderr, "kiln export: %s\n", kiln_last_error());
         return 1;
     }
-    printf("kiln export: %s -> %s (GGUF v3, %s, %lld parameters in %d tensors, %.2f MB of data; %lld tokens, %lld merges) "
-           "in %.2f s\n",
-           a->dir, a->gguf, kiln_ggml_type_name(o.type), (long long)s.n_params, s.n_tensors, s.data_bytes / 1e6,
-           (long long)s.n_tokens, (long long)s.n_merges, kiln_time_now() - t0);
+    printf("kiln export: %s -> %s (GGUF v3, %s %s, %lld parameters in %d tensors, %.2f MB of data; %lld tokens, %lld "
+           "merges, pre-tokenizer %s) in %.2f s\n",
+           a->dir, a->gguf, s.arch, kiln_ggml_type_name(o.type), (long long)s.n_params, s.n_tensors, s.data_bytes / 1e6,
+           (long long)s.n_tokens, (long long)s.n_merges, s.pre, kiln_time_now() - t0);
     return 0;
 }
 

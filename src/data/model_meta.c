@@ -6,6 +6,7 @@
  * tokenizer, and the chat template, kept as text for the chat layer). */
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,10 @@ static kiln_status load_obj(const char *dir, const char *name, json_t **out, cha
         return kiln_error(KILN_ERR_INVALID, "path too long: %s/%s", dir, name);
     if (!exists(path)) return KILN_OK;
     json_error_t je;
-    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    /* numbers as doubles: Llama 3's tokenizer_config.json writes
+     * model_max_length as the integer 1000000000000000019884624838656,
+     * which jansson refuses as too big; ids are checked as integral below */
+    json_t *o = json_load_file(path, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je);
     if (!o) return kiln_error(KILN_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, je.line, je.column, je.text);
     if (!json_is_object(o)) {
         json_decref(o);
@@ -37,10 +41,12 @@ static kiln_status load_obj(const char *dir, const char *name, json_t **out, cha
 }
 
 static kiln_status id_value(const char *path, const char *key, json_t *v, int32_t *out) {
-    json_int_t x = json_integer_value(v);
-    if (!json_is_integer(v) || x < 0 || x > INT32_MAX)
-        return kiln_error(KILN_ERR_FORMAT, "%s: %s must be a token id (an integer >= 0), got %s", path, key,
-                          json_is_integer(v) ? "a negative or huge integer" : "another type");
+    double x = json_number_value(v);
+    if (!json_is_number(v) || !(x >= 0) || x > INT32_MAX || x != floor(x)) {
+        if (json_is_number(v))
+            return kiln_error(KILN_ERR_FORMAT, "%s: %s must be a token id (an integer >= 0), got %.17g", path, key, x);
+        return kiln_error(KILN_ERR_FORMAT, "%s: %s must be a token id (an integer >= 0), got another type", path, key);
+    }
     *out = (int32_t)x;
     return KILN_OK;
 }

@@ -6,14 +6,16 @@
 // usage: node gguf_llama.mjs JOB.json
 //   JOB: {"prompts": ["...", ...], "greedy_prompts": ["...", ...],
 //         "n_predict": 32, "ppl_tokens": [ids...], "threads": 1,
-//         "models": [{"path": "a.gguf", "defaults": false}, ...]}
+//         "models": [{"path": "a.gguf", "defaults": false, "ppl_tokens": [...]}, ...]}
 //   defaults false: an F32 key/value cache and no flash attention, so an
 //   F32 model computes in f32 throughout; true: llama.cpp's defaults (F16
 //   cache, flash attention "auto", which on the CPU runs attention with
 //   keys, values and queries rounded to F16).
 //   prompts are tokenized (no bos added); each greedy prompt is continued
-//   from bos + its tokens for n_predict tokens or until eos.
-//   ppl_tokens is a window that starts with bos; the perplexity is
+//   from its tokens, after bos where llama.cpp prepends one (the file's
+//   add_bos_token), for n_predict tokens or until eos.
+//   ppl_tokens (a model's own, else the job's) is a window that starts with
+//   bos where there is one; the perplexity is
 //   exp(mean -log p(t[i] | t[<i])) over i >= 1, from llama.cpp's logits.
 import fs from "node:fs";
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
@@ -26,7 +28,7 @@ const llama = await getLlama({
     logger: (level, message) => logs.push(`${level}: ${message}`.trimEnd()),
 });
 
-for (const {path, defaults} of job.models) {
+for (const {path, defaults, ppl_tokens} of job.models) {
     logs.length = 0;
     const out = {model: path, defaults: !!defaults};
     try {
@@ -34,6 +36,7 @@ for (const {path, defaults} of job.models) {
         out.load_log = logs.filter((l) => /print_info|llama_model_loader: - type|file format|file type/.test(l));
         out.bos = model.tokens.bos;
         out.eos = model.tokens.eos;
+        out.add_bos = model.tokens.shouldPrependBosToken;
         out.prompt_ids = job.prompts.map((p) => Array.from(model.tokenize(p)));
         const context = await model.createContext({
             contextSize: 256, batchSize: 256, threads: job.threads ?? 1, flashAttention: defaults ? "auto" : false,
@@ -44,7 +47,7 @@ for (const {path, defaults} of job.models) {
         out.greedy_text = [];
         for (const p of job.greedy_prompts) {
             const ids = Array.from(model.tokenize(p));
-            const start = out.bos != null ? [out.bos, ...ids] : ids;
+            const start = out.add_bos && out.bos != null ? [out.bos, ...ids] : ids;
             const got = [];
             // temperature 0 is argmax in llama.cpp's sampler
             for await (const t of seq.evaluate(start, {temperature: 0})) {
@@ -52,12 +55,15 @@ for (const {path, defaults} of job.models) {
                 if (t === out.eos || got.length >= job.n_predict) break;
             }
             out.greedy.push(got);
-            out.greedy_text.push(model.detokenize(got.filter((t) => t !== out.eos)));
+            // a continuation may end inside a character: lone surrogates
+            // become U+FFFD so that the line is JSON every reader accepts
+            out.greedy_text.push(model.detokenize(got.filter((t) => t !== out.eos))
+                .replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, "\uFFFD"));
             await seq.clearHistory();
         }
         // perplexity: the full next-token distribution at every position
         // (temperature 1, no truncation, so it is softmax(logits))
-        const w = job.ppl_tokens;
+        const w = ppl_tokens ?? job.ppl_tokens;
         const sample = {temperature: 1, topK: 0, topP: 1, minP: 0};
         const items = w.slice(0, -1).map((t) => [t, {generateNext: {probabilities: true, options: sample}}]);
         const res = await seq.controlledEvaluate(items);

