@@ -28,7 +28,7 @@ set -x
 $kiln tokenizer render --config docs/examples/chat_tokenizer_config.json docs/examples/question.json --add-generation-prompt
 $kiln tokenize data/chat/chat.jsonl --tokenizer runs/demo/tokenizer.json --config docs/examples/chat_tokenizer_config.json -o data/chat
 rm -rf runs/chat
-$kiln train --init runs/demo --data data/chat --run-dir runs/chat --steps 150 --batch 8 --seq-len 64 \
-  --lr 1e-3 --min-lr 1e-4 --warmup 10 --eval-every 50 --eval-batches 4 --save-every 150 --no-plot
+$kiln train --init runs/demo --data data/chat --run-dir runs/chat --steps 600 --batch 8 --seq-len 64 \
+  --lr 2e-3 --min-lr 2e-4 --warmup 20 --eval-every 200 --eval-batches 4 --save-every 600 --no-plot
 $kiln generate runs/chat --chat "What is the capital of Italy?" --temperature 0
 $kiln generate runs/chat --chat "Which city is the capital of Kenya?" --system "You answer questions about geography." --temperature 0
