@@ -193,6 +193,12 @@ typedef struct {
     int bad_micro;      /* with skipped: first micro-batch with a non-finite loss, or -1 (norm) */
 } kiln_step_result;
 
+/* The end of an optimiser step, after the window's gradients are summed
+ * (and all-reduced): unless res->skipped, res->grad_norm = the global norm;
+ * a non-finite norm sets res->skipped; then, unless skipped, clip to c->clip
+ * and one AdamW update with `lr`; gradients are zeroed either way. */
+kiln_status kiln_adamw_apply(kiln_adamw *o, const kiln_train_config *c, double lr, kiln_step_result *res);
+
 /* Runs forward+backward on each micro-batch (gradients accumulate), then
  * clips and steps. Loss normalisation per c->loss_norm. On a non-finite loss
  * or norm, gradients are dropped and nothing is updated (res->skipped); the

@@ -1,5 +1,6 @@
-/* kiln bench: times training steps (forward + backward) of a model in eager
- * mode and in each compiled mode, in one process, and prints ms/step,
+/* kiln bench: times training steps (forward + backward, then the optimiser:
+ * global norm, clipping, AdamW) of a model in eager mode and in each
+ * compiled mode, in one process, and prints ms/step, the optimiser's share,
  * tokens/s, GFLOP/s, MFU, peak memory and compile times, with ratios. */
 #include <malloc.h>
 #include <stdio.h>
@@ -15,8 +16,9 @@
 
 static const char *bench_help =
     "usage: kiln bench [options]\n"
-    "Times training steps (forward + backward, gradients accumulated) on random tokens,\n"
-    "eager and compiled, in one process; prints the ratios to eager.\n"
+    "Times training steps (forward + backward, then global norm + clipping + AdamW, as\n"
+    "kiln train runs them) on random tokens, eager and compiled, in one process; prints\n"
+    "the optimiser's time and share of the step, and the ratios to eager.\n"
     "  --model NAME|FILE   tiny, small (default) or demo, or a config.json\n"
     "  --batch N           sequences per micro-batch (default 8)\n"
     "  --seq N             sequence length (default 256)\n"
@@ -34,7 +36,8 @@ static const char *bench_help =
     "                      the loaded speed against kiln's fair share of the cores\n"
     "  --pack documents    instead: the compiled step (first compiled mode of --modes) on rows of packed\n"
     "                      documents of --doc-len tokens next to plain packed rows of the same tokens\n"
-    "  --doc-len N         document length for --pack documents (default 64)\n";
+    "  --doc-len N         document length for --pack documents (default 64)\n"
+    "  --no-optim          forward + backward only (gradients accumulate, no optimiser step)\n";
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -56,13 +59,15 @@ static void reset_peak(void) {
 
 typedef struct {
     const char *name;
-    double ms, tokens_s, gflops, peak_mb, alloc_mb, build_s, warm_s, arena_mb;
+    double ms, opt_ms, tokens_s, gflops, peak_mb, alloc_mb, build_s, warm_s, arena_mb;
     bool ok, interpreted;
 } result;
 
 typedef struct {
     kiln_llama *m;
     kiln_tensor *in[4];
+    kiln_adamw *opt; /* NULL with --no-optim */
+    kiln_train_config tc;
     int steps, warmup;
     double flops;
     bool profile;
@@ -95,7 +100,7 @@ static result run_mode(bench_ctx *b, const char *mode) {
     kiln_compiled *cs = eager ? NULL : kiln_train_compile(b->m, &co, true);
     if (!eager && !cs) return r;
     kiln_op_profile table[KILN_OP_COUNT];
-    double *ms = calloc((size_t)b->steps, sizeof *ms);
+    double *ms = calloc(2 * (size_t)b->steps, sizeof *ms), *opt_ms = ms + b->steps;
     int64_t tokens = b->in[0]->shape[0] * b->in[0]->shape[1];
     for (int i = 0; i < b->warmup + b->steps; i++) {
         if (eager && b->profile && i == b->warmup) kiln_eager_profile(table);
@@ -111,6 +116,11 @@ static result run_mode(bench_ctx *b, const char *mode) {
             float rep[1];
             st = kiln_compiled_run(cs, b->in, rep);
         }
+        double t1 = kiln_time_now();
+        if (!st && b->opt) { /* the optimiser step kiln train runs after the window */
+            kiln_step_result sr = {.lr = b->tc.lr};
+            st = kiln_adamw_apply(b->opt, &b->tc, b->tc.lr, &sr);
+        }
         double dt = kiln_time_now() - t0;
         if (st) {
             fprintf(stderr, "kiln bench: %s step failed: %s\n", mode, kiln_last_error());
@@ -119,14 +129,16 @@ static result run_mode(bench_ctx *b, const char *mode) {
             return r;
         }
         if (i == 0 && cs) r.build_s = kiln_compiled_stats(cs).build_seconds;
-        if (i >= b->warmup) ms[i - b->warmup] = dt * 1e3;
+        if (i >= b->warmup) ms[i - b->warmup] = dt * 1e3, opt_ms[i - b->warmup] = (t0 + dt - t1) * 1e3;
     }
     if (eager && b->profile) {
         kiln_eager_profile(NULL);
         print_profile(table, b->steps);
     }
     qsort(ms, (size_t)b->steps, sizeof *ms, cmp_d);
+    qsort(opt_ms, (size_t)b->steps, sizeof *opt_ms, cmp_d);
     r.ms = ms[b->steps / 2];
+    r.opt_ms = opt_ms[b->steps / 2];
     r.tokens_s = (double)tokens / (r.ms / 1e3);
     r.gflops = b->flops / (r.ms / 1e3) / 1e9;
     r.peak_mb = (double)kiln_peak_rss() / 1e6;
@@ -157,10 +169,12 @@ int kiln_cmd_bench(int argc, char **argv) {
     bench_ctx b = {.steps = 5, .warmup = 1};
     double peak = 0;
     kiln_dtype prec = KILN_F32;
+    bool no_optim = false;
     static const kiln_cli_flag flags[] = {{"--model", true},  {"--batch", true},   {"--seq", true},       {"--steps", true},
                                           {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
                                           {"--modes", true},  {"--precision", true}, {"--recompute", true},
-                                          {"--compete", true}, {"--pack", true},  {"--doc-len", true}};
+                                          {"--compete", true}, {"--pack", true},  {"--doc-len", true},
+                                          {"--no-optim", false}};
     int compete = 0;
     int pack = KILN_PACK_PACKED;
     int64_t doc_len = 0;
@@ -188,6 +202,7 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 11: ok = kiln_cli_int("bench", flags[k].name, v, 1, 64, &x), compete = (int)x; break;
         case 12: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("pack")->choices, &pack); break;
         case 13: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &doc_len); break;
+        case 14: no_optim = true; break;
         }
         if (!ok) return 2;
     }
@@ -228,6 +243,11 @@ int kiln_cmd_bench(int argc, char **argv) {
         kiln_i32(b.in[1])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
         kiln_i32(b.in[2])[i] = 1;
     }
+    kiln_train_config_default(&b.tc);
+    if (!no_optim && !(b.opt = kiln_adamw_new(b.m, &b.tc))) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+        return 1;
+    }
     kiln_eager_enable();
     bool measure = peak == 0;
     for (int i = 0; measure && i < 5; i++) { /* best of five short runs: the machine is shared */
@@ -261,21 +281,24 @@ int kiln_cmd_bench(int argc, char **argv) {
     double base = 0;
     for (int i = 0; i < n; i++)
         if (res[i].ok && !strcmp(res[i].name, "eager")) base = res[i].tokens_s;
-    printf("\n%-16s %9s %9s %8s %6s %9s %12s %9s %10s %9s %9s\n", "mode", "ms/step", "tokens/s", "GFLOP/s", "MFU", "vs eager",
-           "peak RSS MB", "alloc MB", "arena MB", "build s", "warm s");
+    printf("\n%-16s %9s %9s %7s %9s %8s %6s %9s %12s %9s %10s %9s %9s\n", "mode", "ms/step", "optim ms", "optim%",
+           "tokens/s", "GFLOP/s", "MFU", "vs eager", "peak RSS MB", "alloc MB", "arena MB", "build s", "warm s");
     for (int i = 0; i < n; i++) {
         result *r = &res[i];
         if (!r->ok) {
             printf("%-16s failed\n", r->name);
             continue;
         }
-        printf("%-16s %9.1f %9.0f %8.1f %5.1f%% %8.2fx %12.0f %9.0f %10.0f %9.2f %9.3f\n", r->name, r->ms, r->tokens_s, r->gflops,
+        printf("%-16s %9.1f %9.2f %6.1f%% %9.0f %8.1f %5.1f%% %8.2fx %12.0f %9.0f %10.0f %9.2f %9.3f\n", r->name, r->ms,
+               r->opt_ms, r->ms > 0 ? 100 * r->opt_ms / r->ms : 0, r->tokens_s, r->gflops,
                100 * r->gflops / mfu_peak, base > 0 ? r->tokens_s / base : 0, r->peak_mb, r->alloc_mb, r->arena_mb, r->build_s,
                r->warm_s);
     }
-    printf("(median of %d steps per mode; MFU = model FLOPs / %s peak; alloc MB = the caching allocator's peak,\n"
+    printf("(median of %d steps per mode; a step is forward + backward + %s; optim%% = median optimiser ms / median\n"
+           " step ms; MFU = model FLOPs / %s peak; alloc MB = the caching allocator's peak,\n"
            " live + cached; build s = first call (trace, passes, code generation, cc); warm s = the same step\n"
            " compiled again, loaded from the cache)\n", b.steps,
+           b.opt ? "the optimiser (global norm, clip, AdamW)" : "nothing (--no-optim)",
            prec == KILN_BF16 ? "bf16 (2x fp32 FMA)" : "fp32 FMA");
     if (n_hogs) {
         /* kiln's T threads and N spinners share C cores: T/(T+N) of them
@@ -293,6 +316,7 @@ int kiln_cmd_bench(int argc, char **argv) {
                        loaded[i].tokens_s / (fair * res[i].tokens_s));
     }
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
+    kiln_adamw_free(b.opt);
     kiln_llama_free(b.m);
     return 0;
 }

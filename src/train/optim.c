@@ -92,6 +92,23 @@ void kiln_grad_zero(const kiln_adamw *o) {
     }
 }
 
+kiln_status kiln_adamw_apply(kiln_adamw *o, const kiln_train_config *c, double lr, kiln_step_result *res) {
+    if (!res->skipped) {
+        res->grad_norm = kiln_grad_norm(o);
+        if (!isfinite(res->grad_norm)) res->skipped = true;
+    }
+    if (res->skipped) {
+        kiln_grad_zero(o); /* never update with NaN */
+        return KILN_OK;
+    }
+    /* as torch.nn.utils.clip_grad_norm_: scale by clip/(norm+1e-6) when below 1 */
+    double coef = c->clip > 0 ? c->clip / (res->grad_norm + 1e-6) : 1.0;
+    if (coef < 1.0) kiln_grad_scale(o, coef);
+    kiln_status st = kiln_adamw_step(o, lr);
+    kiln_grad_zero(o);
+    return st;
+}
+
 double kiln_lr_at(const kiln_train_config *c, int64_t step, int64_t total) {
     if (step < c->warmup) return c->lr * (double)(step + 1) / (double)c->warmup;
     int64_t span = total - c->warmup;

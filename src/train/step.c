@@ -185,20 +185,7 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
         res->bad_micro = bad >= 0 ? bad : 0;
     }
     res->loss = res->tokens ? total / (double)res->tokens : 0.0;
-    if (!res->skipped) {
-        res->grad_norm = kiln_grad_norm(opt);
-        if (!isfinite(res->grad_norm)) res->skipped = true;
-    }
-    if (res->skipped) {
-        kiln_grad_zero(opt); /* never update with NaN */
-        return KILN_OK;
-    }
-    /* as torch.nn.utils.clip_grad_norm_: scale by clip/(norm+1e-6) when below 1 */
-    double coef = c->clip > 0 ? c->clip / (res->grad_norm + 1e-6) : 1.0;
-    if (coef < 1.0) kiln_grad_scale(opt, coef);
-    st = kiln_adamw_step(opt, lr);
-    kiln_grad_zero(opt);
-    return st;
+    return kiln_adamw_apply(opt, c, lr, res);
 }
 
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens) {
