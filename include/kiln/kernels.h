@@ -122,12 +122,27 @@ void kiln_k_cross_entropy_backward(const float *logits, const int32_t *targets, 
 /* ---- reductions -------------------------------------------------------- */
 double kiln_k_sum(const float *x, int64_t n);
 double kiln_k_sumsq(const float *x, int64_t n);
+/* sum over j in [0, count) of kiln_k_sumsq(x[j], n[j]), added in j order:
+ * the same chunks and the same additions (bit-identical to that loop), but
+ * all parameters' chunks in one parallel pass (the global gradient norm). */
+double kiln_k_sumsq_multi(const float *const *x, const int64_t *n, int count);
 
 /* ---- optimiser --------------------------------------------------------- */
 /* One AdamW update over n elements; lr and bias corrections are runtime
  * values. wd is applied decoupled: p -= lr * wd * p. */
 void kiln_k_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float wd, float bc1, float bc2);
+/* The fused optimiser step: for each slot, g' = g * gscale (clipping), the
+ * AdamW update above with g' and the slot's wd, then g = 0; all slots' blocks
+ * in one parallel pass. Bit-identical to kiln_k_scale(g, gscale), then
+ * kiln_k_adamw, then zeroing g, slot by slot. */
+typedef struct kiln_adamw_slot {
+    float *p, *g, *m, *v;
+    int64_t n;
+    float wd;
+} kiln_adamw_slot;
+void kiln_k_adamw_multi(const kiln_adamw_slot *s, int count, float gscale, float lr, float beta1, float beta2,
+                        float eps, float bc1, float bc2);
 
 
 /* ---- fused kernels for the compiler ------------------------------------ */

@@ -167,15 +167,25 @@ typedef struct {
     bool *decay;           /* weight decay applies to params[i] */
     int64_t t;             /* steps taken (bias corrections use t) */
     double beta1, beta2, eps, weight_decay;
+    /* scratch for the fused step, refilled each step (a gradient can be
+     * missing or reallocated between steps) */
+    struct kiln_adamw_slot *slots;
+    const float **grad_ptr;
+    int64_t *grad_len;
 } kiln_adamw;
 
 kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c);
 void kiln_adamw_free(kiln_adamw *o);
-/* One update with learning rate `lr` (a runtime value); t += 1. */
-kiln_status kiln_adamw_step(kiln_adamw *o, double lr);
-/* sqrt(sum of squares) over the trainable gradients (missing grads count 0). */
+/* One fused pass over every trainable parameter with a gradient: g is
+ * multiplied by grad_scale (the clipping factor; 1 = none), the AdamW update
+ * with learning rate `lr` (a runtime value) is applied, and g is zeroed;
+ * t += 1. Bit-identical to scaling all gradients, then updating parameter
+ * by parameter, then zeroing (tests/test_optim.c). */
+kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale);
+/* sqrt(sum of squares) over the trainable gradients (missing grads count 0),
+ * one parallel pass over all of them; the same sum, to the bit, as adding
+ * kiln_k_sumsq of each gradient in parameter order. */
 double kiln_grad_norm(const kiln_adamw *o);
-void kiln_grad_scale(const kiln_adamw *o, double s);
 void kiln_grad_zero(const kiln_adamw *o);
 
 /* Linear warm-up over `warmup` steps, then cosine from lr to min_lr at

@@ -51,6 +51,24 @@ static int64_t red_chunks(int64_t n) {
     return c < 1 ? 1 : c;
 }
 
+/* One chunk of a reduction. Never inlined: kiln_k_sumsq and
+ * kiln_k_sumsq_multi must run the same vectorised code (the simd reduction's
+ * lane order is the compiler's choice), so their sums agree to the bit. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static double chunk_sum(const float *x, int64_t lo, int64_t hi, bool square) {
+    double s = 0.0;
+    if (square) {
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+    } else {
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = lo; i < hi; i++) s += (double)x[i];
+    }
+    return s;
+}
+
 static double reduce(const float *x, int64_t n, bool square) {
     double part[KILN_RED_MAX_CHUNKS];
     int64_t nc = red_chunks(n);
@@ -58,15 +76,7 @@ static double reduce(const float *x, int64_t n, bool square) {
 #pragma omp parallel for schedule(static) if (n > KILN_EW_PAR)
     for (int64_t c = 0; c < nc; c++) {
         int64_t lo = c * per, hi = lo + per < n ? lo + per : n;
-        double s = 0.0;
-        if (square) {
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
-        } else {
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = lo; i < hi; i++) s += (double)x[i];
-        }
-        part[c] = s;
+        part[c] = chunk_sum(x, lo, hi, square);
     }
     double total = 0.0;
     for (int64_t c = 0; c < nc; c++) total += part[c];
@@ -75,3 +85,38 @@ static double reduce(const float *x, int64_t n, bool square) {
 
 double kiln_k_sum(const float *x, int64_t n) { return reduce(x, n, false); }
 double kiln_k_sumsq(const float *x, int64_t n) { return reduce(x, n, true); }
+
+/* Arrays are taken in runs whose chunks fit in a fixed buffer (one parallel
+ * region per run; one run for models up to ~60 large matrices + their small
+ * tensors, at most 64 chunks each); a run never splits an array, and the
+ * partials are added per array in chunk order, then arrays in order, as
+ * the loop over kiln_k_sumsq adds them. */
+#define KILN_RED_MULTI_PARTS 8192
+
+double kiln_k_sumsq_multi(const float *const *x, const int64_t *n, int count) {
+    double part[KILN_RED_MULTI_PARTS]; /* 64 KB of stack, shared by the region's threads */
+    double total = 0.0;
+    for (int j0 = 0; j0 < count;) {
+        int j1 = j0;
+        int64_t parts = 0, elems = 0;
+        while (j1 < count && parts + red_chunks(n[j1]) <= KILN_RED_MULTI_PARTS) parts += red_chunks(n[j1]), elems += n[j1++];
+#pragma omp parallel if (elems > KILN_EW_PAR)
+        {
+            int j = j0; /* private cursor: array j's chunks are [first, first + red_chunks(n[j])) */
+            int64_t first = 0;
+#pragma omp for schedule(static)
+            for (int64_t c = 0; c < parts; c++) {
+                while (c >= first + red_chunks(n[j])) first += red_chunks(n[j++]);
+                int64_t nc = red_chunks(n[j]), per = (n[j] + nc - 1) / nc, lo = (c - first) * per,
+                        hi = lo + per < n[j] ? lo + per : n[j];
+                part[c] = chunk_sum(x[j], lo, hi, true);
+            }
+        }
+        for (int64_t c = 0; j0 < j1; j0++) {
+            double t = 0.0;
+            for (int64_t e = c + red_chunks(n[j0]); c < e; c++) t += part[c];
+            total += t;
+        }
+    }
+    return total;
+}

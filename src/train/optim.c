@@ -1,4 +1,8 @@
-/* AdamW, the global gradient norm and the learning-rate schedule. */
+/* AdamW, the global gradient norm and the learning-rate schedule. The step
+ * after backward is two passes over the trainable parameters: the norm (all
+ * gradients, one parallel region), then clip + AdamW + zeroing fused in one
+ * pass (kiln_k_adamw_multi); eager and compiled training both end their
+ * window in kiln_adamw_apply. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +30,10 @@ kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c) {
     o->m = calloc((size_t)m->n_params, sizeof *o->m);
     o->v = calloc((size_t)m->n_params, sizeof *o->v);
     o->decay = calloc((size_t)m->n_params, sizeof *o->decay);
-    if (!o->params || !o->m || !o->v || !o->decay) goto oom;
+    o->slots = calloc((size_t)m->n_params, sizeof *o->slots);
+    o->grad_ptr = calloc((size_t)m->n_params, sizeof *o->grad_ptr);
+    o->grad_len = calloc((size_t)m->n_params, sizeof *o->grad_len);
+    if (!o->params || !o->m || !o->v || !o->decay || !o->slots || !o->grad_ptr || !o->grad_len) goto oom;
     for (int i = 0; i < m->n_params; i++) {
         kiln_tensor *p = m->params[i];
         if (!p->requires_grad) continue;
@@ -54,35 +61,41 @@ void kiln_adamw_free(kiln_adamw *o) {
     free(o->m);
     free(o->v);
     free(o->decay);
+    free(o->slots);
+    free(o->grad_ptr);
+    free(o->grad_len);
     free(o);
 }
 
-kiln_status kiln_adamw_step(kiln_adamw *o, double lr) {
+kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale) {
     if (!isfinite(lr) || lr < 0) return kiln_error(KILN_ERR_NUMERIC, "AdamW: learning rate %g is not a finite value >= 0", lr);
+    if (!(grad_scale > 0) || !isfinite(grad_scale))
+        return kiln_error(KILN_ERR_NUMERIC, "AdamW: gradient scale %g is not a finite value > 0", grad_scale);
     o->t++;
     double bc1 = 1.0 - pow(o->beta1, (double)o->t), bc2 = 1.0 - pow(o->beta2, (double)o->t);
+    int n = 0;
     for (int i = 0; i < o->n; i++) {
         kiln_tensor *p = o->params[i];
         if (!p->grad) continue; /* no gradient reached it: torch skips such params too */
-        kiln_k_adamw(kiln_f32(p), kiln_f32(p->grad), kiln_f32(o->m[i]), kiln_f32(o->v[i]), kiln_tensor_numel(p), (float)lr,
-                     (float)o->beta1, (float)o->beta2, (float)o->eps, o->decay[i] ? (float)o->weight_decay : 0.0f,
-                     (float)bc1, (float)bc2);
+        o->slots[n++] = (kiln_adamw_slot){kiln_f32(p), kiln_f32(p->grad), kiln_f32(o->m[i]), kiln_f32(o->v[i]),
+                                          kiln_tensor_numel(p), o->decay[i] ? (float)o->weight_decay : 0.0f};
     }
+    /* every scalar is rounded to float exactly as the per-parameter kernel
+     * loop rounded it, so the fused pass gives that loop's bits */
+    kiln_k_adamw_multi(o->slots, n, (float)grad_scale, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                       (float)bc1, (float)bc2);
     return KILN_OK;
 }
 
 double kiln_grad_norm(const kiln_adamw *o) {
-    double s = 0;
-    for (int i = 0; i < o->n; i++)
-        if (o->params[i]->grad) s += kiln_k_sumsq(kiln_f32(o->params[i]->grad), kiln_tensor_numel(o->params[i]));
-    return sqrt(s);
-}
-
-void kiln_grad_scale(const kiln_adamw *o, double s) {
+    int n = 0;
     for (int i = 0; i < o->n; i++) {
-        kiln_tensor *g = o->params[i]->grad;
-        if (g) kiln_k_scale(kiln_f32(g), (float)s, kiln_f32(g), kiln_tensor_numel(g));
+        const kiln_tensor *g = o->params[i]->grad;
+        if (!g) continue;
+        o->grad_ptr[n] = kiln_f32(g);
+        o->grad_len[n++] = kiln_tensor_numel(o->params[i]);
     }
+    return sqrt(kiln_k_sumsq_multi(o->grad_ptr, o->grad_len, n));
 }
 
 void kiln_grad_zero(const kiln_adamw *o) {
@@ -103,9 +116,8 @@ kiln_status kiln_adamw_apply(kiln_adamw *o, const kiln_train_config *c, double l
     }
     /* as torch.nn.utils.clip_grad_norm_: scale by clip/(norm+1e-6) when below 1 */
     double coef = c->clip > 0 ? c->clip / (res->grad_norm + 1e-6) : 1.0;
-    if (coef < 1.0) kiln_grad_scale(o, coef);
-    kiln_status st = kiln_adamw_step(o, lr);
-    kiln_grad_zero(o);
+    kiln_status st = kiln_adamw_update(o, lr, coef < 1.0 ? coef : 1.0);
+    if (st) kiln_grad_zero(o); /* a refused step must not leave this window's gradients behind */
     return st;
 }
 
