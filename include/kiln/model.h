@@ -48,7 +48,9 @@ typedef struct {
 /* Fills defaults that HF uses (eps 1e-6, theta 10000, untied...). */
 void kiln_llama_config_default(kiln_llama_config *c);
 /* Named sizes: "tiny" (hidden 128, 2 layers), "small" (hidden 512, 8
- * layers, vocab 8192: the benchmark model), "demo" (the README's run). */
+ * layers, vocab 8192: the benchmark model), "demo" (the README's run),
+ * "124m" (vocab 32000, hidden 768, intermediate 2048, 12 layers, 12 heads,
+ * tied: 110M parameters, the realistic benchmark, bench/compare.sh). */
 kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c);
 /* A preset name, or a path to a config.json (anything with '/' or ".json"). */
 kiln_status kiln_llama_config_resolve(const char *name_or_path, kiln_llama_config *c);

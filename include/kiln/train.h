@@ -58,7 +58,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
 #define KILN_TRAIN_SETTINGS(X)                                                                                             \
     X(data, STR, 512, "data/kjv", "DIR", "directory with train.bin (and val.bin)")                                         \
     X(run_dir, STR, 512, "runs/demo", "DIR", "where checkpoints, metrics.jsonl and loss.svg go")                           \
-    X(model, STR, 512, "demo", "NAME|FILE", "preset (tiny, small, demo) or a config.json")                                 \
+    X(model, STR, 512, "demo", "NAME|FILE", "preset (tiny, small, demo, 124m) or a config.json")                              \
     X(tokenizer, STR, 512, "", "FILE", "tokenizer.json of the shards, copied into the run (required; --init: its run's)")  \
     X(init, STR, 512, "", "RUN_DIR", "start from the weights of another run (fine-tuning)")                                \
     X(freeze, STR, 256, "", "GLOB", "freeze parameters whose names match (fnmatch)")                                       \

@@ -19,7 +19,7 @@ static const char *bench_help =
     "Times training steps (forward + backward, then global norm + clipping + AdamW, as\n"
     "kiln train runs them) on random tokens, eager and compiled, in one process; prints\n"
     "the optimiser's time and share of the step, and the ratios to eager.\n"
-    "  --model NAME|FILE   tiny, small (default) or demo, or a config.json\n"
+    "  --model NAME|FILE   tiny, small (default), demo or 124m, or a config.json\n"
     "  --batch N           sequences per micro-batch (default 8)\n"
     "  --seq N             sequence length (default 256)\n"
     "  --steps N           timed steps per mode (default 5; the median is reported)\n"
@@ -37,7 +37,8 @@ static const char *bench_help =
     "  --pack documents    instead: the compiled step (first compiled mode of --modes) on rows of packed\n"
     "                      documents of --doc-len tokens next to plain packed rows of the same tokens\n"
     "  --doc-len N         document length for --pack documents (default 64)\n"
-    "  --no-optim          forward + backward only (gradients accumulate, no optimiser step)\n";
+    "  --no-optim          forward + backward only (gradients accumulate, no optimiser step)\n"
+    "  --results           also print one 'RESULT mode=... tokens_s=...' line per mode (bench/compare.sh reads them)\n";
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -169,12 +170,12 @@ int kiln_cmd_bench(int argc, char **argv) {
     bench_ctx b = {.steps = 5, .warmup = 1};
     double peak = 0;
     kiln_dtype prec = KILN_F32;
-    bool no_optim = false;
+    bool no_optim = false, results = false;
     static const kiln_cli_flag flags[] = {{"--model", true},  {"--batch", true},   {"--seq", true},       {"--steps", true},
                                           {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
                                           {"--modes", true},  {"--precision", true}, {"--recompute", true},
                                           {"--compete", true}, {"--pack", true},  {"--doc-len", true},
-                                          {"--no-optim", false}};
+                                          {"--no-optim", false}, {"--results", false}};
     int compete = 0;
     int pack = KILN_PACK_PACKED;
     int64_t doc_len = 0;
@@ -203,6 +204,7 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 12: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("pack")->choices, &pack); break;
         case 13: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &doc_len); break;
         case 14: no_optim = true; break;
+        case 15: results = true; break;
         }
         if (!ok) return 2;
     }
@@ -315,6 +317,11 @@ int kiln_cmd_bench(int argc, char **argv) {
                        fair * res[i].tokens_s, 100 * loaded[i].tokens_s / res[i].tokens_s,
                        loaded[i].tokens_s / (fair * res[i].tokens_s));
     }
+    for (int i = 0; results && i < n; i++)
+        if (res[i].ok)
+            printf("RESULT mode=%s precision=%s threads=%d tokens_s=%.1f mfu=%.4f peak_mb=%.0f ms=%.1f optim_ms=%.2f "
+                   "peak_gflops=%.1f\n", res[i].name, prec == KILN_BF16 ? "bf16" : "fp32", kiln_num_threads(),
+                   res[i].tokens_s, res[i].gflops / mfu_peak, res[i].peak_mb, res[i].ms, res[i].opt_ms, peak);
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
     kiln_adamw_free(b.opt);
     kiln_llama_free(b.m);

@@ -78,8 +78,12 @@ kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c) {
         c->num_key_value_heads = 2;
         c->vocab_size = 4096;
         c->tie_word_embeddings = true;
+    } else if (!strcmp(name, "124m")) { /* the GPT-2-small class, Llama-shaped: the realistic benchmark */
+        c->hidden_size = 768, c->intermediate_size = 2048, c->num_hidden_layers = 12, c->num_attention_heads = 12;
+        c->vocab_size = 32000;
+        c->tie_word_embeddings = true;
     } else {
-        return kiln_error(KILN_ERR_INVALID, "unknown model preset '%s' (tiny, small, demo, or a config.json path)", name);
+        return kiln_error(KILN_ERR_INVALID, "unknown model preset '%s' (tiny, small, demo, 124m, or a config.json path)", name);
     }
     if (!c->num_key_value_heads) c->num_key_value_heads = c->num_attention_heads;
     c->head_dim = c->hidden_size / c->num_attention_heads;

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# kiln against PyTorch on the same machine, in one go: for each model and
+# batch, kiln eager and compiled (mode default) in fp32 and bf16 (`kiln
+# bench`), and PyTorch 1.13 eager fp32 and bf16 autocast on 1 and 2 threads
+# (bench/torch_small.py, the HF-exact model), the same step (forward +
+# backward + clip + AdamW), several repetitions interleaved so that noise
+# falls on all of them alike; prints one table of medians (tokens/s, MFU,
+# peak RSS MB) with the ratio to PyTorch's best set-up of the same precision.
+# MFU: model FLOPs against the fp32 FMA peak kiln probes once at the start
+# (bf16 against twice that, as kiln bench counts it); every run uses that
+# one figure. Run it on a quiet machine; it takes long (see README).
+#
+#   bash bench/compare.sh [--reps 3] [--steps 3] [--configs "124m:4x1024 small:8x256"]
+#                         [--kiln build/kiln] [--python /usr/bin/python3] [--out DIR] [--quick]
+# --quick: tiny:2x64, 1 repetition, 1 step (checks that the script works).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+reps=3 steps=3 configs="124m:4x1024 small:8x256" kiln=build/kiln py=/usr/bin/python3 out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --reps) reps=$2; shift 2;;
+    --steps) steps=$2; shift 2;;
+    --configs) configs=$2; shift 2;;
+    --kiln) kiln=$2; shift 2;;
+    --python) py=$2; shift 2;;
+    --out) out=$2; shift 2;;
+    --quick) configs="tiny:2x64" reps=1 steps=1; shift;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0;;
+    *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
+  esac
+done
+for n in "$reps" "$steps"; do
+  case "$n" in ''|*[!0-9]*|0) echo "compare.sh: --reps and --steps take a positive integer (got '$n')" >&2; exit 2;; esac
+done
+[ -x "$kiln" ] || { echo "compare.sh: $kiln not found or not executable (make -j2 all)" >&2; exit 1; }
+"$py" -c 'import torch' 2>/dev/null || { echo "compare.sh: $py cannot import torch (scripts/deps.sh installs python3-torch)" >&2; exit 1; }
+for c in $configs; do
+  case "$c" in *:*x*) ;; *) echo "compare.sh: config '$c' is not MODEL:BATCHxSEQ" >&2; exit 2;; esac
+done
+[ -n "$out" ] || out=$(mktemp -d /tmp/kiln-compare.XXXXXX)
+mkdir -p "$out"
+results="$out/results.txt"
+: > "$results"
+
+# one fp32 peak for every MFU in the table: kiln's probe, best of five
+peak=$("$kiln" bench --model tiny --batch 1 --seq 8 --steps 1 --warmup 0 --modes eager --no-optim --results |
+       sed -n 's/^RESULT .*peak_gflops=\([0-9.]*\).*/\1/p' | head -n1)
+[ -n "$peak" ] || { echo "compare.sh: could not read the fp32 peak from kiln bench" >&2; exit 1; }
+echo "fp32 FMA peak (kiln's probe): $peak GFLOP/s; logs in $out"
+
+for r in $(seq 1 "$reps"); do
+  for c in $configs; do
+    model=${c%%:*} bt=${c#*:} B=${bt%x*} T=${bt#*x}
+    for prec in fp32 bf16; do
+      log="$out/kiln-$model-${B}x$T-$prec-$r.txt"
+      echo "rep $r: kiln $model ${B}x$T $prec (eager, compiled)"
+      if nice "$kiln" bench --model "$model" --batch "$B" --seq "$T" --steps "$steps" --modes eager,default \
+           --precision "$prec" --peak "$peak" --results > "$log" 2>&1; then :; else echo "  failed: see $log"; fi
+      sed -n "s/^RESULT mode=\([a-z-]*\) /$model ${B}x$T kiln-\1 /p" "$log" |
+        sed 's/kiln-default/kiln-compiled/' >> "$results"
+      for th in 1 2; do
+        log="$out/torch-$model-${B}x$T-$prec-t$th-$r.txt"
+        echo "rep $r: pytorch $model ${B}x$T $prec $th thread(s)"
+        flag=""; [ "$prec" = bf16 ] && flag=--bf16
+        if nice "$py" bench/torch_small.py --model "$model" --batch "$B" --seq "$T" --steps "$steps" --threads "$th" \
+             --peak "$peak" $flag > "$log" 2>&1; then :; else echo "  failed: see $log"; fi
+        sed -n "s/^RESULT /$model ${B}x$T pytorch precision=$prec threads=$th /p" "$log" >> "$results"
+      done
+    done
+  done
+done
+
+"$py" - "$results" "$reps" "$steps" <<'EOF'
+import sys, statistics
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) < 4:
+        continue
+    kv = dict(x.split("=", 1) for x in f[3:] if "=" in x)
+    key = (f[0], f[1], f[2], kv["precision"], int(kv["threads"]))
+    rows.setdefault(key, []).append(kv)
+def med(v, k):
+    return statistics.median(float(x[k]) for x in v)
+print("\nmedians of %s repetitions (each the median of %s steps); MFU against kiln's fp32 FMA peak (bf16: 2x);"
+      "\nthe ratio is tokens/s over PyTorch's best set-up (threads) of the same model, batch and precision" %
+      (sys.argv[2], sys.argv[3]))
+print("%-6s %-8s %-14s %-5s %7s %10s %7s %9s %9s %12s" % ("model", "batch", "engine", "prec", "threads", "tokens/s",
+                                                           "MFU", "peak MB", "optim ms", "vs PyTorch"))
+for model_batch in sorted({k[:2] for k in rows}, key=lambda x: x[0]):
+    for prec in ("fp32", "bf16"):
+        best = max((med(v, "tokens_s") for k, v in rows.items() if k[:2] == model_batch and k[2] == "pytorch"
+                    and k[3] == prec), default=0)
+        for k in sorted((k for k in rows if k[:2] == model_batch and k[3] == prec), key=lambda k: (k[2], k[4])):
+            v = rows[k]
+            t = med(v, "tokens_s")
+            print("%-6s %-8s %-14s %-5s %7d %10.0f %6.1f%% %9.0f %9.1f %11s" % (
+                k[0], k[1], k[2], prec, k[4], t, 100 * med(v, "mfu"), med(v, "peak_mb"), med(v, "optim_ms"),
+                "%.2fx" % (t / best) if best > 0 else "n/a"))
+EOF
