@@ -43,7 +43,7 @@ results="$out/results.txt"
 : > "$results"
 
 # one fp32 peak for every MFU in the table: kiln's probe, best of five
-peak=$("$kiln" bench --model tiny --batch 1 --seq 8 --steps 1 --warmup 0 --modes eager --no-optim --results |
+peak=$("$kiln" bench --model tiny --batch 1 --seq 8 --steps 1 --warmup 1 --modes eager --no-optim --results |
        sed -n 's/^RESULT .*peak_gflops=\([0-9.]*\).*/\1/p' | head -n1)
 [ -n "$peak" ] || { echo "compare.sh: could not read the fp32 peak from kiln bench" >&2; exit 1; }
 echo "fp32 FMA peak (kiln's probe): $peak GFLOP/s; logs in $out"
