@@ -1,9 +1,12 @@
 /* Memory bandwidth of the non-GEMM kernels on training-sized inputs.
  * Prints, per kernel, the best time of several runs and the GB/s of the bytes
- * it must move (reads + writes, each array once). Usage: kernels [threads] */
+ * it must move (reads + writes, each array once), and the optimiser step
+ * (per-tensor kernel loop against the fused passes).
+ * Usage: kernels [threads] [optim]   (optim: only the optimiser step) */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kiln/kernels.h"
 
@@ -32,7 +35,8 @@ int main(int argc, char **argv) {
     const int64_t rows = 2048, V = 8192;
     const int64_t dims[] = {512, 1376};
     volatile double sink = 0;
-    for (int di = 0; di < 2; di++) {
+    bool only_optim = argc > 2 && !strcmp(argv[2], "optim");
+    for (int di = 0; di < 2 && !only_optim; di++) {
         int64_t dim = dims[di], n = rows * dim;
         float *x = buf(n, -2, 2), *y = buf(n, 0, 1), *dy = buf(n, -1, 1), *w = buf(dim, 0.5f, 1.5f),
               *dw = buf(dim, 0, 0);
@@ -56,7 +60,7 @@ int main(int argc, char **argv) {
         BENCH(name, mb, sink += kiln_k_sumsq(x, n));
         free(x), free(y), free(dy), free(w), free(dw);
     }
-    {
+    if (!only_optim) {
         int64_t n = rows * V;
         float *lg = buf(n, -8, 8), *d = buf(n, 0, 1);
         int32_t *t = malloc((size_t)rows * sizeof(int32_t));
@@ -68,7 +72,7 @@ int main(int argc, char **argv) {
               kiln_k_cross_entropy_backward(lg, t, 1.0f / 2048, d, rows, V, KILN_IGNORE_INDEX));
         free(lg), free(d), free(t);
     }
-    {
+    if (!only_optim) {
         int64_t dim = 512, n = rows * dim;
         float *dout = buf(n, -1, 1), *dW = buf(V * dim, 0, 0), *out = buf(n, 0, 0);
         int32_t *ids = malloc((size_t)rows * sizeof(int32_t));
@@ -78,19 +82,59 @@ int main(int argc, char **argv) {
               kiln_k_embedding_backward(dout, ids, dW, rows, dim, V));
         free(dout), free(dW), free(out), free(ids);
     }
-    {
+    if (!only_optim) {
         int64_t B = 8, T = 256, H = 8, D = 64, n = B * T * H * D;
         float *x = buf(n, -1, 1), *y = buf(n, 0, 0);
         BENCH("rope 8x256x8x64", (double)n * 8,
               kiln_k_rope(x, y, B, T, H, D, 0, 10000.0f, false));
         free(x), free(y);
     }
-    {
+    if (!only_optim) {
         int64_t n = 20 * 1000 * 1000;
         float *p = buf(n, -1, 1), *g = buf(n, -1, 1), *m = buf(n, 0, 0), *v = buf(n, 0, 0);
         BENCH("adamw 20M", (double)n * 28,
               kiln_k_adamw(p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f));
         free(p), free(g), free(m), free(v);
+    }
+    {
+        /* the optimiser step over the 'small' model's 74 tensors (29.5M
+         * parameters): the per-tensor kernel loop the trainer ran before
+         * (norm, scale, AdamW, memset per tensor) against the fused passes */
+        enum { NT = 2 + 8 * 9 };
+        int64_t len[NT];
+        int k = 0;
+        len[k++] = 8192 * 512, len[k++] = 512;
+        for (int l = 0; l < 8; l++) {
+            len[k++] = 512, len[k++] = 512;
+            for (int j = 0; j < 4; j++) len[k++] = 512 * 512;
+            for (int j = 0; j < 3; j++) len[k++] = 512 * 1376;
+        }
+        float *P[NT], *G[NT], *M[NT], *Vv[NT];
+        const float *Gc[NT];
+        kiln_adamw_slot slot[NT];
+        double total = 0;
+        for (int j = 0; j < NT; j++) {
+            P[j] = buf(len[j], -1, 1), G[j] = buf(len[j], -1e-3f, 1e-3f), M[j] = buf(len[j], 0, 0), Vv[j] = buf(len[j], 0, 0);
+            Gc[j] = G[j];
+            slot[j] = (kiln_adamw_slot){P[j], G[j], M[j], Vv[j], len[j], len[j] > 512 ? 0.1f : 0.0f};
+            total += (double)len[j];
+        }
+        /* bytes each way must move: norm reads g; scale reads + writes g;
+         * AdamW reads p, g, m, v and writes p, m, v; zeroing writes g */
+        BENCH("optimiser step small: kernel loop", total * 44, {
+            double ss = 0;
+            for (int j = 0; j < NT; j++) ss += kiln_k_sumsq(G[j], len[j]);
+            sink += ss;
+            for (int j = 0; j < NT; j++) kiln_k_scale(G[j], 0.5f, G[j], len[j]);
+            for (int j = 0; j < NT; j++)
+                kiln_k_adamw(P[j], G[j], M[j], Vv[j], len[j], 1e-3f, 0.9f, 0.95f, 1e-8f, slot[j].wd, 0.1f, 0.05f);
+            for (int j = 0; j < NT; j++) memset(G[j], 0, (size_t)len[j] * sizeof(float));
+        });
+        BENCH("optimiser step small: fused", total * 36, {
+            sink += kiln_k_sumsq_multi(Gc, len, NT);
+            kiln_k_adamw_multi(slot, NT, 0.5f, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.05f);
+        });
+        for (int j = 0; j < NT; j++) free(P[j]), free(G[j]), free(M[j]), free(Vv[j]);
     }
     (void)sink;
     return 0;
