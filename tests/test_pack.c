@@ -578,7 +578,7 @@ static void test_torch(void) {
     char path[128];
     snprintf(path, sizeof path, "%s/torch.bin", tmpdir);
     kiln_shard_info info = {.vocab_size = (uint32_t)cfg.vocab_size, .eos_id = (uint32_t)cfg.eos_token_id, .pad_id = 2,
-                            .bos_id = 0xffffffffu, .n_docs = 0};
+                            .bos_id = 0xffffffffu, .n_docs = 9};
     CHECK_OK(kiln_shard_write(path, stream->data, (size_t)stream->shape[0], &info));
     kiln_loader_config lc = {.path = path, .batch_size = B, .seq_len = T, .mode = KILN_PACK_DOCUMENTS};
     kiln_loader *l = NULL;

@@ -72,8 +72,9 @@ int kiln_bench_pack(void *model, int64_t B, int64_t T, int64_t doc_len, int step
             med[w] = ms[w][steps / 2];
         }
         int64_t docs = (T + doc_len - 1) / doc_len;
-        printf("\n--pack documents, compiled %s, %lld x %lld tokens per step (%lld documents of %lld per row):\n", mode,
-               (long long)B, (long long)T, (long long)docs, (long long)doc_len);
+        printf("\n--pack documents, compiled %s, %.2fM parameters, %d threads, %lld x %lld tokens per step (%lld documents "
+               "of %lld per row):\n", mode, (double)kiln_llama_num_params(m) / 1e6, kiln_num_threads(), (long long)B,
+               (long long)T, (long long)docs, (long long)doc_len);
         printf("%-44s %9s %9s\n", "rows", "ms/step", "tokens/s");
         printf("%-44s %9.1f %9.0f\n", "packed (causal over the whole row)", med[0], (double)(B * T) / (med[0] / 1e3));
         char name[64];

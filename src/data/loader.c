@@ -84,6 +84,16 @@ static kiln_status build_rows(kiln_loader *l) {
         if (!pass) {
             l->n_items = l->n_pieces = r;
             l->n_docs = d;
+            /* documents are delimited by eos: a header that counts fewer
+             * means eos occurs inside documents (a chat template ending
+             * each turn with it), and packing splits them there */
+            uint64_t spans = 0;
+            for (uint64_t i = 0; i < in->count; i++) spans += kiln_shard_token(l->shard, i) == in->eos_id || i + 1 == in->count;
+            if (l->cfg.mode == KILN_PACK_DOCUMENTS && in->n_docs && spans > in->n_docs)
+                kiln_log(KILN_LOG_WARN,
+                         "%s: the header counts %llu documents but eos (id %u) ends %llu spans: documents holding the "
+                         "eos id are split there, and --pack documents keeps the pieces from attending to each other",
+                         l->cfg.path, (unsigned long long)in->n_docs, in->eos_id, (unsigned long long)spans);
             l->row_start = malloc((size_t)(r ? r : 1) * sizeof *l->row_start);
             l->row_len = malloc((size_t)(r ? r : 1) * sizeof *l->row_len);
             if (l->cfg.mode == KILN_PACK_DOCUMENTS) l->doc_piece = malloc((size_t)(d + 1) * sizeof *l->doc_piece);
