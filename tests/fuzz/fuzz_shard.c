@@ -1,4 +1,4 @@
-/* Token shards and the loader over them (packed and padded, shuffled). */
+/* Token shards and the loader over them (packed, padded and documents, shuffled). */
 #include "fuzz.h"
 #include "kiln/data.h"
 
@@ -13,7 +13,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kiln_shard_close(s);
     uint8_t mode_byte = size ? data[size - 1] : 0;
     kiln_loader_config lc = {.path = path, .batch_size = 1 + (mode_byte & 3), .seq_len = 1 + ((mode_byte >> 2) & 15),
-                             .mode = (mode_byte & 64) ? KILN_PACK_PADDED : KILN_PACK_PACKED,
+                             .mode = (mode_byte & 64)                    ? KILN_PACK_PADDED
+                                     : (size >= 2 && (data[size - 2] & 1)) ? KILN_PACK_DOCUMENTS
+                                                                           : KILN_PACK_PACKED,
                              .shuffle = (mode_byte & 128) != 0, .seed = 7};
     kiln_loader *l = NULL;
     if (kiln_loader_open(&lc, &l) != KILN_OK) return 0;
