@@ -481,7 +481,7 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * blocks of 32 as F16). Refused with the file, field and reason, before any
  * weight is read: what the target architecture cannot hold (qwen3 attention
  * biases, llama3 rope scaling outside llama, head_dim x heads != hidden
- * with qwen2 or with llama biases), a tokenizer that llama.cpp would
+ * with qwen2), a tokenizer that llama.cpp would
  * tokenize differently (another pre-tokenizer regex, a normalizer other
  * than Qwen's NFC, ignore_merges not as that pre-tokenizer does it,
  * SentencePiece-style byte fallback), non-finite weights. The file is
