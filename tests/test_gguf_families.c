@@ -582,6 +582,7 @@ int main(void) {
     kiln_tokenizer_free(tok);
     refusals(kiln_tok);
 #ifdef SANITIZED
+    (void)why, (void)mod, (void)check_families;
     printf("test_gguf_families: llama.cpp part skipped in the sanitizer build (151k-token tokenizers through an "
            "instrumented kiln take minutes; the optimised build runs it)\n");
 #else
