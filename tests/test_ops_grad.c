@@ -162,6 +162,8 @@ static kiln_tensor *f_linear_ce(kiln_tensor **in) { return kiln_linear_cross_ent
 static kiln_tensor *f_ce(kiln_tensor **in) { return kiln_cross_entropy(in[0], in[1], KILN_IGNORE_INDEX); }
 static kiln_tensor *f_sum(kiln_tensor **in) { return kiln_sum(in[0]); }
 static kiln_tensor *f_mean(kiln_tensor **in) { return kiln_mean(in[0]); }
+/* dropout with a fixed mask (the key is input 1, not differentiated) */
+static kiln_tensor *f_dropout(kiln_tensor **in) { return kiln_dropout(in[0], in[1], 0.3, 7); }
 static kiln_tensor *f_expand(kiln_tensor **in) {
     int64_t s[2] = {5, 7};
     return kiln_expand(in[0], 2, s);
@@ -235,6 +237,12 @@ int main(void) {
     RUN("scale", f_scale, 1, 1, RND(-1, 1, 37, 24));
     RUN("scale_by", f_scale_by, 2, 1, RND(-1, 1, 37, 24), RND(0.5f, 2, 1));
     RUN("silu", f_silu, 1, 1, RND(-4, 4, 37, 24));
+    {
+        int64_t one = 1;
+        kiln_tensor *key = kiln_tensor_new(KILN_F32, 1, &one);
+        kiln_f32(key)[0] = 4242.0f; /* a fixed mask */
+        RUN("dropout (fixed mask)", f_dropout, 2, 1, RND(-1, 1, 2, 37, 24), key);
+    }
     RUN("rmsnorm", f_rmsnorm, 2, 3, RND(-2, 2, 2, 37, 24), RND(0.5f, 1.5f, 24));
     RUN("rope", f_rope, 1, 1, RND(-1, 1, 2, 37, 3, 24));
     RUN("rope (positions per token)", f_rope_at, 2, 1, RND(-1, 1, 2, 37, 3, 24), seg_tensor(2, 37, true));

@@ -69,6 +69,8 @@ void kiln_k_mul(const float *a, const float *b, float *out, int64_t n);
 void kiln_k_scale(const float *x, float s, float *out, int64_t n);
 void kiln_k_axpy(float a, const float *x, float *y, int64_t n); /* y += a*x */
 void kiln_k_silu(const float *x, float *out, int64_t n);
+/* out[j] = kiln_dropout_f(x[j], key, offset + j, p, inst) (dropout.c) */
+void kiln_k_dropout(const float *x, float key, float p, int64_t inst, int64_t offset, float *out, int64_t n);
 void kiln_k_silu_backward(const float *x, const float *gout, float *gin, int64_t n);
 /* out[r, j] = a[r, j] op b[(r % nb_rows) ...] style broadcasting is done in ops */
 

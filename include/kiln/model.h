@@ -96,7 +96,7 @@ typedef enum {
 typedef struct {
     int rank;          /* 0: no adapters */
     double alpha;      /* scaling = alpha / rank */
-    double dropout;    /* on the adapter's input; only 0 is implemented */
+    double dropout;    /* on the adapter's input, in training only (lora_key set) */
     unsigned targets;  /* bit (1 << kiln_lora_target) per targeted linear */
 } kiln_lora_config;
 
@@ -109,6 +109,10 @@ typedef struct {
     int n_base;           /* params[0..n_base): the base model; after them, LoRA adapters */
     kiln_lora_config lora;
     kiln_tensor **lora_a, **lora_b; /* [layer * KILN_LORA_N + target], NULL where not targeted */
+    /* The dropout key of the micro-batch being trained (f32 [1], see
+     * kiln_dropout), borrowed; NULL (evaluation, generation): no dropout.
+     * Each adapter's mask is its own op instance (layer * KILN_LORA_N + target). */
+    kiln_tensor *lora_key;
 } kiln_llama;
 
 /* Parameters initialised as HF does: normal(0, 0.02), norms at one. The

@@ -85,4 +85,30 @@ static inline float kiln_bf16_to_f32(uint16_t h) {
     return f;
 }
 
+/* Dropout's mask, counter-based: element i of the op instance `inst` under
+ * the micro-batch key `key` (an integer in [0, 2^24) held exactly in a
+ * float, so it travels as an ordinary f32 scalar input) is kept when a hash
+ * of (key, inst, i) is at least p * 2^32, and kept values are scaled by
+ * 1 / (1 - p) (inverted dropout). No state: eager, the interpreter's
+ * chunks and compiled loops get the same mask from the same three numbers,
+ * and backward recomputes it instead of saving it. */
+static inline uint32_t kiln_mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x21f0aaadu;
+    x ^= x >> 15;
+    x *= 0x735a2d97u;
+    x ^= x >> 15;
+    return x;
+}
+static inline int kiln_dropout_keep(float key, int64_t inst, int64_t i, float p) {
+    uint32_t k = key >= 0.0f && key < 16777216.0f ? (uint32_t)key : 0u;
+    uint32_t s = kiln_mix32(k ^ kiln_mix32((uint32_t)inst ^ 0x6c6f7261u));
+    uint32_t h = kiln_mix32(kiln_mix32((uint32_t)i ^ s) ^ (uint32_t)((uint64_t)i >> 32));
+    uint32_t t = (uint32_t)((double)p * 4294967296.0);
+    return h >= t;
+}
+static inline float kiln_dropout_f(float x, float key, int64_t i, float p, int64_t inst) {
+    return kiln_dropout_keep(key, inst, i, p) ? x * (1.0f / (1.0f - p)) : 0.0f;
+}
+
 #endif

@@ -68,7 +68,8 @@ extern "C" {
     X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout [, seg]) -> dq; aux dk, dv */     \
     X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh     \
                                            i2=need_dW -> loss sum [1]; aux dh, dW (seed 1) */        \
-    X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */
+    X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */ \
+    X(DROPOUT, dropout)                 /* (x, key[1]) f0=p i0=instance i5=index offset -> masked  */
 
 typedef enum {
 #define KILN_OP_ENUM_(id, sym) KILN_OP_##id,
@@ -147,6 +148,12 @@ typedef struct {
     bool save_aux; /* the backward rule reads the extra outputs */
     kiln_status (*aux_shape)(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux);
     kiln_status (*forward_aux)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux);
+    /* Element-wise ops whose value depends on the element's flat index
+     * (dropout's mask): the C expression reads it as $e, and whoever runs
+     * the forward kernel on a slice of the tensor (the interpreter's chunks)
+     * passes the slice's first index in attribute i[5] (0 for a whole
+     * tensor). */
+    bool indexed;
 } kiln_op_def;
 
 const kiln_op_def *kiln_op_get(int op);
@@ -279,6 +286,13 @@ kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
 kiln_tensor *kiln_cast_bf16(kiln_tensor *x);
+/* Inverted dropout with a counter-based mask (kiln/opmath.h): element i is
+ * zeroed with probability p, else scaled by 1 / (1 - p); the mask is a
+ * function of (key, instance, i) only, so the same key and instance give
+ * the same mask (backward reuses it; resume and eager = compiled hold).
+ * key: f32 [1] holding an integer in [0, 2^24), a runtime input (it changes
+ * every micro-batch without rebuilding a compiled step). p = 0 returns x. */
+kiln_tensor *kiln_dropout(kiln_tensor *x, kiln_tensor *key, double p, int64_t instance);
 kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, double scale);
 /* With segment ids [B, Tk] i32 (NULL: kiln_flash_attn): attention within a
  * segment only, key blocks no query of a block can see skipped. */

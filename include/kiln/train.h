@@ -97,7 +97,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(shard_size, STR, 32, "5GB", "SIZE", "most bytes per weight file, e.g. 5GB; larger models get shards + an index") \
     X(lora_rank, INT, 0, 0, "R", "train LoRA adapters of rank R on a frozen base (0: full fine-tuning)")                   \
     X(lora_alpha, F64, POS, 8.0, "A", "LoRA scaling alpha / R (PEFT's default 8)")                                         \
-    X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input (only 0 is implemented)")                         \
+    X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
     X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all")
 
 #define KILN_SETTING_FIELD_STR(key, lim) char key[lim];
@@ -228,6 +228,13 @@ kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tens
  * positions and segment ids [B,T] (kiln_batch.segmented). */
 kiln_status kiln_train_trace_step_docs(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                        kiln_tensor **diff);
+/* With LoRA dropout (adapters with dropout > 0), a training trace takes one
+ * more input after the others (5th, or 7th with packed documents): the
+ * dropout key [1] (kiln_train_dropout_key of the global
+ * micro-batch), set by the window for each micro-batch; evaluation and
+ * generation run without dropout. */
+bool kiln_train_uses_dropout(const kiln_llama *m);
+float kiln_train_dropout_key(uint64_t seed, int64_t step, int64_t micro);
 /* A compiled training step (backward) or evaluation step (forward only). */
 kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, bool backward);
 /* documents: for segmented batches (--pack documents), whose positions and
@@ -434,6 +441,7 @@ void kiln_dist_stats_reset(void);
 typedef struct {
     int64_t tokens;
     int micro_batches, first_micro;
+    int64_t step; /* the optimiser step being taken (0-based): it seeds LoRA dropout's masks */
 } kiln_window_totals;
 /* kiln_train_window_ex normalised by the global totals (NULL: local), with
  * the gradients and loss summed across ranks when there are several. */

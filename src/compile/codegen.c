@@ -34,7 +34,8 @@ static void put_float(sbuf *b, float v) {
     else put(b, v > 0 ? "(__builtin_inff())" : "(-__builtin_inff())");
 }
 
-/* Expands an op's C expression: $0..$7 -> operand names, $f0 -> attr; with
+/* Expands an op's C expression: $0..$7 -> operand names, $f0 -> attr, $i0
+ * -> integer attr, $e -> the element index `i` of the loop; with
  * `rn`, also a row epilogue's $x, $s, $r and $n. */
 static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_attrs *a, const row_names *rn) {
     for (const char *p = tmpl; *p; p++) {
@@ -42,6 +43,12 @@ static void expand(sbuf *b, const char *tmpl, char operands[][24], const kiln_at
             if (p[1] == 'n') put_float(b, (float)rn->n);
             else put(b, "%s", p[1] == 'x' ? rn->x : p[1] == 's' ? rn->s : rn->r);
             p += 1;
+        } else if (p[0] == '$' && p[1] == 'e') { /* the element's flat index (indexed ops: dropout) */
+            put(b, "i");
+            p += 1;
+        } else if (p[0] == '$' && p[1] == 'i' && p[2] >= '0' && p[2] <= '5') {
+            put(b, "(%lldLL)", (long long)a->i[p[2] - '0']);
+            p += 2;
         } else if (p[0] == '$' && p[1] == 'f' && p[2] >= '0' && p[2] <= '1') {
             put_float(b, (float)a->f[p[2] - '0']);
             p += 2;

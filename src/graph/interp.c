@@ -198,7 +198,10 @@ static kiln_status run_group(kiln_interp *r, int k) {
                 }
                 hout.data = x->internal ? (void *)(scratch + (size_t)s * (size_t)ch)
                                         : (void *)((char *)r->t[mem[s]].data + (size_t)off * kiln_dtype_size(x->meta.dtype));
-                kiln_op_get(x->op)->forward(in, &x->attrs, &hout);
+                const kiln_op_def *d = kiln_op_get(x->op);
+                kiln_attrs at = x->attrs;
+                if (d->indexed) at.i[5] += off; /* the slice's first element index */
+                d->forward(in, &at, &hout);
             }
         }
         if (!scratch) st = KILN_ERR_OOM;

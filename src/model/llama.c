@@ -300,7 +300,11 @@ static kiln_tensor *lproj(kiln_llama *m, int64_t l, int which, kiln_tensor *x, k
     kiln_tensor *y = proj(x, w, b);
     kiln_tensor *A = m->lora_a ? m->lora_a[l * KILN_LORA_N + which] : NULL;
     if (!A || !y) return y;
-    kiln_tensor *t = kiln_linear(x, A);
+    /* PEFT: lora_B(lora_A(dropout(x))), the base product on x itself */
+    bool drop = m->lora_key && m->lora.dropout > 0;
+    kiln_tensor *xd = drop ? kiln_dropout(x, m->lora_key, m->lora.dropout, l * KILN_LORA_N + which) : x;
+    kiln_tensor *t = kiln_linear(xd, A);
+    if (drop) kiln_tensor_release(xd);
     NEXT(t, kiln_linear(t, m->lora_b[l * KILN_LORA_N + which]));
     NEXT(t, kiln_scale(t, m->lora.alpha / m->lora.rank));
     NEXT(y, kiln_add(y, t));

@@ -48,8 +48,6 @@ kiln_status kiln_lora_config_validate(const kiln_lora_config *lc) {
     if (!isfinite(lc->alpha) || lc->alpha <= 0) return kiln_error(KILN_ERR_INVALID, "lora alpha must be > 0, got %g", lc->alpha);
     if (!(lc->dropout >= 0 && lc->dropout < 1))
         return kiln_error(KILN_ERR_INVALID, "lora dropout must be in [0, 1), got %g", lc->dropout);
-    if (lc->dropout != 0)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "lora dropout %g: only 0 is implemented (no dropout op yet)", lc->dropout);
     if (!lc->targets || lc->targets >> KILN_LORA_N)
         return kiln_error(KILN_ERR_INVALID, "lora targets mask 0x%x names no module or an unknown one", lc->targets);
     return KILN_OK;

@@ -21,8 +21,11 @@
 static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_options *o, bool backward, int64_t *bytes,
                                int64_t *scratch) {
     int64_t s[2] = {b, T}, one = 1;
-    kiln_tensor *in[4] = {kiln_tensor_wrap(NULL, KILN_I32, 2, s), kiln_tensor_wrap(NULL, KILN_I32, 2, s),
-                          kiln_tensor_wrap(NULL, KILN_I32, 2, s), kiln_tensor_wrap(NULL, KILN_F32, 1, &one)};
+    /* the fifth: LoRA dropout's key, read by a training trace that has dropout */
+    kiln_tensor *in[5] = {kiln_tensor_wrap(NULL, KILN_I32, 2, s), kiln_tensor_wrap(NULL, KILN_I32, 2, s),
+                          kiln_tensor_wrap(NULL, KILN_I32, 2, s), kiln_tensor_wrap(NULL, KILN_F32, 1, &one),
+                          kiln_tensor_wrap(NULL, KILN_F32, 1, &one)};
+    int n_in = backward && kiln_train_uses_dropout(m) ? 5 : 4;
     kiln_graph_options go;
     kiln_graph_options_default(&go);
     go.backward = backward;
@@ -30,9 +33,9 @@ static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_o
     go.reuse_memory = o->reuse_memory;
     kiln_graph *g = NULL;
     kiln_status st = KILN_OK;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (!in[i]) st = kiln_last_status();
-    if (!st) st = kiln_graph_build(kiln_train_trace_step, m, m->params, m->n_params, in, 4, &go, &g);
+    if (!st) st = kiln_graph_build(kiln_train_trace_step, m, m->params, m->n_params, in, n_in, &go, &g);
     if (!st) {
         *bytes = g->arena_bytes;
         /* bf16 products convert both operands into one scratch block, which
@@ -45,7 +48,7 @@ static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_o
         }
     }
     kiln_graph_free(g);
-    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    for (int i = 0; i < 5; i++) kiln_tensor_release(in[i]);
     return st ? kiln_error_context(st, "planning a micro-batch of %d x %d", b, T) : KILN_OK;
 }
 

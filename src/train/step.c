@@ -32,9 +32,16 @@ static void release_batch(batch_tensors *t) {
     kiln_tensor_release(t->docs.segments);
 }
 
+bool kiln_train_uses_dropout(const kiln_llama *m) { return m->lora_a && m->lora.dropout > 0; }
+
 kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                   kiln_tensor **diff) {
+    kiln_llama *m = model;
+    /* a training trace of a model with dropout takes the mask key as input 4 */
+    kiln_tensor *keep = m->lora_key;
+    m->lora_key = diff && kiln_train_uses_dropout(m) ? in[4] : NULL;
     kiln_tensor *sum = kiln_llama_loss(model, in[0], in[1], in[2]);
+    m->lora_key = keep;
     if (!sum) return kiln_last_status();
     report[0] = sum;
     *n_report = 1;
@@ -45,7 +52,11 @@ kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tens
 kiln_status kiln_train_trace_step_docs(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                        kiln_tensor **diff) {
     kiln_llama_docs docs = {in[4], in[5]};
+    kiln_llama *m = model;
+    kiln_tensor *keep = m->lora_key;
+    m->lora_key = diff && kiln_train_uses_dropout(m) ? in[6] : NULL; /* LoRA dropout's key, after the documents */
     kiln_tensor *sum = kiln_llama_loss_ex(model, in[0], in[1], in[2], &docs);
+    m->lora_key = keep;
     if (!sum) return kiln_last_status();
     report[0] = sum;
     *n_report = 1;
@@ -60,20 +71,32 @@ kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, 
 kiln_compiled *kiln_train_compile_ex(kiln_llama *m, const kiln_compile_options *o, bool backward, bool documents) {
     kiln_compile_options co = *o;
     co.backward = backward;
-    if (documents) return kiln_compile(kiln_train_trace_step_docs, m, m->params, m->n_params, 6, &co);
-    return kiln_compile(kiln_train_trace_step, m, m->params, m->n_params, 4, &co);
+    /* LoRA dropout's key follows the other inputs of a training step */
+    int drop = backward && kiln_train_uses_dropout(m);
+    if (documents) return kiln_compile(kiln_train_trace_step_docs, m, m->params, m->n_params, 6 + drop, &co);
+    return kiln_compile(kiln_train_trace_step, m, m->params, m->n_params, 4 + drop, &co);
+}
+
+/* The dropout key of global micro-batch `micro` of optimiser step `step`:
+ * 24 bits (held exactly in the f32 the op reads) of a counter-based hash of
+ * the run seed, the step and the micro-batch, so a resumed run draws the
+ * masks the uninterrupted one drew, and every rank its own. */
+float kiln_train_dropout_key(uint64_t seed, int64_t step, int64_t micro) {
+    uint64_t h = kiln_rng_u64(seed ^ 0x4c6f5241447270ull, ((uint64_t)step << 20) ^ (uint64_t)micro);
+    return (float)(h >> 40);
 }
 
 /* One micro-batch through a compiled step: the scale is a runtime input, so
  * a new window's token count never rebuilds anything. Returns
  * KILN_ERR_LIMIT past the variant limit (the caller runs eager). */
-static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double scale, double *sum) {
-    /* a step compiled for one kind of row must not silently run the other */
-    int want = b->segmented ? 6 : 4;
-    if (kiln_compiled_n_inputs(cs) != want)
+static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double scale, kiln_tensor *key, double *sum) {
+    /* a step compiled for one kind of row must not silently run the other;
+     * a training step with LoRA dropout takes the key as one more input */
+    int want = b->segmented ? 6 : 4, n_in = kiln_compiled_n_inputs(cs);
+    if (n_in != want && !(key && n_in == want + 1))
         return kiln_error(KILN_ERR_INVALID, "the compiled step takes %s rows, the batch holds %s (--pack documents needs "
                           "kiln_train_compile_ex(..., documents = true))",
-                          kiln_compiled_n_inputs(cs) == 6 ? "packed-document" : "plain",
+                          n_in >= 6 ? "packed-document" : "plain",
                           b->segmented ? "packed documents" : "plain rows");
     batch_tensors bt;
     kiln_status st = wrap_batch(b, &bt);
@@ -81,7 +104,8 @@ static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double
     kiln_tensor *s = st ? NULL : kiln_tensor_new(KILN_F32, 1, &one);
     if (s) {
         kiln_f32(s)[0] = (float)scale;
-        kiln_tensor *in[6] = {bt.ids, bt.targets, bt.mask, s, bt.docs.positions, bt.docs.segments};
+        kiln_tensor *in[7] = {bt.ids, bt.targets, bt.mask, s, bt.docs.positions, bt.docs.segments, NULL};
+        in[want] = key; /* read only by a step with dropout */
         float rep[1] = {0};
         st = kiln_compiled_run(cs, in, rep);
         *sum = rep[0];
@@ -96,15 +120,18 @@ static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double
 /* Forward + backward of one micro-batch whose summed loss is multiplied by
  * `scale` (a runtime scalar input) before backward. *sum gets the summed
  * token loss. */
-static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, double *sum, kiln_compiled *cs) {
+static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, kiln_tensor *key, double *sum,
+                              kiln_compiled *cs) {
     if (cs) {
-        kiln_status cst = compiled_micro(cs, b, scale, sum);
+        kiln_status cst = compiled_micro(cs, b, scale, key, sum);
         if (cst != KILN_ERR_LIMIT) return cst;
         kiln_clear_error(); /* past the variant limit: eager */
     }
     batch_tensors bt;
     kiln_status st = wrap_batch(b, &bt);
+    m->lora_key = key; /* dropout on (NULL: off) for this forward only */
     kiln_tensor *loss = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
+    m->lora_key = NULL;
     if (!loss) {
         release_batch(&bt);
         return kiln_last_status();
@@ -159,6 +186,9 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
     double total = 0;
     int bad = -1;
     kiln_status st = KILN_OK;
+    int64_t one = 1;
+    kiln_tensor *key = kiln_train_uses_dropout(m) ? kiln_tensor_new(KILN_F32, 1, &one) : NULL;
+    if (kiln_train_uses_dropout(m) && !key) return kiln_last_status();
     for (int i = 0; i < k && !st; i++) {
         double scale;
         if (c->loss_norm == KILN_LOSS_NORM_TOKENS)
@@ -167,9 +197,11 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
             scale = mb[i]->n_targets ? 1.0 / ((double)mb[i]->n_targets * res->micro_batches) : 0.0;
         double sum = 0;
         if (dist && i == k - 1 && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
-        st = micro_step(m, mb[i], scale, &sum, cs);
+        if (key) kiln_f32(key)[0] = kiln_train_dropout_key(c->seed, g ? g->step : 0, (g ? g->first_micro : 0) + i);
+        st = micro_step(m, mb[i], scale, key, &sum, cs);
         if (st) {
             kiln_set_grad_ready_hook(NULL, NULL);
+            kiln_tensor_release(key);
             return kiln_error_context(st, "micro-batch %d of the window", i);
         }
         if (!isfinite(sum)) {
@@ -179,6 +211,7 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
         }
         total += sum;
     }
+    kiln_tensor_release(key);
     if (dist && (st = sum_across_ranks(opt, g, &total, &bad))) return kiln_error_context(st, "gradient all-reduce");
     if (bad >= 0 || !isfinite(total)) {
         res->skipped = true;
@@ -200,7 +233,7 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
     for (int i = 0; i < n && !st; i++) {
         if (cs) {
             double sum = 0;
-            kiln_status cst = compiled_micro(cs, mb[i], 1.0, &sum);
+            kiln_status cst = compiled_micro(cs, mb[i], 1.0, NULL, &sum);
             if (cst == KILN_OK) {
                 total += sum;
                 count += mb[i]->n_targets;

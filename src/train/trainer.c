@@ -388,7 +388,7 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
             t->stop = 1;
             break;
         }
-        kiln_window_totals g = {.tokens = v[0], .micro_batches = (int)v[1], .first_micro = first};
+        kiln_window_totals g = {.tokens = v[0], .micro_batches = (int)v[1], .first_micro = first, .step = t->st.step};
         kiln_step_result res;
         if ((st = kiln_train_window_global(t->model, t->opt, &t->cfg, t->mb, k, lr, &res, t->cs_train, &g))) {
             kiln_error_context(st, "step %lld", (long long)t->st.step + 1);
