@@ -142,8 +142,16 @@ kiln_status kiln_lora_config_validate(const kiln_lora_config *lc);
  * ...lora_B.weight, after the base parameters) and freezes every base
  * parameter (no gradient, no optimiser state). Once per model. */
 kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint64_t seed);
+/* --base-dtype: holds the frozen base's linear weights (the seven
+ * projections of every layer, the bulk of the parameters) in dt, KILN_BF16
+ * (rounded to nearest even; no fp32 copy is kept) or back in KILN_F32.
+ * Their products become bf16 products (kiln_matmul: a bf16 operand makes
+ * one); embeddings, norms, biases, the head and the adapters stay fp32.
+ * bf16 needs adapters (a frozen base). */
+kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt);
 /* W += (alpha / rank) B A for every adapter (in double), then removes the
- * adapters: the model is a plain one, every parameter trainable again. */
+ * adapters: the model is a plain one, every parameter trainable again. A
+ * bf16 base weight is widened to fp32 first (the merged model is fp32). */
 kiln_status kiln_llama_lora_merge(kiln_llama *m);
 
 /* Key/value cache for generation: keys and values of every layer for up to

@@ -98,7 +98,8 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(lora_rank, INT, 0, 0, "R", "train LoRA adapters of rank R on a frozen base (0: full fine-tuning)")                   \
     X(lora_alpha, F64, POS, 8.0, "A", "LoRA scaling alpha / R (PEFT's default 8)")                                         \
     X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
-    X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all")
+    X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all") \
+    X(base_dtype, ENUM, precision, KILN_F32, "fp32|bf16", "with --lora-rank: hold the frozen base's linears in bf16 (half their memory)")
 
 #define KILN_SETTING_FIELD_STR(key, lim) char key[lim];
 #define KILN_SETTING_FIELD_INT(key, lim) int key;
@@ -252,7 +253,8 @@ kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *l
  * the graph. overhead is a fixed, measured runtime cost. */
 typedef struct {
     int64_t arena_train, arena_eval; /* the compiled plans' arenas */
-    int64_t params, grads, optim;    /* fp32 parameters, gradients, AdamW moments */
+    int64_t params, grads, optim;    /* parameters as held (a bf16 base: 2 bytes a weight); fp32
+                                        gradients and AdamW moments of what trains (LoRA: adapters) */
     int64_t batches;                 /* token buffers */
     int64_t scratch;                 /* kernel scratch outside the arena (bf16 operand copies) */
     int64_t overhead;                /* code, libraries, oneDNN, OpenMP, data (measured) */

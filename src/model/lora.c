@@ -122,6 +122,53 @@ oom:
     return kiln_error(KILN_ERR_OOM, "out of memory adding LoRA adapters");
 }
 
+/* Replaces base weight t of layer l by `nt` (same name and shape) in the
+ * layer and in params[]. */
+static void replace_base(kiln_llama *m, int64_t l, int t, kiln_tensor *nt) {
+    kiln_llama_layer *ly = &m->layers[l];
+    kiln_tensor **slot[KILN_LORA_N] = {&ly->q_proj, &ly->k_proj, &ly->v_proj, &ly->o_proj, &ly->gate_proj, &ly->up_proj,
+                                       &ly->down_proj};
+    kiln_tensor *old = *slot[t];
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i] == old) m->params[i] = nt;
+    *slot[t] = nt;
+    kiln_tensor_release(old);
+}
+
+/* A copy of W in dtype dt (round to nearest even into bf16, exact back to
+ * f32), with W's name and requires_grad. */
+static kiln_tensor *converted(const kiln_tensor *W, kiln_dtype dt) {
+    kiln_tensor *t = kiln_tensor_new(dt, W->ndim, W->shape);
+    if (!t) return NULL;
+    kiln_tensor_set_name(t, W->name);
+    t->requires_grad = W->requires_grad && dt == KILN_F32;
+    int64_t n = kiln_tensor_numel(W);
+    if (dt == KILN_BF16)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = kiln_f32_to_bf16(kiln_f32(W)[i]);
+    else
+        for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = kiln_bf16_to_f32(((const uint16_t *)W->data)[i]);
+    return t;
+}
+
+kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt) {
+    if (dt != KILN_F32 && dt != KILN_BF16)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "base dtype %s: only fp32 and bf16 are implemented", kiln_dtype_name(dt));
+    if (dt == KILN_BF16 && !m->lora_a)
+        return kiln_error(KILN_ERR_INVALID, "a bf16 base is frozen: it needs LoRA adapters (--lora-rank R); full fine-tuning "
+                          "trains the fp32 weights (--precision bf16 gives bf16 products)");
+    for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int t = 0; t < KILN_LORA_N; t++) {
+            kiln_tensor *W = base_weight(&m->layers[l], t);
+            if (W->dtype == dt) continue;
+            if (W->requires_grad)
+                return kiln_error(KILN_ERR_INVALID, "%s is trainable: only a frozen base is held in bf16", W->name);
+            kiln_tensor *nt = converted(W, dt); /* one weight at a time: the peak is one extra weight */
+            if (!nt) return kiln_error_context(kiln_last_status(), "converting %s to %s", W->name, kiln_dtype_name(dt));
+            replace_base(m, l, t, nt);
+        }
+    return KILN_OK;
+}
+
 kiln_status kiln_llama_lora_merge(kiln_llama *m) {
     if (!m->lora_a) return kiln_error(KILN_ERR_INVALID, "the model has no LoRA adapters to merge");
     double scale = m->lora.alpha / m->lora.rank;
@@ -131,6 +178,12 @@ kiln_status kiln_llama_lora_merge(kiln_llama *m) {
             kiln_tensor *A = m->lora_a[l * KILN_LORA_N + t], *B = m->lora_b[l * KILN_LORA_N + t];
             if (!A) continue;
             kiln_tensor *W = base_weight(&m->layers[l], t);
+            if (W->dtype == KILN_BF16) { /* a bf16 base: the merged weight is fp32 (W widened exactly, plus the update) */
+                kiln_tensor *nt = converted(W, KILN_F32);
+                if (!nt) return kiln_error_context(kiln_last_status(), "merging into %s", W->name);
+                replace_base(m, l, t, nt);
+                W = nt;
+            }
             if (W->dtype != KILN_F32)
                 return kiln_error(KILN_ERR_UNSUPPORTED, "merging into a %s base weight (%s)", kiln_dtype_name(W->dtype), W->name);
             int64_t out = W->shape[0], in = W->shape[1];

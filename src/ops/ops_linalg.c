@@ -240,7 +240,10 @@ kiln_tensor *kiln_matmul_prec(kiln_tensor *a, kiln_tensor *b, int mode, bool ta,
     return kiln_op_call(KILN_OP_MATMUL, in, 2, &at);
 }
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool tb) {
-    bool bf16 = mode != KILN_MM_BATCHED && kiln_autocast_get() == KILN_BF16;
+    /* a bf16 operand (a LoRA run's frozen bf16 base, --base-dtype bf16)
+     * makes a bf16 product whatever the autocast setting */
+    bool held_bf16 = a && b && (a->dtype == KILN_BF16 || b->dtype == KILN_BF16);
+    bool bf16 = mode != KILN_MM_BATCHED && (kiln_autocast_get() == KILN_BF16 || held_bf16);
     return kiln_matmul_prec(a, b, mode, ta, tb, bf16);
 }
 kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W) { return kiln_matmul(x, W, KILN_MM_ROWS, false, true); }

@@ -207,6 +207,9 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     kiln_lora_config lc;
     kiln_status lst = kiln_train_lora_config(c, &lc);
     if (lst) return lst;
+    if (c->base_dtype == KILN_BF16 && !c->lora_rank)
+        return kiln_error(KILN_ERR_INVALID, "base_dtype bf16 needs lora_rank > 0: a bf16 base is frozen, so it only makes sense "
+                          "with LoRA adapters (for bf16 products in full fine-tuning use precision bf16)");
     return kiln_train_check_batch_settings(c);
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kiln/kernels.h"
 #include "kiln/train.h"
 
 /* Measured: peak RSS minus the items below over runs of the small and demo
@@ -43,8 +44,11 @@ static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_o
         for (int v = 0; v < g->n; v++) {
             const kiln_value *x = &g->v[v];
             if (x->kind != KILN_V_OP || x->dead || x->op != KILN_OP_MATMUL || !x->attrs.i[3]) continue;
+            /* native: bf16 copies of fp32 operands; emulated (AVX2): fp32
+             * copies of both, a bf16 base weight widened */
             int64_t n = kiln_meta_numel(&g->v[x->in[0]].meta) + kiln_meta_numel(&g->v[x->in[1]].meta);
-            if (n * 2 + 128 > *scratch) *scratch = n * 2 + 128;
+            int64_t esz = kiln_bf16_native() ? 2 : 4;
+            if (n * esz + 128 > *scratch) *scratch = n * esz + 128;
         }
     }
     kiln_graph_free(g);
@@ -58,8 +62,10 @@ kiln_status kiln_train_plan_bytes(kiln_llama *m, int b, int T, const kiln_compil
     if (!st) st = graph_arena(m, b, T, o, false, &out->arena_eval, &out->scratch);
     if (st) return st;
     for (int i = 0; i < m->n_params; i++) {
+        /* as held (a bf16 base: 2 bytes each); gradients and AdamW's two
+         * moments only for what trains (LoRA: the adapters), fp32 */
         int64_t bytes = kiln_tensor_numel(m->params[i]) * 4;
-        out->params += bytes;
+        out->params += (int64_t)kiln_tensor_nbytes(m->params[i]);
         if (m->params[i]->requires_grad) out->grads += bytes, out->optim += 2 * bytes;
     }
     out->batches = (int64_t)b * T * 3 * 4 * 2; /* ids, targets, mask; train and eval buffers */

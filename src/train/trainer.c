@@ -243,6 +243,9 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
         if ((st = kiln_train_lora_config(c, &lc))) goto fail;
         if (lc.rank && (st = kiln_llama_lora_add(t->model, &lc, c->seed))) goto fail;
     }
+    /* the frozen base in bf16 (a resumed run reloads it from the saved fp32
+     * file, which holds the bf16 values exactly) */
+    if (c->base_dtype == KILN_BF16 && (st = kiln_llama_base_cast(t->model, KILN_BF16))) goto fail;
     if ((st = check_fit(t, info)) || (st = check_tokenizer(t, resume, info))) goto fail;
     if (c->freeze[0] && kiln_llama_set_trainable(t->model, c->freeze, false) == 0) {
         st = kiln_error(KILN_ERR_INVALID, "--freeze '%s' matches no parameter (names look like model.layers.0.mlp.up_proj.weight)",

@@ -242,7 +242,7 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
                         fmt_shape(s->ndim, s->shape, a, sizeof a), fmt_shape(q->ndim, q->shape, b, sizeof b));
         else if (s->dtype != KILN_F32 && s->dtype != KILN_BF16 && s->dtype != KILN_F16)
             add_problem(p, "tensor '%s' has dtype %s; weights must be F32, BF16 or F16", q->name, kiln_dtype_name(s->dtype));
-        else if (q->dtype != KILN_F32)
+        else if (q->dtype != KILN_F32 && q->dtype != KILN_BF16)
             add_problem(p, "tensor '%s': loading into a %s parameter is not supported", q->name, kiln_dtype_name(q->dtype));
     }
     for (int i = 0; i < w->n; i++) {
@@ -254,8 +254,27 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
     }
 }
 
+/* into a bf16 parameter (a LoRA run's bf16 base): BF16 as it is, F32 and
+ * F16 rounded once to nearest even (F16 widens exactly first) */
+static void fill_bf16(const kiln_st_tensor *s, kiln_tensor *dst) {
+    int64_t n = kiln_tensor_numel(dst);
+    uint16_t *d = dst->data;
+    const uint16_t *h = s->data;
+    if (s->dtype == KILN_BF16) {
+        if (n) memcpy(d, s->data, (size_t)n * 2);
+    } else if (s->dtype == KILN_F32) {
+        for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(((const float *)s->data)[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(kiln_f16_to_f32(h[i]));
+    }
+}
+
 static void fill(const kiln_st_tensor *s, kiln_tensor *dst) {
     int64_t n = kiln_tensor_numel(dst);
+    if (dst->dtype == KILN_BF16) {
+        fill_bf16(s, dst);
+        return;
+    }
     float *d = kiln_f32(dst);
     if (s->dtype == KILN_F32) {
         if (n) memcpy(d, s->data, (size_t)n * sizeof(float));
@@ -336,21 +355,27 @@ static kiln_status file_tensors(const kiln_llama *m, kiln_dtype dtype, kiln_st_t
         *t = (kiln_st_tensor){.name = q->name, .dtype = dtype, .ndim = q->ndim, .data = q->data,
                               .nbytes = (size_t)n * kiln_dtype_size(dtype)};
         memcpy(t->shape, q->shape, sizeof t->shape);
-        if (dtype == KILN_F32 || q->dtype != KILN_F32) {
-            if (q->dtype != dtype)
-                return kiln_error(KILN_ERR_UNSUPPORTED, "cannot save %s: parameter '%s' is %s", path, q->name,
-                                  kiln_dtype_name(q->dtype));
-            continue;
-        }
-        uint16_t *h = malloc(t->nbytes ? t->nbytes : 1);
+        if (q->dtype == dtype) continue;
+        if (q->dtype != KILN_F32 && q->dtype != KILN_BF16)
+            return kiln_error(KILN_ERR_UNSUPPORTED, "cannot save %s: parameter '%s' is %s", path, q->name,
+                              kiln_dtype_name(q->dtype));
+        void *h = malloc(t->nbytes ? t->nbytes : 1);
         if (!h) return kiln_error(KILN_ERR_OOM, "out of memory converting '%s' to save %s", q->name, path);
-        const float *x = kiln_f32(q);
-        if (dtype == KILN_BF16)
-            for (int64_t j = 0; j < n; j++) h[j] = kiln_f32_to_bf16(x[j]);
-        else
-            for (int64_t j = 0; j < n; j++) h[j] = kiln_f32_to_f16(x[j]);
         bufs[i - from] = h;
         t->data = h;
+        if (q->dtype == KILN_BF16) { /* a bf16 base: widened exactly (F32), or through f32 (F16) */
+            const uint16_t *x = q->data;
+            if (dtype == KILN_F32)
+                for (int64_t j = 0; j < n; j++) ((float *)h)[j] = kiln_bf16_to_f32(x[j]);
+            else
+                for (int64_t j = 0; j < n; j++) ((uint16_t *)h)[j] = kiln_f32_to_f16(kiln_bf16_to_f32(x[j]));
+            continue;
+        }
+        const float *x = kiln_f32(q);
+        if (dtype == KILN_BF16)
+            for (int64_t j = 0; j < n; j++) ((uint16_t *)h)[j] = kiln_f32_to_bf16(x[j]);
+        else
+            for (int64_t j = 0; j < n; j++) ((uint16_t *)h)[j] = kiln_f32_to_f16(x[j]);
     }
     return KILN_OK;
 }
