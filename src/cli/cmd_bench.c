@@ -38,7 +38,36 @@ static const char *bench_help =
     "                      documents of --doc-len tokens next to plain packed rows of the same tokens\n"
     "  --doc-len N         document length for --pack documents (default 64)\n"
     "  --no-optim          forward + backward only (gradients accumulate, no optimiser step)\n"
-    "  --results           also print one 'RESULT mode=... tokens_s=...' line per mode (bench/compare.sh reads them)\n";
+    "  --results           also print one 'RESULT mode=... tokens_s=...' line per mode (bench/compare.sh reads them)\n"
+
+    "LoRA mode (a frozen base with adapters, as kiln train --lora-rank):\n"
+    "  --lora-rank R       adapters of rank R (alpha 2R)\n"
+    "  --lora-targets L    q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default all)\n"
+    "  --base-dtype D      fp32 (default) or bf16: the frozen base linears held in bf16\n"
+    "Bench-only model names: smollm2-135m (SmolLM2-135M's shape), llama-1b (a 1.1B Llama:\n"
+    "hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 kv heads, vocab 32000).\n";
+
+/* Shapes to measure without a config.json: SmolLM2-135M (its Hugging Face
+ * config) and a 1B-parameter Llama; random weights, as every bench model. */
+static bool bench_config(const char *name, kiln_llama_config *c) {
+    struct {
+        const char *name;
+        int64_t V, C, I, L, H, KV, ctx;
+        bool tied;
+        double theta;
+    } k[] = {{"smollm2-135m", 49152, 576, 1536, 30, 9, 3, 8192, true, 100000},
+             {"llama-1b", 32000, 2048, 8192, 16, 32, 8, 2048, false, 10000}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        if (strcmp(name, k[i].name)) continue;
+        kiln_llama_config_default(c);
+        c->vocab_size = k[i].V, c->hidden_size = k[i].C, c->intermediate_size = k[i].I, c->num_hidden_layers = k[i].L;
+        c->num_attention_heads = k[i].H, c->num_key_value_heads = k[i].KV, c->head_dim = k[i].C / k[i].H;
+        c->max_position_embeddings = k[i].ctx, c->tie_word_embeddings = k[i].tied, c->rope_theta = k[i].theta;
+        c->rms_norm_eps = 1e-5;
+        return true;
+    }
+    return false;
+}
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -175,10 +204,12 @@ int kiln_cmd_bench(int argc, char **argv) {
                                           {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
                                           {"--modes", true},  {"--precision", true}, {"--recompute", true},
                                           {"--compete", true}, {"--pack", true},  {"--doc-len", true},
-                                          {"--no-optim", false}, {"--results", false}};
-    int compete = 0;
+                                          {"--no-optim", false}, {"--results", false}, {"--lora-rank", true},
+                                          {"--lora-targets", true}, {"--base-dtype", true}};
+    int compete = 0, lora_rank = 0, base_dtype = KILN_F32;
     int pack = KILN_PACK_PACKED;
     int64_t doc_len = 0;
+    const char *lora_targets = "all";
     for (int i = 1; i < argc; i++) {
         const char *v;
         int k = kiln_cli_scan("bench", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
@@ -205,19 +236,33 @@ int kiln_cmd_bench(int argc, char **argv) {
         case 13: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &doc_len); break;
         case 14: no_optim = true; break;
         case 15: results = true; break;
+        case 16: ok = kiln_cli_int("bench", flags[k].name, v, 1, 65536, &x), lora_rank = (int)x; break;
+        case 17: lora_targets = v; break;
+        case 18: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("base_dtype")->choices, &base_dtype); break;
         }
         if (!ok) return 2;
     }
     kiln_llama_config cfg;
-    kiln_status st = kiln_llama_config_resolve(model, &cfg);
+    kiln_status st = bench_config(model, &cfg) ? KILN_OK : kiln_llama_config_resolve(model, &cfg);
     if (st) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
         return 1;
     }
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
+    if (base_dtype == KILN_BF16 && !lora_rank) {
+        fprintf(stderr, "kiln bench: --base-dtype bf16 needs --lora-rank: a bf16 base is frozen, only adapters train\n");
+        return 2;
+    }
     b.m = kiln_llama_new(&cfg, 1234);
-    if (!b.m) {
+    kiln_lora_config lc = {.rank = lora_rank, .alpha = 2.0 * lora_rank};
+    st = b.m ? KILN_OK : kiln_last_status();
+    if (!st && lora_rank && !(st = kiln_lora_targets_parse(lora_targets, &lc.targets))) st = kiln_llama_lora_add(b.m, &lc, 1234);
+    if (!st && base_dtype == KILN_BF16) st = kiln_llama_base_cast(b.m, KILN_BF16);
+    kiln_alloc_trim(); /* the fp32 copies of a bf16 base go back to the system */
+    malloc_trim(0);
+    if (st) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+        kiln_llama_free(b.m);
         return 1;
     }
     if (pack == KILN_PACK_PADDED || (doc_len && pack != KILN_PACK_DOCUMENTS) || (compete && pack == KILN_PACK_DOCUMENTS)) {
@@ -234,6 +279,15 @@ int kiln_cmd_bench(int argc, char **argv) {
         kiln_autocast_set(was);
         kiln_llama_free(b.m);
         return rc;
+    }
+    if (lora_rank) {
+        int64_t trainable = 0, base_bytes = 0;
+        for (int i = 0; i < b.m->n_params; i++) {
+            if (b.m->params[i]->requires_grad) trainable += kiln_tensor_numel(b.m->params[i]);
+            else base_bytes += (int64_t)kiln_tensor_nbytes(b.m->params[i]);
+        }
+        printf("LoRA r=%d on %s: %.2fM trainable parameters; frozen base %.0f MB (%s linears)\n", lora_rank, lora_targets,
+               trainable / 1e6, base_bytes / 1e6, base_dtype == KILN_BF16 ? "bf16" : "fp32");
     }
     int64_t shape[2] = {B, T}, one = 1;
     for (int i = 0; i < 3; i++) b.in[i] = kiln_tensor_new(KILN_I32, 2, shape);
