@@ -163,7 +163,11 @@ static void numerics(void) {
         float *gc = adapter_grads(m, &n);
         double dc = max_diff(gc, gm, n, &scale), lc = rep[0] / (double)b->n_targets;
         printf("  compiled: loss %.7f (eager %.7f), adapter gradients max difference %.2e of %.2e\n", lc, lm, dc, scale);
-        CHECK(t_rel(lc, lm) < 1e-5 && dc <= 1e-5 * scale, "compiled = eager with a bf16 base");
+        /* as test_bf16: a one-ulp difference in a fused reduction can move an
+         * operand across a bf16 rounding boundary (a 2^-8 step), so gradients
+         * agree to bf16 rounding rather than bit for bit */
+        CHECK(t_rel(lc, lm) < 1e-5 && dc <= 2e-3 * scale, "compiled = eager with a bf16 base (loss rel %.2e, gradients %.2e)",
+              t_rel(lc, lm), dc / scale);
         int base_acc = 0;
         const kiln_graph *g = kiln_compiled_graph(cs);
         for (int v = 0; g && v < g->n; v++) base_acc += g->v[v].kind == KILN_V_GRAD_ACC && !g->v[v].dead && g->v[v].index < m->n_base;
