@@ -1,7 +1,9 @@
 /* kiln: the command-line entry point; dispatches to subcommands. */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "kiln/core.h"
 
@@ -30,7 +32,23 @@ static void usage(FILE *f) {
     fprintf(f, "\n`kiln COMMAND --help` describes each command.\n");
 }
 
+/* OpenMP's threads wait for work by spinning (libgomp: about 300,000 polls,
+ * a fraction of a millisecond) before they sleep. Alone on its cores that
+ * is what keeps kiln fast; beside busy processes a spinning thread burns the
+ * time slice the thread it waits for needs. A short spin keeps both: see
+ * README "Sharing the cores". libgomp reads its settings when it is loaded,
+ * before main, so kiln sets them and runs itself again, once, unless the user
+ * chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT set). */
+#define KILN_SPINCOUNT "1000"
+static void tune_waiting(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv("KILN_OMP_TUNED")) return;
+    if (setenv("GOMP_SPINCOUNT", KILN_SPINCOUNT, 1) || setenv("KILN_OMP_TUNED", "1", 1)) return;
+    execv("/proc/self/exe", argv); /* only returns on failure: then run as we are */
+    unsetenv("GOMP_SPINCOUNT");
+}
+
 int main(int argc, char **argv) {
+    tune_waiting(argv);
     /* Past the file-size limit (ulimit -f) a write would kill the process
      * with SIGXFSZ mid-save, saying nothing; ignored, the write fails with
      * EFBIG and the save reports "File too large" naming the file. */
