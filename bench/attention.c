@@ -4,7 +4,10 @@
  * Prints median and best ms of each and GFLOP/s of the median, counting
  * causal work: forward 4·B·H·T·T·D/2, backward 2.5× that (whatever either path
  * actually computes). Also the max difference between the two outputs.
- * Usage: attention [threads] [repeats] */
+ * Usage: attention [threads] [repeats] [BxHxT ...]
+ * Shapes given on the command line replace the two defaults; above T = 2048
+ * only the fused kernels run (the decomposed path would hold B·H·T² scores
+ * twice). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,18 +100,37 @@ static void report(const char *name, double med, double best, double flops) {
            flops / med / 1e9);
 }
 
+static void free_ctx(bench_ctx *c) {
+    float *bufs[] = {c->q, c->k, c->v, c->dout, c->mask, c->out, c->lse, c->dq, c->dk, c->dv,
+                     c->o2, c->dq2, c->dk2, c->dv2, c->S, c->dP};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kiln_dealloc(bufs[i]);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) omp_set_num_threads(atoi(argv[1]));
     int reps = argc > 2 ? atoi(argv[2]) : 7;
     if (reps < 1 || reps > 64) reps = 7;
     printf("threads %d, repeats %d, gemm %s\n", omp_get_max_threads(), reps, kiln_gemm_backend());
-    const int64_t Ts[2] = {256, 1024};
-    for (int ti = 0; ti < 2; ti++) {
-        bench_ctx c = {.B = 8, .H = 8, .T = Ts[ti], .D = 64, .scale = 0.125f};
-        const int64_t T = c.T, n = c.B * c.H * T * c.D, nn = c.B * c.H * T * T;
+    int64_t shapes[16][3] = {{8, 8, 256}, {8, 8, 1024}};
+    int nshape = 2;
+    if (argc > 3) {
+        nshape = 0;
+        for (int i = 3; i < argc && nshape < 16; i++) {
+            long long b, h, t;
+            if (sscanf(argv[i], "%lldx%lldx%lld", &b, &h, &t) != 3 || b < 1 || h < 1 || t < 1) {
+                fprintf(stderr, "attention: shape '%s' is not BxHxT (e.g. 1x8x4096)\n", argv[i]);
+                return 2;
+            }
+            shapes[nshape][0] = b, shapes[nshape][1] = h, shapes[nshape][2] = t, nshape++;
+        }
+    }
+    for (int ti = 0; ti < nshape; ti++) {
+        bench_ctx c = {.B = shapes[ti][0], .H = shapes[ti][1], .T = shapes[ti][2], .D = 64, .scale = 0.125f};
+        const bool decomposed = c.T <= 2048;
+        const int64_t T = c.T, n = c.B * c.H * T * c.D, nn = decomposed ? c.B * c.H * T * T : 1;
         c.q = rnd(n, 1), c.k = rnd(n, 2), c.v = rnd(n, 3), c.dout = rnd(n, 4);
-        c.mask = kiln_alloc((size_t)(T * T) * sizeof(float));
-        for (int64_t i = 0; i < T; i++)
+        c.mask = kiln_alloc((size_t)(decomposed ? T * T : 1) * sizeof(float));
+        for (int64_t i = 0; decomposed && i < T; i++)
             for (int64_t j = 0; j < T; j++) c.mask[i * T + j] = j <= i ? 0.0f : -INFINITY;
         c.out = rnd(n, 5), c.lse = rnd(c.B * c.H * T, 6), c.dq = rnd(n, 7), c.dk = rnd(n, 8),
         c.dv = rnd(n, 9);
@@ -124,6 +146,10 @@ int main(int argc, char **argv) {
         timeit(fused_bwd, &c, reps, &m, &b);
         report("fused backward", m, b, 2.5 * ff);
         double fbm = m;
+        if (!decomposed) {
+            free_ctx(&c);
+            continue;
+        }
         timeit(decomposed_fwd, &c, reps, &m, &b);
         report("decomposed forward", m, b, ff);
         double dfm = m;
@@ -136,9 +162,7 @@ int main(int argc, char **argv) {
                "T×T scratch avoided: %.0f MiB\n",
                maxdiff(c.out, c.o2, n), maxdiff(c.dq, c.dq2, n), maxdiff(c.dk, c.dk2, n),
                maxdiff(c.dv, c.dv2, n), 2.0 * (double)nn * 4 / 1048576.0);
-        float *bufs[] = {c.q, c.k, c.v, c.dout, c.mask, c.out, c.lse, c.dq, c.dk, c.dv,
-                         c.o2, c.dq2, c.dk2, c.dv2, c.S, c.dP};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kiln_dealloc(bufs[i]);
+        free_ctx(&c);
     }
     return 0;
 }

@@ -158,6 +158,12 @@ static void test_attn_reference(void) {
     check_attn("T=70 Tk=200 padded block", &n);
     att_shape o = {1, 3, 3, 130, 130, 16, 0.25f, NULL};
     check_attn("T=130 D=16 MHA", &o);
+    /* head sizes that end in a partial vector of the AVX2 micro-kernels
+     * (16-, 8- and masked column chunks) */
+    att_shape p = {1, 2, 2, 70, 70, 12, 0.3f, NULL};
+    check_attn("T=70 D=12", &p);
+    p.D = 44;
+    check_attn("T=70 D=44", &p);
     free(pm);
 }
 

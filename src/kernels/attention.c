@@ -26,12 +26,15 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define KILN_ATT_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
 #endif
 
 #define BQ 64
 #define BK 64
-/* Row-block height of the micro-kernels: 6 rows × 4 vectors of accumulators
- * plus 4 loaded vectors fit the 32 zmm registers. */
+/* Row-block height of the micro-kernels: with AVX-512, 6 rows × 4 vectors of
+ * accumulators plus 4 loaded vectors fit the 32 zmm registers; with AVX2, 6
+ * rows × 2 vectors plus 2 loaded and one broadcast fit the 16 ymm ones. */
 #define MR 6
 
 /* ---- micro-kernels ------------------------------------------------------ */
@@ -140,6 +143,117 @@ static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int
         }
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 + FMA (16 ymm registers): blocks of R <= 6 rows × 16 columns, 12
+ * accumulators, 2 loaded vectors and one broadcast. */
+static inline __attribute__((always_inline)) void nt_rows(const float *A, int64_t lda,
+                                                          const float *Bt, int64_t D, float *C,
+                                                          const int R) {
+    for (int c0 = 0; c0 < BK; c0 += 16) {
+        __m256 acc[MR][2];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const float *b = Bt + d * BK + c0;
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            __asm__("" : "+x"(b0), "+x"(b1));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) {
+                __m256 a = _mm256_broadcast_ss(A + r * lda + d);
+                acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            _mm256_storeu_ps(C + r * BK + c0, acc[r][0]);
+            _mm256_storeu_ps(C + r * BK + c0 + 8, acc[r][1]);
+        }
+    }
+}
+
+static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
+    int64_t r = 0;
+    for (; r + MR <= nr; r += MR) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, MR);
+    if (r + 4 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 4), r += 4;
+    if (r + 2 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 2), r += 2;
+    for (; r < nr; r++) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 1);
+}
+
+/* C[r*ldc + c] += sum_k A[r*sar + k*sak] * B[k*ldb + c] for rows r < R and
+ * the 8*NV columns of one chunk (its last vector masked by mk when MASKED). */
+static inline __attribute__((always_inline)) void acc_rows(const float *A, int64_t sar,
+                                                           int64_t sak, const float *B,
+                                                           int64_t ldb, float *C, int64_t ldc,
+                                                           int64_t nk, __m256i mk, const int R,
+                                                           const int NV, const int MASKED) {
+    __m256 acc[MR][2];
+#define ACC_LD(p, v) (MASKED && (v) == NV - 1 ? _mm256_maskload_ps((p), mk) : _mm256_loadu_ps(p))
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) acc[r][v] = ACC_LD(C + r * ldc + 8 * v, v);
+    for (int64_t k = 0; k < nk; k++) {
+        const float *b = B + k * ldb;
+        __m256 bv[2];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            bv[v] = ACC_LD(b + 8 * v, v);
+            __asm__("" : "+x"(bv[v]));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m256 a = _mm256_broadcast_ss(A + r * sar + k * sak);
+#pragma GCC unroll 2
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm256_fmadd_ps(a, bv[v], acc[r][v]);
+        }
+    }
+#undef ACC_LD
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; v++) {
+            if (MASKED && v == NV - 1)
+                _mm256_maskstore_ps(C + r * ldc + 8 * v, mk, acc[r][v]);
+            else
+                _mm256_storeu_ps(C + r * ldc + 8 * v, acc[r][v]);
+        }
+}
+
+#define ACC_ROWS(NV, MASKED)                                                                       \
+    do {                                                                                           \
+        int64_t r = 0;                                                                             \
+        for (; r + MR <= nr; r += MR)                                                              \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, mk, MR, NV, MASKED); \
+        if (r + 4 <= nr)                                                                           \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, mk, 4, NV, MASKED), r += 4; \
+        if (r + 2 <= nr)                                                                           \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, mk, 2, NV, MASKED), r += 2; \
+        for (; r < nr; r++)                                                                        \
+            acc_rows(A + r * sar, sar, sak, B + c0, ldb, C + r * ldc + c0, ldc, nk, mk, 1, NV, MASKED); \
+    } while (0)
+
+/* C[r*ldc + c] += sum_{k<nk} A[r*sar + k*sak] * B[k*ldb + c], r < nr, c < D. */
+static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int64_t ldb, float *C,
+                   int64_t ldc, int64_t nr, int64_t nk, int64_t D) {
+    const __m256i full = _mm256_set1_epi32(-1);
+    int64_t c0 = 0;
+    for (; c0 + 16 <= D; c0 += 16) {
+        const __m256i mk = full;
+        ACC_ROWS(2, 0);
+    }
+    if (c0 + 8 <= D) {
+        const __m256i mk = full;
+        ACC_ROWS(1, 0);
+        c0 += 8;
+    }
+    if (c0 < D) {
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(D - c0)),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        ACC_ROWS(1, 1);
+    }
+}
+#undef ACC_ROWS
 #else /* portable versions */
 static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
     for (int64_t r = 0; r < nr; r++) {
