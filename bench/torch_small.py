@@ -6,8 +6,9 @@ tests/reference/make_fixtures.py. Run with Debian's python3-torch (1.13):
     /usr/bin/python3 bench/torch_small.py [--model small|124m|demo|tiny|config.json]
         [--batch 8] [--seq 256] [--steps 5] [--threads N] [--bf16] [--peak GFLOPS]
 Prints ms/step, tokens/s and the optimiser's share (medians), MFU against
---peak (give it the fp32 FMA peak `kiln bench` prints, so both use one
-figure; bf16 MFU is against twice that, as kiln bench counts it) and peak
+--peak (the peak of the precision run, as `kiln bench --results` prints it
+in mfu_peak_gflops, so both use one figure: for bf16 twice the fp32 FMA peak
+where the CPU has AVX512-BF16, the fp32 peak where it has not) and peak
 memory (ru_maxrss). The last line is one machine-readable record:
     RESULT tokens_s=... mfu=... peak_mb=... ms=... optim_ms=..."""
 import argparse, json, math, os, resource, sys, time
@@ -82,7 +83,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (default: all cores)")
     ap.add_argument("--bf16", action="store_true", help='torch.autocast("cpu", dtype=torch.bfloat16)')
-    ap.add_argument("--peak", type=float, default=0.0, help="fp32 FMA peak in GFLOP/s for MFU (kiln bench prints it)")
+    ap.add_argument("--peak", type=float, default=0.0, help="peak GFLOP/s of the precision run, for MFU (kiln bench --results prints it as mfu_peak_gflops)")
     ap.add_argument("--no-optim", action="store_true", help="forward + backward only")
     a = ap.parse_args()
     if a.steps < 1 or a.batch < 1 or a.seq < 2 or a.threads < 1 or a.warmup < 0:
@@ -124,7 +125,7 @@ def main():
     med, omed = times[len(times) // 2], opt_times[len(opt_times) // 2]
     tok_s = B * T / med
     flops = flops_per_token(cfg, T) * B * T
-    peak = a.peak * (2 if a.bf16 else 1)
+    peak = a.peak
     mfu = flops / med / 1e9 / peak if peak > 0 else float("nan")
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # Linux: KiB
     prec = "bf16 autocast" if a.bf16 else "fp32"
