@@ -377,6 +377,75 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
     return 1;
 }
 
+/* ---- the softmax of a full tile row (AVX2) -------------------------------- */
+#if defined(__AVX2__) && defined(__FMA__)
+#define KILN_ATT_ROW8 1
+/* kiln_expf_fast on 8 lanes: the same operations in the same order, so
+ * the same bits as the scalar function (and as its compiler-vectorised
+ * uses in the backward) */
+static inline __m256 exp8(__m256 x) {
+    __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), x); /* NaN stays NaN, as in the scalar */
+    xc = _mm256_min_ps(_mm256_set1_ps(89.0f), xc);
+    __m256 kf = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(12582912.0f));
+    const __m256i kb = _mm256_castps_si256(kf);
+    kf = _mm256_sub_ps(kf, _mm256_set1_ps(12582912.0f));
+    __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-0.693359375f), xc);
+    r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.98412698e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.38888889e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.33333333e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.16666667e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.66666667e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i sb = _mm256_slli_epi32(_mm256_add_epi32(kb, _mm256_set1_epi32((int)(127u - 0x4B400000u))), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(sb));
+}
+
+static inline float hmax8(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* One row of BK scores with every key visible: s ← exp(s·sc − m_new),
+ * updating the running max *m and sum *l; returns the factor that rescales
+ * the row's output so far. The generic loops below do the same with
+ * horizontal reductions the compiler spills through memory, a chain of
+ * dependent loads per row that cost a fifth of the forward. */
+static inline float full_row(float *s, float sc, float *m, float *l) {
+    __m256 x[BK / 8];
+    const __m256 vs = _mm256_set1_ps(sc);
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int i = 0; i < BK / 8; i++) {
+        x[i] = _mm256_mul_ps(_mm256_loadu_ps(s + 8 * i), vs);
+        mx = _mm256_max_ps(x[i], mx); /* a NaN score is skipped, as by the scalar max */
+    }
+    const float rmax = hmax8(mx), mnew = rmax > *m ? rmax : *m;
+    const float mu = mnew == -INFINITY ? 0.0f : mnew;
+    const float alpha = kiln_expf_fast(*m - mu);
+    const __m256 vmu = _mm256_set1_ps(mu);
+    __m256 sum = _mm256_setzero_ps();
+    for (int i = 0; i < BK / 8; i++) {
+        const __m256 p = exp8(_mm256_sub_ps(x[i], vmu));
+        _mm256_storeu_ps(s + 8 * i, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    *l = *l * alpha + hsum8(sum);
+    *m = mnew;
+    return alpha;
+}
+#endif
+
 /* ---- forward ------------------------------------------------------------ */
 
 typedef struct {
@@ -418,6 +487,13 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             float *s = S + r * BK;
             const int64_t lim = causal_limit(off + i0 + r, j0, nk);
             const float sc = a->scale;
+            float alpha;
+#ifdef KILN_ATT_ROW8
+            if (!mixed && !has_pad && lim == BK && nk == BK) {
+                alpha = full_row(s, sc, &m[r], &l[r]);
+                goto rescale;
+            }
+#endif
             float mx = -INFINITY;
             if (mixed) { /* block-diagonal: keys of the query's own segment only */
                 const int32_t sq = sg[off + i0 + r], *sk = sg + j0;
@@ -447,7 +523,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             if (mx == -FLT_MAX) mx = kiln_row_max(s, nk); /* clang's reduction start: see kiln_row_max */
             const float mnew = mx > m[r] ? mx : m[r];
             const float mu = mnew == -INFINITY ? 0.0f : mnew;
-            const float alpha = kiln_expf_fast(m[r] - mu);
+            alpha = kiln_expf_fast(m[r] - mu);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
             for (int64_t c = 0; c < nk; c++) {
@@ -457,6 +533,9 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             }
             l[r] = l[r] * alpha + sum;
             m[r] = mnew;
+#ifdef KILN_ATT_ROW8
+        rescale:
+#endif
             if (alpha != 1.0f) {
                 float *orow = o + r * D;
 #pragma omp simd
