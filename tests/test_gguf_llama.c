@@ -9,15 +9,13 @@
  * (F32), and Q8_0 within 1% of F32's. The metadata is read back with
  * llama.cpp's gguf reader. Skips with one line when node or node-llama-cpp
  * is missing. */
-#include <fcntl.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "ggml_ref.h"
 #include "kiln/train.h"
+#include "cli_run.h"
 #include "test.h"
 
 /* every path is a short mkdtemp directory plus a file name */
@@ -26,36 +24,12 @@
 #endif
 
 #define N_PREDICT 32
-static char kiln[1100], script[1200], dir[256], root[1100];
+static char script[1200], dir[256];
 static ggml_ref G;
 static bool have_ref;
 static const char *types[4] = {"f32", "f16", "bf16", "q8_0"};
 static const char *chat_template =
     "{% for m in messages %}<|bos|>{{ m['role'] }}: {{ m['content'] }}<|eos|>{% endfor %}";
-
-/* Runs argv (NULL-terminated) with stdout+stderr into dir/out.txt. */
-static int run(const char *const *argv) {
-    char out[512];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1), dup2(fd, 2);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static char *output(void) {
-    char path[512], *text = NULL;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return strdup("");
-    return text;
-}
 
 static void write_text(const char *path, const char *s) { CHECK_OK(kiln_write_file_atomic(path, s, strlen(s))); }
 
@@ -63,7 +37,7 @@ static void write_text(const char *path, const char *s) { CHECK_OK(kiln_write_fi
  * made-up corpus of the same words */
 static void make_corpus(const char *path) {
     char cmd[1500];
-    snprintf(cmd, sizeof cmd, "command -v bible >/dev/null 2>&1 && bash %s/scripts/corpus.sh %s.full", root, path);
+    snprintf(cmd, sizeof cmd, "command -v bible >/dev/null 2>&1 && bash %s/scripts/corpus.sh %s.full", cli_root, path);
     char full[600], *text = NULL;
     size_t n = 0;
     snprintf(full, sizeof full, "%s.full", path);
@@ -258,8 +232,8 @@ static json_t *run_llama(const char *model_dir, const char *tag, const int32_t *
     snprintf(jp, sizeof jp, "%s/job-%s.json", dir, tag);
     json_dump_file(job, jp, 0);
     json_decref(job);
-    int rc = run((const char *[]){"node", script, jp, NULL});
-    char *text = output();
+    int rc = cli_exec((const char *[]){"node", script, jp, NULL});
+    char *text = cli_output();
     CHECK(rc == 0, "node %s exited %d:\n%s", script, rc, text);
     json_t *res = json_array();
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
@@ -293,8 +267,8 @@ static void check_model(const char *mdir, const char *tag) {
     if (!m || !tok) return;
     for (int t = 0; t < 4; t++) {
         snprintf(out, sizeof out, "%s/%s-%s.gguf", dir, tag, types[t]);
-        int rc = run((const char *[]){kiln, "export", mdir, "--gguf", out, "--type", types[t], NULL});
-        char *o = output();
+        int rc = cli_exec((const char *[]){cli_kiln, "export", mdir, "--gguf", out, "--type", types[t], NULL});
+        char *o = cli_output();
         CHECK(rc == 0 && strstr(o, "GGUF v3"), "kiln export %s --type %s: rc %d\n%s", mdir, types[t], rc, o);
         if (t == 0) printf("%s", o);
         free(o);
@@ -407,9 +381,9 @@ static void check_model(const char *mdir, const char *tag) {
     if (!strcmp(tag, "trained")) {
         /* what a user sees: kiln generate --temperature 0 prints prompt +
          * the same text llama.cpp continues with */
-        int rc = run((const char *[]){kiln, "generate", mdir, "--prompt", greedy_prompts[0], "--max-tokens", "32", "--temperature",
+        int rc = cli_exec((const char *[]){cli_kiln, "generate", mdir, "--prompt", greedy_prompts[0], "--max-tokens", "32", "--temperature",
                                       "0", "--threads", "1", NULL});
-        char *o = output(), *text = NULL;
+        char *o = cli_output(), *text = NULL;
         size_t len = 0;
         int n_ids = np[0][0] + ng[0][0];
         if (ng[0][0] > 0 && seq[0][0][n_ids - 1] == kiln_tokenizer_eos(tok)) n_ids--; /* not printed */
@@ -461,17 +435,17 @@ static void make_random_model(const char *mdir, const char *tok_path) {
 static void refusals(const char *run_dir) {
     char out[600], cfg[600];
     snprintf(out, sizeof out, "%s/x.gguf", dir);
-    CHECK(run((const char *[]){kiln, "export", "--help", NULL}) == 0, "export --help");
-    char *h = output();
+    CHECK(cli_exec((const char *[]){cli_kiln, "export", "--help", NULL}) == 0, "export --help");
+    char *h = cli_output();
     CHECK(strstr(h, "usage: kiln export") != NULL, "export --help: %s", h);
     free(h);
-    CHECK(run((const char *[]){kiln, "export", run_dir, "--gguf", out, "--type", "q4_0", NULL}) == 2, "unknown --type");
-    h = output();
+    CHECK(cli_exec((const char *[]){cli_kiln, "export", run_dir, "--gguf", out, "--type", "q4_0", NULL}) == 2, "unknown --type");
+    h = cli_output();
     CHECK(strstr(h, "q4_0") != NULL, "unknown type not named: %s", h);
     free(h);
-    CHECK(run((const char *[]){kiln, "export", run_dir, NULL}) == 2, "no --gguf");
-    CHECK(run((const char *[]){kiln, "export", "/nonexistent/model", "--gguf", out, NULL}) == 1, "missing dir");
-    char *o = output();
+    CHECK(cli_exec((const char *[]){cli_kiln, "export", run_dir, NULL}) == 2, "no --gguf");
+    CHECK(cli_exec((const char *[]){cli_kiln, "export", "/nonexistent/model", "--gguf", out, NULL}) == 1, "missing dir");
+    char *o = cli_output();
     CHECK(strstr(o, "/nonexistent/model") != NULL, "missing dir not named: %s", o);
     free(o);
     /* a family whose llama.cpp architecture cannot hold the model (more in
@@ -483,8 +457,8 @@ static void refusals(const char *run_dir) {
     write_text(cfg, "{\"model_type\": \"qwen3\", \"vocab_size\": 8, \"hidden_size\": 8, \"intermediate_size\": 8,"
                     " \"num_hidden_layers\": 1, \"num_attention_heads\": 2, \"num_key_value_heads\": 2, \"head_dim\": 4,"
                     " \"attention_bias\": true}");
-    CHECK(run((const char *[]){kiln, "export", qdir, "--gguf", out, NULL}) == 1, "qwen3 with attention biases accepted");
-    o = output();
+    CHECK(cli_exec((const char *[]){cli_kiln, "export", qdir, "--gguf", out, NULL}) == 1, "qwen3 with attention biases accepted");
+    o = cli_output();
     CHECK(strstr(o, "attention_bias") && strstr(o, "qwen3") && strstr(o, "config.json"), "refusal does not name the field: %s", o);
     free(o);
     /* a tokenizer llama.cpp's gpt2 tokenizer would not reproduce */
@@ -497,8 +471,8 @@ static void refusals(const char *run_dir) {
         json_object_set_new(t, "normalizer", json_pack("{s:s}", "type", "NFC"));
         json_dump_file(t, bad, 0);
         json_decref(t);
-        CHECK(run((const char *[]){kiln, "export", run_dir, "--gguf", out, "--tokenizer", bad, NULL}) == 1, "NFC tokenizer accepted");
-        o = output();
+        CHECK(cli_exec((const char *[]){cli_kiln, "export", run_dir, "--gguf", out, "--tokenizer", bad, NULL}) == 1, "NFC tokenizer accepted");
+        o = cli_output();
         CHECK(strstr(o, "tokenizer-nfc.json") && strstr(o, "normalizer"), "refusal does not name file and field: %s", o);
         free(o);
     }
@@ -506,23 +480,17 @@ static void refusals(const char *run_dir) {
 }
 
 int main(void) {
-    char self[1024];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (k <= 0) return 1;
-    self[k] = 0;
-    char *d = dirname(self);
-    snprintf(kiln, sizeof kiln, "%s/../kiln", d);
-    snprintf(root, sizeof root, "%s/../..", d);
-    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", root);
+    snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_llama_XXXXXX");
+    if (!cli_init(dir)) return 1;
+    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", cli_root);
     char mod[1300], why[1500];
-    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", root);
+    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", cli_root);
     if (system("command -v node >/dev/null 2>&1") != 0 || access(mod, R_OK) != 0) {
         printf("test_gguf_llama: skipped: needs node and %s (scripts/deps.sh --test installs them)\n", mod);
         TEST_END();
     }
     have_ref = ggml_ref_load(&G, why, sizeof why);
     if (!have_ref) printf("test_gguf_llama: metadata not read back: %s\n", why);
-    snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_llama_XXXXXX");
     if (!mkdtemp(dir)) return 1;
     char corpus[600], tok[600], data[600], run_dir[600], cfg[600], rnd[600];
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
@@ -537,14 +505,14 @@ int main(void) {
                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256,"
                     " \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": false}");
     double t0 = kiln_time_now();
-    CHECK(run((const char *[]){kiln, "tokenizer", "train", corpus, "--vocab-size", "512", "-o", tok, NULL}) == 0, "tokenizer train");
-    CHECK(run((const char *[]){kiln, "tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
+    CHECK(cli_exec((const char *[]){cli_kiln, "tokenizer", "train", corpus, "--vocab-size", "512", "-o", tok, NULL}) == 0, "tokenizer train");
+    CHECK(cli_exec((const char *[]){cli_kiln, "tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
     /* one thread: on a shared machine OpenMP threads waiting on each other
      * cost more than this small model gains from them */
-    int rc = run((const char *[]){kiln, "train", "--data", data, "--tokenizer", tok, "--run-dir", run_dir, "--model", cfg, "--batch",
+    int rc = cli_exec((const char *[]){cli_kiln, "train", "--data", data, "--tokenizer", tok, "--run-dir", run_dir, "--model", cfg, "--batch",
                                   "8", "--accum", "1", "--seq-len", "64", "--steps", "150", "--warmup", "10", "--lr", "1e-2",
                                   "--min-lr", "1e-3", "--eval-every", "0", "--save-every", "0", "--no-plot", "--threads", "1", NULL});
-    char *o = output();
+    char *o = cli_output();
     CHECK(rc == 0, "kiln train: %d\n%s", rc, o);
     const char *done = strstr(o, "done at");
     printf("trained in %.1f s: %.*s", kiln_time_now() - t0, done ? (int)strcspn(done, "\n") + 1 : 0, done ? done : "");

@@ -5,70 +5,29 @@
  * adapter or trainer files), its `kiln eval` loss equals the LoRA run's to
  * float rounding, greedy `kiln generate` gives the same text, and the merge
  * really changed the weights it targets. */
-#include <fcntl.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "kiln/safetensors.h"
+#include "cli_run.h"
 #include "test.h"
 
-static char kiln[1024], dir[256];
-
-/* kiln with args (NULL-terminated), stdout and stderr into dir/out.txt;
- * returns the exit status */
-static int run_kiln(const char *const *args) {
-    char out[512];
-    snprintf(out, sizeof out, "%s/out.txt", dir);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        const char *argv[48] = {kiln};
-        int n = 1;
-        for (; args[n - 1] && n < 47; n++) argv[n] = args[n - 1];
-        argv[n] = NULL;
-        execv(kiln, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-/* the output of the last run (caller frees); NULL if unreadable */
-static char *output(void) {
-    char path[512], *text = NULL;
-    size_t n;
-    snprintf(path, sizeof path, "%s/out.txt", dir);
-    if (kiln_read_file(path, &text, &n)) return NULL;
-    return text;
-}
-
-static bool output_has(const char *needle) {
-    char *text = output();
-    bool found = text && strstr(text, needle) != NULL;
-    if (!found) fprintf(stderr, "--- output lacks '%s':\n%s\n---\n", needle, text ? text : "(none)");
-    free(text);
-    return found;
-}
+static char dir[256];
 
 /* "val loss X" of the last `kiln eval` */
 static double eval_loss(void) {
-    char *text = output();
-    const char *p = text ? strstr(text, "val loss ") : NULL;
+    char *text = cli_output();
+    const char *p = strstr(text, "val loss ");
     double v = p ? strtod(p + 9, NULL) : NAN;
-    if (!p) fprintf(stderr, "--- no val loss in:\n%s\n---\n", text ? text : "(none)");
+    if (!p) fprintf(stderr, "--- no val loss in:\n%s\n---\n", text);
     free(text);
     return v;
 }
 
 /* the generated text of the last `kiln generate`, without its timing line */
 static char *generated(void) {
-    char *text = output();
-    char *t = text ? strstr(text, "\n[") : NULL;
+    char *text = cli_output();
+    char *t = strstr(text, "\n[");
     if (t) *t = 0;
     return text;
 }
@@ -123,19 +82,21 @@ static void merge_export(void) {
     snprintf(run, sizeof run, "%s/lora", dir);
     snprintf(merged, sizeof merged, "%s/merged", dir);
     write_corpus(corpus);
-    CHECK(run_kiln((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}) == 0, "tokenizer train");
-    CHECK(run_kiln((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
-    int rc = run_kiln((const char *[]){"train", "--data", data, "--tokenizer", tok, "--run-dir", run, "--model", "tiny",
+    CHECK(cli_kiln_run((const char *[]){"tokenizer", "train", corpus, "--vocab-size", "300", "-o", tok, NULL}) == 0, "tokenizer train");
+    CHECK(cli_kiln_run((const char *[]){"tokenize", corpus, "--tokenizer", tok, "-o", data, NULL}) == 0, "tokenize");
+    int rc = cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--run-dir", run, "--model", "tiny",
                                        "--seq-len", "32", "--batch", "2", "--accum", "1", "--steps", "6", "--warmup", "1",
                                        "--lr", "2e-2", "--eval-every", "0", "--no-plot", "--lora-rank", "4", "--lora-alpha",
                                        "16", "--lora-targets", "all", NULL});
     CHECK(rc == 0, "LoRA training through the CLI (rc %d)", rc);
     if (rc) {
-        output_has("");
+        char *o = cli_output();
+        fprintf(stderr, "--- kiln train:\n%s\n---\n", o);
+        free(o);
         return;
     }
-    rc = run_kiln((const char *[]){"export", run, "--merge-lora", "-o", merged, NULL});
-    CHECK(rc == 0 && output_has("merged"), "kiln export --merge-lora (rc %d)", rc);
+    rc = cli_kiln_run((const char *[]){"export", run, "--merge-lora", "-o", merged, NULL});
+    CHECK(rc == 0 && cli_output_has("merged"), "kiln export --merge-lora (rc %d)", rc);
 
     /* a plain model directory: what a model needs, nothing of the run */
     const char *must[] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"};
@@ -156,19 +117,19 @@ static void merge_export(void) {
     const char *bt[] = {"--data", data, "--batch", "2", "--seq-len", "32", "--batches", "8", NULL};
     const char *ev_run[12] = {"eval", run}, *ev_merged[12] = {"eval", merged};
     for (int i = 0; bt[i]; i++) ev_run[2 + i] = ev_merged[2 + i] = bt[i];
-    CHECK(run_kiln(ev_run) == 0, "kiln eval of the LoRA run");
+    CHECK(cli_kiln_run(ev_run) == 0, "kiln eval of the LoRA run");
     double l_run = eval_loss();
-    CHECK(run_kiln(ev_merged) == 0, "kiln eval of the merged directory");
+    CHECK(cli_kiln_run(ev_merged) == 0, "kiln eval of the merged directory");
     double l_merged = eval_loss();
     printf("  kiln eval: LoRA run %.6g, merged %.6g\n", l_run, l_merged);
     CHECK(isfinite(l_run) && t_rel(l_run, l_merged) < 2e-5, "merged loss %.6g = LoRA run loss %.6g", l_merged, l_run);
 
     /* greedy generation: the same text from both */
     const char *gen[] = {"generate", run, "--prompt", "the lord said", "--max-tokens", "12", "--temperature", "0", NULL};
-    CHECK(run_kiln(gen) == 0, "generate from the LoRA run");
+    CHECK(cli_kiln_run(gen) == 0, "generate from the LoRA run");
     char *g_run = generated();
     gen[1] = merged;
-    CHECK(run_kiln(gen) == 0, "generate from the merged directory");
+    CHECK(cli_kiln_run(gen) == 0, "generate from the merged directory");
     char *g_merged = generated();
     CHECK(g_run && g_merged && !strcmp(g_run, g_merged) && strlen(g_run) > strlen("the lord said"),
           "greedy text equal: '%s' vs '%s'", g_run ? g_run : "", g_merged ? g_merged : "");
@@ -177,26 +138,16 @@ static void merge_export(void) {
 
     /* a directory without adapters has nothing to merge */
     snprintf(p1, sizeof p1, "%s/again", dir);
-    rc = run_kiln((const char *[]){"export", merged, "--merge-lora", "-o", p1, NULL});
-    CHECK(rc == 1 && output_has("no LoRA adapters") && output_has("adapter_config.json"),
+    rc = cli_kiln_run((const char *[]){"export", merged, "--merge-lora", "-o", p1, NULL});
+    CHECK(rc == 1 && cli_output_has("no LoRA adapters") && cli_output_has("adapter_config.json"),
           "--merge-lora of a plain model is refused naming adapter_config.json (rc %d)", rc);
-    rc = run_kiln((const char *[]){"export", run, "--merge-lora", NULL});
-    CHECK(rc == 2 && output_has("-o"), "--merge-lora without -o is a usage error (rc %d)", rc);
+    rc = cli_kiln_run((const char *[]){"export", run, "--merge-lora", NULL});
+    CHECK(rc == 2 && cli_output_has("-o"), "--merge-lora without -o is a usage error (rc %d)", rc);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return 1;
-    self[n] = 0;
-    snprintf(kiln, sizeof kiln, "%s/../kiln", dirname(self));
-    if (access(kiln, X_OK) != 0) {
-        fprintf(stderr, "%s: %s not built\n", argv[0], kiln);
-        return 1;
-    }
+int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_test_lora_cli_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     setenv("KILN_CACHE_DIR", dir, 1);
     merge_export();
     char cmd[400];
