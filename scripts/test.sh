@@ -4,30 +4,35 @@
 # UBSan incl. float-cast-overflow with gcc and with clang), runs every test
 # in each build, then runs every libFuzzer harness over a fixed number of
 # executions on its seed corpus (so no harness rots). One closing line each,
-# then the total.
+# then the total, with the seconds of each step.
+# The four builds are one make call, so that one build's link and last files
+# overlap the next one's compiles; each build's tests then run $jobs binaries
+# at a time (tests/run.sh -j: most tests keep one core busy or wait on node,
+# python or a child kiln, and the lines come out in name order regardless).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh --test
 jobs=$(nproc)
-make -j"$jobs" all
-make -j"$jobs" asan
-make -j"$jobs" asan-clang
-make -j"$jobs" fuzz-build
+t0=$SECONDS
+make -j"$jobs" all asan asan-clang fuzz-build
+echo "builds: $((SECONDS - t0))s"
 status=0
 summary=()
 # the layering of docs/DESIGN.md, checked against the includes
 bash scripts/layers.sh || status=1
 run() { # NAME COMMAND...: runs it, keeps its closing "N passed, N failed" line
   local out; out=$(mktemp)
+  local t=$SECONDS
   "${@:2}" 2>&1 | tee "$out" || status=1
+  echo "$1: $((SECONDS - t))s"
   summary+=("$(grep -E '^[a-z0-9-]+: [0-9]+ passed, [0-9]+ failed' "$out" | tail -n1)")
   rm -f "$out"
 }
 san_env=(env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
-run build bash tests/run.sh build
+run build bash tests/run.sh build -j "$jobs"
 # oneDNN's JIT trips LeakSanitizer's view of its code caches: leaks are not errors here
-run build-asan "${san_env[@]}" bash tests/run.sh build-asan
-run build-clang "${san_env[@]}" bash tests/run.sh build-clang
+run build-asan "${san_env[@]}" bash tests/run.sh build-asan -j "$jobs"
+run build-clang "${san_env[@]}" bash tests/run.sh build-clang -j "$jobs"
 run fuzz bash tests/fuzz/run.sh runs "${FUZZ_RUNS:-2000}"
 p=0; f=0
 for line in "${summary[@]}"; do
@@ -36,5 +41,5 @@ for line in "${summary[@]}"; do
   p=$((p + ${n% *})); f=$((f + ${n#* }))
 done
 [ $status -eq 0 ] || [ $f -gt 0 ] || f=1
-echo "total: $p passed, $f failed"
+echo "total: $p passed, $f failed ($((SECONDS - t0))s from the first build)"
 exit $status
