@@ -180,6 +180,10 @@ static result run_mode(bench_ctx *b, const char *mode) {
         kiln_compile_stats s = kiln_compiled_stats(cs);
         r.arena_mb = (double)s.arena_bytes / 1e6;
         r.interpreted = s.interpreted;
+        /* the step is freed first, so that the process never holds two
+         * arenas (the peak RSS of `time -v` is then the step's own) */
+        kiln_compiled_free(cs);
+        cs = NULL;
         /* warm start: a second compile of the same step loads from the cache */
         kiln_compiled *again = kiln_train_compile(b->m, &co, true);
         float rep[1];
