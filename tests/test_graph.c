@@ -191,7 +191,9 @@ static void bf16_casts(void) {
     printf("bf16: %d casts (%d read by several products), %d add+rmsnorm+cast and %d silu*gate+cast kernels\n", casts, shared,
            norm_cast, mul_cast);
     int L = (int)s.m->cfg.num_hidden_layers;
-    CHECK(norm_cast >= 2 * L && mul_cast >= L, "casts fuse into RMSNorm and SwiGLU kernels (%d, %d)", norm_cast, mul_cast);
+    /* 2L norms feed bf16 products; the final one (2L + 1) feeds the fused
+     * bf16 head, which rounds h itself chunk by chunk: no cast there */
+    CHECK(norm_cast >= 2 * L - 1 && mul_cast >= L, "casts fuse into RMSNorm and SwiGLU kernels (%d, %d)", norm_cast, mul_cast);
     CHECK(shared > 0, "one cast serves several products (forward and backward)");
     kiln_graph_free(g);
     unload(&s);

@@ -107,6 +107,9 @@ void kiln_graph_free(kiln_graph *g);
  * what it did. */
 kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *rewrites);
 kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *rewrites);
+/* After autograd: a bf16 linear_cross_entropy gets the loss's incoming
+ * gradient as its seed (rounding after scaling, as eager bf16). */
+kiln_status kiln_pass_seed_linear_ce(kiln_graph *g, int *seeded);
 kiln_status kiln_pass_dce(kiln_graph *g, int *removed);
 kiln_status kiln_pass_cse(kiln_graph *g, int *merged);
 kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *gemms); /* GEMMs that accumulate in place */

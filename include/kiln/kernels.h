@@ -192,6 +192,21 @@ void kiln_k_flash_attn_backward_seg(const float *q, const float *k, const float 
 double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t *targets, int64_t N,
                                    int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
                                    int64_t *count, float *dh, float *dW);
+/* The same with options: seed multiplies the gradients (dlogits =
+ * seed·(softmax − onehot), formed as kiln_k_cross_entropy_backward forms
+ * them); bf16 makes the three products bf16 ones, as the bf16 MATMUL runs
+ * them (h, W and the seeded dlogits rounded to bf16; kiln_gemm_bf16
+ * natively, an fp32 GEMM of the rounded values emulated), the softmax and
+ * the loss fp32. opts NULL: seed 1, fp32. */
+typedef struct {
+    float seed;
+    bool bf16;
+} kiln_lce_opts;
+double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int32_t *targets, int64_t N,
+                                      int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
+                                      int64_t *count, float *dh, float *dW, const kiln_lce_opts *opts);
+/* Bytes of scratch the call allocates (the memory estimate counts it). */
+size_t kiln_k_linear_cross_entropy_scratch(int64_t N, int64_t C, int64_t V, int64_t chunk, bool bf16);
 
 
 #ifdef __cplusplus

@@ -137,7 +137,10 @@ kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
     return st;
 }
 
-/* cross_entropy(h·Wᵀ, targets)  ->  linear_cross_entropy(h, W, targets) */
+/* cross_entropy(h·Wᵀ, targets)  ->  linear_cross_entropy(h, W, targets); a
+ * bf16 head (MATMUL i3) becomes the op's bf16 form (i3 too), which rounds
+ * as that MATMUL and its backward products do. A head over a held bf16
+ * weight (a LoRA base) stays a MATMUL: the fused op takes fp32 operands. */
 kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
     int done = 0;
     kiln_status st = KILN_OK;
@@ -145,17 +148,107 @@ kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
         if (!is_op(g, c, KILN_OP_CROSS_ENTROPY)) continue;
         int logits = g->v[c].in[0];
         if (!is_op(g, logits, KILN_OP_MATMUL) || kiln_graph_only_user(g, logits) != c ||
-            g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2] ||
-            g->v[logits].attrs.i[3]) /* a bf16 head stays a bf16 matmul, as eager runs it */
+            g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2])
             continue;
         int h = g->v[logits].in[0], W = g->v[logits].in[1];
+        if (g->v[h].meta.dtype != KILN_F32 || g->v[W].meta.dtype != KILN_F32) continue;
         int in[3] = {h, W, g->v[c].in[1]};
-        kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad}};
+        kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad, g->v[logits].attrs.i[3] != 0}};
         if (!(st = become(g, c, KILN_OP_LINEAR_CE, 3, in, a))) done++;
     }
     if (!st && done) st = kiln_pass_dce(g, NULL);
     if (done_out) *done_out = done;
     return st;
+}
+
+/* The values `v` is computed from that come after `before`, in order, into
+ * cone (at most max); false unless each is a one-element f32 op without
+ * extra outputs (the loss's incoming gradient: the seed FILL times the
+ * trainer's scale), which can be computed earlier. */
+static bool scalar_cone(const kiln_graph *g, int v, int before, int *cone, int *n, int max) {
+    if (v < before) return true;
+    for (int i = 0; i < *n; i++)
+        if (cone[i] == v) return true;
+    const kiln_value *x = &g->v[v];
+    if (x->kind != KILN_V_OP || x->dead || kiln_op_get(x->op)->n_aux || x->meta.dtype != KILN_F32 ||
+        kiln_meta_numel(&x->meta) != 1 || *n >= max)
+        return false;
+    for (int j = 0; j < x->n_in; j++)
+        if (!scalar_cone(g, x->in[j], before, cone, n, max)) return false;
+    int k = *n; /* keep the cone in value order: inputs first */
+    while (k > 0 && cone[k - 1] > v) cone[k] = cone[k - 1], k--;
+    cone[k] = v;
+    (*n)++;
+    return true;
+}
+
+/* The common incoming gradient of a linear_cross_entropy's used extra
+ * outputs: every live reader of dh and dW is scale_by(aux, G) with one G;
+ * -1 if not so (or nothing reads them). */
+static int incoming_grad(const kiln_graph *g, int c) {
+    int G = -1;
+    bool any = false;
+    for (int i = c + 1; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind == KILN_V_AUX) continue;
+        for (int j = 0; j < x->n_in; j++) {
+            int a = x->in[j];
+            if (a != g->v[c].aux_of[0] && a != g->v[c].aux_of[1]) continue;
+            if (!is_op(g, i, KILN_OP_SCALE_BY) || j != 0 || (G >= 0 && x->in[1] != G)) return -1;
+            G = x->in[1];
+            any = true;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++)
+        if (g->outputs[i] == g->v[c].aux_of[0] || g->outputs[i] == g->v[c].aux_of[1]) return -1;
+    return any ? G : -1;
+}
+
+/* After autograd: a bf16 linear_cross_entropy's gradients reach the
+ * parameters as scale_by(aux, G), G the loss's incoming gradient, and a
+ * scaling after the rounding to bf16 is not what eager computes (eager
+ * scales dlogits, then its bf16 products round them). G is computed from
+ * runtime inputs only (seed 1 times the trainer's scale), so it is computed
+ * before the op instead, handed to it as its seed (input 3, i4), and the
+ * scalings go: the op's gradients are then eager's to float rounding, and
+ * two passes over dh and dW are saved. fp32 heads keep their form (the
+ * place of an fp32 scaling changes nothing but fp32 rounding). */
+kiln_status kiln_pass_seed_linear_ce(kiln_graph *g, int *done_out) {
+    int done = 0;
+    for (int c = 0; c < g->n; c++) {
+        if (!is_op(g, c, KILN_OP_LINEAR_CE) || !g->v[c].attrs.i[3] || g->v[c].attrs.i[4]) continue;
+        int G = incoming_grad(g, c), cone[8], n = 0;
+        if (G < 0 || !scalar_cone(g, G, c, cone, &n, 8)) continue;
+        /* copies of the cone at c, c+1, ...: each insert moves every later
+         * value (the cone's originals, c, G) one place up */
+        int copy[8];
+        for (int k = 0; k < n; k++) {
+            kiln_value cv = g->v[cone[k] + k];
+            for (int j = 0; j < cv.n_in; j++)
+                for (int q = 0; q < k; q++)
+                    if (cv.in[j] == cone[q] + k) cv.in[j] = copy[q];
+            cv.n_uses = 0;
+            if (kiln_graph_insert(g, c + k, cv) < 0) return kiln_last_status();
+            copy[k] = c + k;
+        }
+        /* G is the cone's last value (the rest are its inputs); a G
+         * before c (a runtime input) has an empty cone and stays */
+        int moved = c + n, Gn = n ? G + n : G, seed = n ? copy[n - 1] : G;
+        kiln_value *x = &g->v[moved];
+        x->in[3] = seed;
+        x->n_in = 4;
+        x->attrs.i[4] = 1;
+        for (int i = moved + 1; i < g->n; i++)
+            if (is_op(g, i, KILN_OP_SCALE_BY) && g->v[i].in[1] == Gn &&
+                (g->v[i].in[0] == x->aux_of[0] || g->v[i].in[0] == x->aux_of[1])) {
+                kiln_graph_replace_uses(g, i, g->v[i].in[0]);
+                g->v[i].dead = true;
+            }
+        done++;
+        c = moved;
+    }
+    if (done_out) *done_out = done;
+    return done ? kiln_pass_dce(g, NULL) : KILN_OK;
 }
 
 /* dW = aᵀ·b feeding only a gradient sink: the GEMM adds into the parameter's

@@ -31,6 +31,9 @@ static kiln_status dce(kiln_graph *g, const kiln_graph_options *o) {
     (void)o;
     return kiln_pass_dce(g, NULL);
 }
+static kiln_status seed_linear_ce(kiln_graph *g, const kiln_graph_options *o) {
+    return o->rewrite_linear_ce ? kiln_pass_seed_linear_ce(g, NULL) : KILN_OK;
+}
 static kiln_status cast_bf16(kiln_graph *g, const kiln_graph_options *o) {
     (void)o;
     return kiln_pass_cast_bf16(g, NULL);
@@ -68,6 +71,7 @@ static const pass before_backward[] = {
 /* on the joint graph, after autograd */
 static const pass after_backward[] = {
     {"dead code", dce},
+    {"linear + cross-entropy seed", seed_linear_ce},
     {"bf16 casts", cast_bf16},
     {"common subexpressions", cse},
     {"dead code", dce},

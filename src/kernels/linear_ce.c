@@ -9,6 +9,15 @@
  *
  * The loss is summed in double in row order after each chunk, so it does
  * not depend on the thread count given the GEMM's logits.
+ *
+ * bf16 (a head under autocast): the three products take bf16 operands as
+ * the bf16 MATMUL does (h and W rounded to bf16, fp32 accumulation), the
+ * softmax and the loss stay fp32, and the output gradient is rounded to
+ * bf16 after it was multiplied by the seed: the compiler hands the fused
+ * op the loss's incoming gradient (the trainer's token normalisation) as
+ * the seed, so dlogits are rounded where eager rounds them, not before a
+ * later scaling (which would round differently unless the scale were a
+ * power of two).
  */
 #include <omp.h>
 
@@ -23,8 +32,10 @@ static int64_t choose_chunk(int64_t V) {
 }
 
 /* Loss of one row of logits x (length V) with target t; when grad, x is
- * overwritten with softmax(x) − onehot(t). */
-static double lce_row(float *x, int64_t V, int32_t t, bool grad) {
+ * overwritten with seed·(softmax(x) − onehot(t)), in the very operations
+ * kiln_k_cross_entropy_backward uses (e·(seed/s), then −seed at t), so a
+ * bf16 head rounds the same dlogits eager rounds. */
+static double lce_row(float *x, int64_t V, int32_t t, bool grad, float seed) {
     const float m = kiln_row_max(x, V);
     const double xt = x[t];
     float s = 0.0f;
@@ -35,10 +46,10 @@ static double lce_row(float *x, int64_t V, int32_t t, bool grad) {
             x[j] = e;
             s += e;
         }
-        const float inv = 1.0f / s;
+        const float inv = seed / s;
 #pragma omp simd
         for (int64_t j = 0; j < V; j++) x[j] *= inv;
-        x[t] -= 1.0f;
+        x[t] -= seed;
     } else {
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < V; j++) s += kiln_expf_fast(x[j] - m);
@@ -49,23 +60,83 @@ static double lce_row(float *x, int64_t V, int32_t t, bool grad) {
 double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t *targets, int64_t N,
                                    int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
                                    int64_t *count, float *dh, float *dW) {
+    kiln_lce_opts o = {.seed = 1.0f};
+    return kiln_k_linear_cross_entropy_ex(h, W, targets, N, C, V, ignore_index, chunk, count, dh, dW, &o);
+}
+
+/* The layout of the scratch block (bytes from its start). In bf16 the
+ * operands are held in the GEMM's form: uint16 natively, bf16-rounded
+ * fp32 when emulated (esz 2 or 4); the fp32 logits are rounded in place
+ * when emulated and converted into d16 natively. */
+typedef struct {
+    size_t idx, rloss, logits, hbuf, dhbuf, w16, d16, total;
+} lce_layout;
+
+static size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+static lce_layout layout(int64_t N, int64_t C, int64_t V, int64_t chunk, bool bf16, bool native) {
+    lce_layout l;
+    size_t hes = bf16 && native ? 2 : 4; /* gathered h: rounded in bf16 */
+    l.idx = 0;
+    l.rloss = up64((size_t)N * sizeof(int64_t));
+    l.logits = l.rloss + up64((size_t)chunk * sizeof(double));
+    l.hbuf = l.logits + up64((size_t)(chunk * V) * sizeof(float));
+    l.dhbuf = l.hbuf + up64((size_t)(chunk * C) * hes);
+    l.w16 = l.dhbuf + up64((size_t)(chunk * C) * sizeof(float));
+    l.d16 = l.w16 + (bf16 ? up64((size_t)(V * C) * hes) : 0);
+    l.total = l.d16 + (bf16 && native ? up64((size_t)(chunk * V) * 2) : 0);
+    return l;
+}
+
+static int64_t pick_chunk(int64_t N, int64_t V, int64_t chunk) {
+    if (chunk <= 0) chunk = choose_chunk(V);
+    return chunk > N ? N : chunk;
+}
+
+size_t kiln_k_linear_cross_entropy_scratch(int64_t N, int64_t C, int64_t V, int64_t chunk, bool bf16) {
+    if (N <= 0 || V <= 0) return 0;
+    return layout(N, C, V, pick_chunk(N, V, chunk), bf16, kiln_bf16_native()).total;
+}
+
+/* C = A·B with fp32 operands or bf16 ones in the GEMM's form */
+static kiln_status gemm(const kiln_gemm_desc *d, const void *A, const void *B, float *C, bool native16) {
+    return native16 ? kiln_gemm_bf16(d, A, B, C) : kiln_gemm_f32(d, A, B, C);
+}
+
+/* x (n fp32) into the GEMM's bf16 form at dst (see layout) */
+static void to_bf16_form(const float *x, void *dst, int64_t n, bool native) {
+    if (native) kiln_k_f32_to_bf16(x, dst, n);
+    else kiln_k_round_bf16(x, dst, n);
+}
+
+double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int32_t *targets, int64_t N,
+                                      int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
+                                      int64_t *count, float *dh, float *dW, const kiln_lce_opts *o) {
+    const bool bf16 = o && o->bf16, native = bf16 && kiln_bf16_native();
+    const float seed = o ? o->seed : 1.0f;
     if (count) *count = 0;
     if (N <= 0 || V <= 0) {
         if (dW && V > 0) memset(dW, 0, (size_t)(V * C) * sizeof(float));
         return 0.0;
     }
-    if (chunk <= 0) chunk = choose_chunk(V);
-    if (chunk > N) chunk = N;
+    chunk = pick_chunk(N, V, chunk);
     const bool grad = dh || dW;
-    /* scratch: counted-row indices, per-row losses, logits, gathered h and dh */
-    size_t bytes = (size_t)N * sizeof(int64_t) + (size_t)chunk * sizeof(double) +
-                   (size_t)(chunk * V + 2 * chunk * C) * sizeof(float);
-    char *scratch = kiln_alloc(bytes);
+    /* scratch: counted-row indices, per-row losses, logits, gathered h and
+     * dh; in bf16 the rounded W and (native) the bf16 dlogits */
+    lce_layout L = layout(N, C, V, chunk, bf16, native);
+    char *scratch = kiln_alloc(L.total);
     if (!scratch) return NAN;
-    int64_t *idx = (int64_t *)scratch;
-    double *rloss = (double *)(idx + N);
-    float *logits = (float *)(rloss + chunk);
-    float *hbuf = logits + chunk * V, *dhbuf = hbuf + chunk * C;
+    int64_t *idx = (int64_t *)(scratch + L.idx);
+    double *rloss = (double *)(scratch + L.rloss);
+    float *logits = (float *)(scratch + L.logits);
+    void *hbuf = scratch + L.hbuf;
+    float *dhbuf = (float *)(scratch + L.dhbuf);
+    const void *Wg = W; /* W in the GEMM's form */
+    if (bf16) {
+        to_bf16_form(W, scratch + L.w16, V * C, native);
+        Wg = scratch + L.w16;
+    }
+    void *d16 = scratch + L.d16;
     int64_t cnt = 0;
     for (int64_t n = 0; n < N; n++)
         if (targets[n] != ignore_index) idx[cnt++] = n;
@@ -82,24 +153,37 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
         const int64_t cn = cnt - s0 < chunk ? cnt - s0 : chunk;
         const int64_t *ri = idx + s0;
         const bool contiguous = ri[cn - 1] - ri[0] == cn - 1;
-        const float *hc = h + ri[0] * C;
-        if (!contiguous) {
-            for (int64_t r = 0; r < cn; r++) memcpy(hbuf + r * C, h + ri[r] * C, (size_t)C * sizeof(float));
+        const void *hc = h + ri[0] * C; /* the chunk's h rows in the GEMM's form */
+        if (bf16) { /* rounded as the bf16 matmul rounds its operands */
+            for (int64_t r = 0, run; r < cn; r += run) {
+                for (run = 1; r + run < cn && ri[r + run] == ri[r] + run;) run++;
+                if (native) kiln_k_f32_to_bf16(h + ri[r] * C, (uint16_t *)hbuf + r * C, run * C);
+                else kiln_k_round_bf16(h + ri[r] * C, (float *)hbuf + r * C, run * C);
+            }
+            hc = hbuf;
+        } else if (!contiguous) {
+            for (int64_t r = 0; r < cn; r++) memcpy((float *)hbuf + r * C, h + ri[r] * C, (size_t)C * sizeof(float));
             hc = hbuf;
         }
         kiln_gemm_desc d = {.transA = false, .transB = true, .M = cn, .N = V, .K = C, .lda = C,
                             .ldb = C, .ldc = V, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
-        st = kiln_gemm_f32(&d, hc, W, logits);
+        st = gemm(&d, hc, Wg, logits, native);
         if (st) break;
 #pragma omp parallel for schedule(static) if (cn * V > (1 << 15) && cn > 1)
-        for (int64_t r = 0; r < cn; r++) rloss[r] = lce_row(logits + r * V, V, targets[ri[r]], grad);
+        for (int64_t r = 0; r < cn; r++) rloss[r] = lce_row(logits + r * V, V, targets[ri[r]], grad, seed);
         for (int64_t r = 0; r < cn; r++) total += rloss[r];
+        if (!grad) continue;
+        /* the output gradient, already scaled by the seed, in the
+         * products' form: rounded to bf16 exactly where eager rounds it */
+        const void *dl = logits;
+        if (native) to_bf16_form(logits, d16, cn * V, true), dl = d16;
+        else if (bf16) to_bf16_form(logits, logits, cn * V, false);
         if (dh) {
             float *dhc = contiguous ? dh + ri[0] * C : dhbuf;
             kiln_gemm_desc e = {.transA = false, .transB = false, .M = cn, .N = C, .K = V,
                                 .lda = V, .ldb = C, .ldc = C, .batch = 1, .alpha = 1.0f,
                                 .beta = 0.0f};
-            st = kiln_gemm_f32(&e, logits, W, dhc);
+            st = gemm(&e, dl, Wg, dhc, native);
             if (st) break;
             if (!contiguous)
                 for (int64_t r = 0; r < cn; r++)
@@ -109,7 +193,7 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
             kiln_gemm_desc e = {.transA = true, .transB = false, .M = V, .N = C, .K = cn,
                                 .lda = V, .ldb = C, .ldc = C, .batch = 1, .alpha = 1.0f,
                                 .beta = s0 ? 1.0f : 0.0f};
-            st = kiln_gemm_f32(&e, logits, hc, dW);
+            st = gemm(&e, dl, hc, dW, native);
         }
     }
     kiln_dealloc(scratch);

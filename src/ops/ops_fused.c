@@ -89,12 +89,24 @@ const kiln_op_def kiln_opdef_flash_attn_bwd = {
 };
 
 /* ---- linear + cross-entropy ------------------------------------------------- */
+/* Attributes: i0 ignore index, i1/i2 whether dh/dW are made, i3 = 1 bf16
+ * products (as the bf16 MATMUL it replaces: i3 is that op's bf16 flag too),
+ * i4 = 1 seeded: input 3 is a runtime scalar s [1] and the aux gradients are
+ * those of s·loss, formed before any rounding to bf16. The compiler seeds
+ * the op after autograd with the loss's incoming gradient (the trainer's
+ * scale), whose product the backward rule would otherwise apply after the
+ * fact; a seeded op is therefore past differentiation and has no backward. */
 static kiln_status lce_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    const kiln_meta *h = &in[0], *W = &in[1], *t = &in[2];
+    const kiln_meta *h = &in[0], *W = &in[1], *t = &in[2], *s = &in[3];
     if (h->dtype != KILN_F32 || W->dtype != KILN_F32 || t->dtype != KILN_I32 || W->ndim != 2 || h->ndim < 1 ||
         h->shape[h->ndim - 1] != W->shape[1] || kiln_meta_rows(h) != kiln_meta_numel(t))
         return kiln_op_shape_error("linear_cross_entropy", in, 3, "need h [..., C], W [V, C] f32 and one i32 target per row");
+    if ((a->i[3] != 0 && a->i[3] != 1) || (a->i[4] != 0 && a->i[4] != 1))
+        return kiln_op_shape_error("linear_cross_entropy", in, 3, "bad flags i3=%lld i4=%lld (bf16, seeded: 0 or 1)",
+                                   (long long)a->i[3], (long long)a->i[4]);
+    if (a->i[4] && (s->dtype != KILN_F32 || kiln_meta_numel(s) != 1 || s->ndim < 1))
+        return kiln_op_shape_error("linear_cross_entropy", in, 4, "a seeded call needs the seed as a one-element f32 input 3");
+    if (!a->i[4] && s->ndim) return kiln_op_shape_error("linear_cross_entropy", in, 4, "a seed given but not announced (i4)");
     int64_t one = 1;
     *out = kiln_meta_make(KILN_F32, 1, &one);
     return KILN_OK;
@@ -113,12 +125,16 @@ static kiln_status lce_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_ten
         if (tg[i] != (int32_t)a->i[0] && (tg[i] < 0 || tg[i] >= V))
             return kiln_error(KILN_ERR_RANGE, "op linear_cross_entropy: target %d at position %lld is outside [0, %lld)", tg[i],
                               (long long)i, (long long)V);
-    double s = kiln_k_linear_cross_entropy(kiln_f32(h), kiln_f32(W), tg, N, C, V, (int32_t)a->i[0], 0, &count,
-                                           a->i[1] ? kiln_f32(aux[0]) : NULL, a->i[2] ? kiln_f32(aux[1]) : NULL);
+    kiln_lce_opts o = {.seed = a->i[4] ? kiln_f32(in[3])[0] : 1.0f, .bf16 = a->i[3] != 0};
+    double s = kiln_k_linear_cross_entropy_ex(kiln_f32(h), kiln_f32(W), tg, N, C, V, (int32_t)a->i[0], 0, &count,
+                                              a->i[1] ? kiln_f32(aux[0]) : NULL, a->i[2] ? kiln_f32(aux[1]) : NULL, &o);
     kiln_f32(out)[0] = (float)s;
     return KILN_OK;
 }
 static kiln_status lce_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    if (c->attrs.i[4])
+        return kiln_error(KILN_ERR_UNSUPPORTED, "op linear_cross_entropy: a seeded call (made by the compiler after "
+                                                "autograd) is not differentiated again");
     if (c->needs[0]) {
         if (!c->attrs.i[1]) return kiln_error(KILN_ERR_INVALID, "op linear_cross_entropy: dh was not computed");
         if (!(gin[0] = kiln_scale_by(c->aux[0], g))) return kiln_last_status();
@@ -135,7 +151,7 @@ static double lce_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_met
     return nvc * (1 + (a->i[1] != 0) + (a->i[2] != 0));
 }
 const kiln_op_def kiln_opdef_linear_ce = {
-    .name = "linear_cross_entropy", .n_in = 3, .nondiff_in = 4, .shape = lce_shape, .backward = lce_bw,
+    .name = "linear_cross_entropy", .n_in = 3, .n_opt = 1, .nondiff_in = 12, .shape = lce_shape, .backward = lce_bw,
     .flops = lce_flops, .n_aux = 2, .save_aux = true, .aux_shape = lce_aux_shape, .forward_aux = lce_fwd,
 };
 
@@ -152,7 +168,9 @@ kiln_tensor *kiln_flash_attn_seg(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v,
     return kiln_op_call(KILN_OP_FLASH_ATTN, in, 5, &a);
 }
 kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index) {
-    kiln_attrs a = {.i = {ignore_index, h && h->requires_grad, W && (W->requires_grad || W->node)}};
+    /* bf16 products under autocast, as kiln_linear's would be */
+    kiln_attrs a = {.i = {ignore_index, h && h->requires_grad, W && (W->requires_grad || W->node),
+                          kiln_autocast_get() == KILN_BF16}};
     if (h) a.i[1] = h->requires_grad || h->node;
     kiln_tensor *in[3] = {h, W, targets};
     return kiln_op_call(KILN_OP_LINEAR_CE, in, 3, &a);
