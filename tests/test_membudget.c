@@ -58,7 +58,7 @@ static void estimate(kiln_llama *m) {
     kiln_batch_free(b);
     kiln_compiled_free(cs);
     co.interpret = false;
-    /* bf16 keeps a plain head matmul (no fused linear + cross-entropy): a different plan */
+    /* bf16: casts before the products and the fused head's bf16 form: a different plan */
     kiln_dtype old = kiln_autocast_set(KILN_BF16);
     kiln_mem_estimate h;
     CHECK_OK(kiln_train_plan_bytes(m, 2, 32, &co, &h));

@@ -66,8 +66,9 @@ extern "C" {
     X(FLASH_ATTN, flash_attn)           /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk] [, seg[B,Tk]])    \
                                            f0=scale i0=seg given -> out; aux lse[B,H,T] */           \
     X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout [, seg]) -> dq; aux dk, dv */     \
-    X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...]) i0=ignore i1=need_dh     \
-                                           i2=need_dW -> loss sum [1]; aux dh, dW (seed 1) */        \
+    X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...] [, seed[1]]) i0=ignore     \
+                                           i1=need_dh i2=need_dW i3=bf16 products i4=seed given      \
+                                           -> loss sum [1]; aux dh, dW (of seed·loss; seed 1) */     \
     X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */ \
     X(DROPOUT, dropout)                 /* (x, key[1]) f0=p i0=instance i5=index offset -> masked  */
 
@@ -298,6 +299,7 @@ kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kil
  * segment only, key blocks no query of a block can see skipped. */
 kiln_tensor *kiln_flash_attn_seg(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, kiln_tensor *seg,
                                  double scale);
+/* Under bf16 autocast its products are bf16 ones (i3), as kiln_linear's. */
 kiln_tensor *kiln_linear_cross_entropy(kiln_tensor *h, kiln_tensor *W, kiln_tensor *targets, int32_t ignore_index);
 
 #ifdef __cplusplus

@@ -43,6 +43,15 @@ static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_o
          * the caching allocator keeps: the largest one bounds it */
         for (int v = 0; v < g->n; v++) {
             const kiln_value *x = &g->v[v];
+            if (x->kind == KILN_V_OP && !x->dead && x->op == KILN_OP_LINEAR_CE && x->attrs.i[3]) {
+                /* the fused bf16 head: its rounded W (the largest part), a
+                 * chunk of logits and gathered rows, never N×V */
+                const kiln_meta *h = &g->v[x->in[0]].meta, *W = &g->v[x->in[1]].meta;
+                int64_t n = (int64_t)kiln_k_linear_cross_entropy_scratch(kiln_meta_numel(h) / W->shape[1], W->shape[1],
+                                                                         W->shape[0], 0, true);
+                if (n + 128 > *scratch) *scratch = n + 128;
+                continue;
+            }
             if (x->kind != KILN_V_OP || x->dead || x->op != KILN_OP_MATMUL || !x->attrs.i[3]) continue;
             /* native: bf16 copies of fp32 operands; emulated (AVX2): fp32
              * copies of both, a bf16 base weight widened */
@@ -116,7 +125,7 @@ kiln_status kiln_train_choose_batch(const kiln_train_config *c, kiln_llama *m, k
         out->budget_default = true;
         if (out->budget <= 0) return kiln_error(KILN_ERR_IO, "cannot read MemAvailable from /proc/meminfo: give --mem-budget");
     }
-    kiln_dtype old = kiln_autocast_set((kiln_dtype)c->precision); /* bf16 changes the graph (no fused head) */
+    kiln_dtype old = kiln_autocast_set((kiln_dtype)c->precision); /* bf16 changes the graph (bf16 products and head) */
     char b1[32], b2[32];
     bool ok = false;
     if (fixed > 0 || co.mode == KILN_COMPILE_OFF) {
