@@ -176,8 +176,10 @@ double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int3
         /* the output gradient, already scaled by the seed, in the
          * products' form: rounded to bf16 exactly where eager rounds it */
         const void *dl = logits;
-        if (native) to_bf16_form(logits, d16, cn * V, true), dl = d16;
-        else if (bf16) to_bf16_form(logits, logits, cn * V, false);
+        if (bf16) {
+            to_bf16_form(logits, native ? d16 : (void *)logits, cn * V, native);
+            if (native) dl = d16;
+        }
         if (dh) {
             float *dhc = contiguous ? dh + ri[0] * C : dhbuf;
             kiln_gemm_desc e = {.transA = false, .transB = false, .M = cn, .N = C, .K = V,
