@@ -307,6 +307,18 @@ static void check_model(void) {
      * some bf16 roundings downstream (test_bf16 bounds it the same way) */
     CHECK(t_rel(lc, le) < 1e-5, "compiled bf16 loss = eager bf16 (%.3g)", t_rel(lc, le));
     CHECK(wc < 5e-3, "compiled bf16 gradients = eager bf16 to bf16 rounding (%s: %.3g)", n3, wc);
+    /* the memory estimate counts the fused head's scratch (its rounded W
+     * and one chunk of logits), not an N×V operand */
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    kiln_mem_estimate e;
+    kiln_dtype old = kiln_autocast_set(KILN_BF16);
+    CHECK_OK(kiln_train_plan_bytes(x.m, (int)x.ids->shape[0], (int)x.ids->shape[1], &co, &e));
+    kiln_autocast_set(old);
+    int64_t C = x.m->cfg.hidden_size;
+    size_t lce = kiln_k_linear_cross_entropy_scratch(x.N, C, x.V, 0, true);
+    printf("  estimate: scratch %lld bytes, the fused head's %zu\n", (long long)e.scratch, lce);
+    CHECK(e.scratch >= (int64_t)lce, "the estimate holds the fused bf16 head's scratch (%lld < %zu)", (long long)e.scratch, lce);
     free_grads(ge, np), free_grads(gi, np), free_grads(gu, np), free_grads(gc, np);
     fixture_close(&x);
 }
