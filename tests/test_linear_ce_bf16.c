@@ -240,10 +240,11 @@ static double interp_model(fixture *x, bool rewrite_lce, float ***grads, int64_t
     return rep[0];
 }
 
-static double compiled_model(fixture *x, float ***grads) {
+static double compiled_model(fixture *x, const char *mode, float ***grads) {
     kiln_dtype old = kiln_autocast_set(KILN_BF16);
     kiln_compile_options co;
     kiln_compile_options_default(&co);
+    CHECK_OK(kiln_compile_mode_parse(mode, &co));
     kiln_compiled *cs = kiln_train_compile(x->m, &co, true);
     CHECK(cs != NULL, "compile bf16: %s", kiln_last_error());
     float rep[1] = {NAN};
@@ -251,7 +252,7 @@ static double compiled_model(fixture *x, float ***grads) {
     kiln_llama_zero_grad(x->m);
     if (cs) {
         CHECK_OK(kiln_compiled_run(cs, in, rep)); /* builds the plan */
-        if (kiln_compiled_graph(cs)) check_plan(kiln_compiled_graph(cs), x, "compiled default");
+        if (kiln_compiled_graph(cs)) check_plan(kiln_compiled_graph(cs), x, mode);
         else CHECK(0, "the compiled step keeps its graph");
     }
     kiln_autocast_set(old); /* the step is traced at its first run, under autocast */
@@ -285,7 +286,9 @@ static void check_model(void) {
     int64_t arena_fused = 0, arena_unfused = 0;
     double li = interp_model(&x, true, &gi, &arena_fused);
     double lu = interp_model(&x, false, &gu, &arena_unfused);
-    double lc = compiled_model(&x, &gc);
+    double lc = compiled_model(&x, "default", &gc);
+    float **gr = NULL; /* the whole step as one generated function */
+    double lr = compiled_model(&x, "reduce-overhead", &gr);
     const char *n1 = "", *n2 = "", *n3 = "";
     double hi, hu, hc;
     double wi = worst(&x, gi, ge, &n1, &hi), wu = worst(&x, gu, ge, &n2, &hu), wc = worst(&x, gc, ge, &n3, &hc);
@@ -307,6 +310,11 @@ static void check_model(void) {
      * some bf16 roundings downstream (test_bf16 bounds it the same way) */
     CHECK(t_rel(lc, le) < 1e-5, "compiled bf16 loss = eager bf16 (%.3g)", t_rel(lc, le));
     CHECK(wc < 5e-3, "compiled bf16 gradients = eager bf16 to bf16 rounding (%s: %.3g)", n3, wc);
+    const char *n4 = "";
+    double hr, wr = worst(&x, gr, ge, &n4, &hr);
+    printf("  compiled reduce-overhead: loss rel %.2e, worst gradient max-rel %.2e (%s)\n", t_rel(lr, le), wr, n4);
+    CHECK(t_rel(lr, le) < 1e-5 && wr < 5e-3, "reduce-overhead bf16 = eager bf16 (loss %.3g, %s %.3g)", t_rel(lr, le), n4, wr);
+    free_grads(gr, np);
     /* the memory estimate counts the fused head's scratch (its rounded W
      * and one chunk of logits), not an N×V operand */
     kiln_compile_options co;
