@@ -12,6 +12,7 @@
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"
+#include "test_runs.h"
 
 #define FIX "tests/fixtures/"
 #define TOL 1e-4
@@ -255,51 +256,10 @@ static bool test_weights_same(const kiln_llama *a, const kiln_llama *b) {
 /* ---- the trainer: PEFT files, resume bit-identical, eval of the run ------- */
 static char tmpdir[256];
 
-static void write_shards(void) {
-    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
-    for (int which = 0; which < 2; which++) {
-        size_t n = which ? 1200 : 4000;
-        int32_t *tok = malloc(n * sizeof *tok);
-        for (size_t i = 0; i < n; i++) tok[i] = (i % 97 == 96) ? 1 : 3 + (int32_t)(kiln_rng_u64(which + 21, i) % 58);
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s.bin", tmpdir, which ? "val" : "train");
-        info.n_docs = n / 97 + 1;
-        CHECK_OK(kiln_shard_write(p, tok, n, &info));
-        free(tok);
-    }
-}
+static void write_shards(void) { test_write_shards(tmpdir, 4000, 1200, 21); }
 
 static void lora_config(kiln_train_config *c, const char *run) {
-    kiln_train_config_default(c);
-    snprintf(c->data, sizeof c->data, "%s", tmpdir);
-    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run);
-    snprintf(c->model, sizeof c->model, "tiny");
-    c->batch = 2, c->accum = 2, c->seq_len = 32, c->pack = KILN_PACK_PADDED;
-    c->warmup = 2, c->steps = 6, c->eval_every = 0, c->eval_batches = 2, c->save_every = 0, c->log_every = 0;
-    c->lr = 1e-2, c->min_lr = 1e-3;
-    c->lora_rank = 4, c->lora_alpha = 16;
-    snprintf(c->lora_targets, sizeof c->lora_targets, "q_proj,v_proj,down_proj");
-}
-
-typedef struct { kiln_trainer *t; int64_t stop_at; int steps; } watch;
-static void on_event(const kiln_event *e, void *user) {
-    watch *w = user;
-    if (e->kind == KILN_EVENT_STEP && e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
-    w->steps += e->kind == KILN_EVENT_STEP;
-}
-
-static bool same_file(const char *a, const char *b) {
-    char *x, *y;
-    size_t nx, ny;
-    if (kiln_read_file(a, &x, &nx)) return false;
-    if (kiln_read_file(b, &y, &ny)) {
-        free(x);
-        return false;
-    }
-    bool same = nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
+    test_tiny_lora_run(c, tmpdir, run, "q_proj,v_proj,down_proj");
 }
 
 static void check_peft_files(const char *run) {
@@ -367,22 +327,22 @@ static void test_trainer(void) {
     int trainable = 0;
     for (int i = 0; i < m->n_params; i++) trainable += m->params[i]->requires_grad;
     CHECK(trainable == 12 && m->n_params - m->n_base == 12, "only the 12 adapters train (%d)", trainable);
-    watch w = {.t = t, .stop_at = -1};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    test_watch w = {.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     CHECK(w.steps == 6, "6 steps (%d)", w.steps);
     kiln_trainer_free(t);
 
     lora_config(&c, "interrupted");
     CHECK_OK(kiln_trainer_open(&c, false, &t));
     if (!t) return;
-    w = (watch){.t = t, .stop_at = 3};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    w = (test_watch){.t = t, .stop_at = 3};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     kiln_trainer_free(t);
     CHECK_OK(kiln_trainer_open(&c, true, &t));
     if (!t) return;
     CHECK(kiln_trainer_get_state(t)->step == 3, "resumed at step 3");
-    w = (watch){.t = t, .stop_at = -1};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    w = (test_watch){.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     kiln_trainer_free(t);
 
     char a[700], b[700];
@@ -390,7 +350,7 @@ static void test_trainer(void) {
     for (int i = 0; i < 3; i++) {
         snprintf(a, sizeof a, "%s/straight/%s", tmpdir, files[i]);
         snprintf(b, sizeof b, "%s/interrupted/%s", tmpdir, files[i]);
-        CHECK(same_file(a, b), "resumed %s is byte-identical to the uninterrupted run", files[i]);
+        CHECK(test_same_file(a, b), "resumed %s is byte-identical to the uninterrupted run", files[i]);
     }
     snprintf(a, sizeof a, "%s/straight", tmpdir);
     check_peft_files(a);

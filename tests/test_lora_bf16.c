@@ -13,6 +13,7 @@
 #include "kiln/train.h"
 #include "test.h"
 #include "test_models.h"
+#include "test_runs.h"
 
 static const char *const linears[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
@@ -284,37 +285,10 @@ static void load_dtypes(void) {
     kiln_llama_free(src);
 }
 
-static void write_shards(void) {
-    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
-    for (int which = 0; which < 2; which++) {
-        size_t n = which ? 1200 : 4000;
-        int32_t *tok = malloc(n * sizeof *tok);
-        for (size_t i = 0; i < n; i++) tok[i] = (i % 97 == 96) ? 1 : 3 + (int32_t)(kiln_rng_u64(which + 41, i) % 58);
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s.bin", tmpdir, which ? "val" : "train");
-        info.n_docs = n / 97 + 1;
-        CHECK_OK(kiln_shard_write(p, tok, n, &info));
-        free(tok);
-    }
-}
-
 static void run_config(kiln_train_config *c, const char *run, bool bf16, int rank) {
-    kiln_train_config_default(c);
-    snprintf(c->data, sizeof c->data, "%s", tmpdir);
-    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run);
-    snprintf(c->model, sizeof c->model, "tiny");
-    c->batch = 2, c->accum = 2, c->seq_len = 32, c->pack = KILN_PACK_PADDED;
-    c->warmup = 2, c->steps = 6, c->eval_every = 0, c->eval_batches = 2, c->save_every = 0, c->log_every = 0;
-    c->lr = 1e-2, c->min_lr = 1e-3;
-    c->lora_rank = rank, c->lora_alpha = 16;
+    test_tiny_lora_run(c, tmpdir, run, "all");
+    c->lora_rank = rank;
     c->base_dtype = bf16 ? KILN_BF16 : KILN_F32;
-    snprintf(c->lora_targets, sizeof c->lora_targets, "all");
-}
-
-typedef struct { kiln_trainer *t; int64_t stop_at; } watch;
-static void on_event(const kiln_event *e, void *user) {
-    watch *w = user;
-    if (e->kind == KILN_EVENT_STEP && e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
 }
 
 static bool train(const char *run, int64_t stop_at, bool resume) {
@@ -325,35 +299,21 @@ static bool train(const char *run, int64_t stop_at, bool resume) {
     if (!t) return false;
     kiln_llama *m = kiln_trainer_model(t);
     CHECK(m->layers[0].q_proj->dtype == KILN_BF16, "the trainer holds the base in bf16 (%s)", resume ? "resumed" : "new");
-    watch w = {t, stop_at};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    test_watch w = {t, stop_at, 0, 0, 0};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     kiln_trainer_free(t);
     return true;
 }
 
-static bool same_file(const char *a, const char *b) {
-    char *x, *y;
-    size_t nx, ny;
-    if (kiln_read_file(a, &x, &nx)) return false;
-    if (kiln_read_file(b, &y, &ny)) {
-        free(x);
-        return false;
-    }
-    bool same = nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 static void trainer(void) {
-    write_shards();
+    test_write_shards(tmpdir, 4000, 1200, 41);
     if (!train("straight", -1, false) || !train("interrupted", 3, false) || !train("interrupted", -1, true)) return;
     const char *files[] = {"adapter_model.safetensors", "model.safetensors"};
     for (int i = 0; i < 2; i++) {
         char a[700], b[700];
         snprintf(a, sizeof a, "%s/straight/%s", tmpdir, files[i]);
         snprintf(b, sizeof b, "%s/interrupted/%s", tmpdir, files[i]);
-        CHECK(same_file(a, b), "bf16 base, resumed: %s byte-identical to the uninterrupted run", files[i]);
+        CHECK(test_same_file(a, b), "bf16 base, resumed: %s byte-identical to the uninterrupted run", files[i]);
     }
     /* the saved base: F32 (the default save dtype), every value bf16-exact */
     char p[700];

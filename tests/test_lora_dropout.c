@@ -13,6 +13,7 @@
 #include "kiln/train.h"
 #include "test.h"
 #include "test_models.h"
+#include "test_runs.h"
 
 static kiln_tensor *key_tensor(float v) {
     int64_t one = 1;
@@ -202,38 +203,12 @@ static void gradients(void) {
 /* ---- the trainer: resume bit-identical with dropout, eval without -------- */
 static char tmpdir[256];
 
-static void write_shards(void) {
-    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
-    for (int which = 0; which < 2; which++) {
-        size_t n = which ? 1200 : 4000;
-        int32_t *tok = malloc(n * sizeof *tok);
-        for (size_t i = 0; i < n; i++) tok[i] = (i % 97 == 96) ? 1 : 3 + (int32_t)(kiln_rng_u64(which + 31, i) % 58);
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s.bin", tmpdir, which ? "val" : "train");
-        info.n_docs = n / 97 + 1;
-        CHECK_OK(kiln_shard_write(p, tok, n, &info));
-        free(tok);
-    }
-}
-
 static int pack_mode = KILN_PACK_PADDED;
 static void run_config(kiln_train_config *c, const char *run, double p, int compile) {
-    kiln_train_config_default(c);
-    snprintf(c->data, sizeof c->data, "%s", tmpdir);
-    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run);
-    snprintf(c->model, sizeof c->model, "tiny");
+    test_tiny_lora_run(c, tmpdir, run, "all");
     c->compile = compile;
-    c->batch = 2, c->accum = 2, c->seq_len = 32, c->pack = pack_mode;
-    c->warmup = 2, c->steps = 6, c->eval_every = 0, c->eval_batches = 2, c->save_every = 0, c->log_every = 0;
-    c->lr = 1e-2, c->min_lr = 1e-3;
-    c->lora_rank = 4, c->lora_alpha = 16, c->lora_dropout = p;
-    snprintf(c->lora_targets, sizeof c->lora_targets, "all");
-}
-
-typedef struct { kiln_trainer *t; int64_t stop_at; } watch;
-static void on_event(const kiln_event *e, void *user) {
-    watch *w = user;
-    if (e->kind == KILN_EVENT_STEP && e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
+    c->pack = pack_mode;
+    c->lora_dropout = p;
 }
 
 static bool train(const char *run, double p, int compile, int64_t stop_at, bool resume) {
@@ -242,39 +217,25 @@ static bool train(const char *run, double p, int compile, int64_t stop_at, bool 
     kiln_trainer *t = NULL;
     CHECK_OK(kiln_trainer_open(&c, resume, &t));
     if (!t) return false;
-    watch w = {t, stop_at};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    test_watch w = {t, stop_at, 0, 0, 0};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     kiln_trainer_free(t);
     return true;
-}
-
-static bool same_file(const char *a, const char *b) {
-    char *x, *y;
-    size_t nx, ny;
-    if (kiln_read_file(a, &x, &nx)) return false;
-    if (kiln_read_file(b, &y, &ny)) {
-        free(x);
-        return false;
-    }
-    bool same = nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
 }
 
 static void trainer(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_lora_dropout_%d", (int)getpid());
     mkdir(tmpdir, 0755);
-    write_shards();
+    test_write_shards(tmpdir, 4000, 1200, 31);
     if (!train("straight", 0.2, KILN_RUN_EAGER, -1, false) || !train("nodrop", 0, KILN_RUN_EAGER, -1, false)) return;
     if (!train("interrupted", 0.2, KILN_RUN_EAGER, 3, false) || !train("interrupted", 0.2, KILN_RUN_EAGER, -1, true)) return;
     if (!train("compiled", 0.2, KILN_RUN_COMPILE_DEFAULT, -1, false)) return;
     char a[700], b[700];
     snprintf(a, sizeof a, "%s/straight/adapter_model.safetensors", tmpdir);
     snprintf(b, sizeof b, "%s/interrupted/adapter_model.safetensors", tmpdir);
-    CHECK(same_file(a, b), "resumed with dropout: adapters byte-identical to the uninterrupted run");
+    CHECK(test_same_file(a, b), "resumed with dropout: adapters byte-identical to the uninterrupted run");
     snprintf(b, sizeof b, "%s/nodrop/adapter_model.safetensors", tmpdir);
-    CHECK(!same_file(a, b), "dropout 0.2 trains other adapters than dropout 0");
+    CHECK(!test_same_file(a, b), "dropout 0.2 trains other adapters than dropout 0");
     /* the compiled run: same masks, so the same adapters to float rounding */
     kiln_llama *ms = NULL, *mc = NULL;
     snprintf(a, sizeof a, "%s/straight", tmpdir);

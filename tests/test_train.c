@@ -8,7 +8,7 @@
 #include "kiln/train.h"
 #include "test.h"
 #include "test_models.h"
-
+#include "test_runs.h"
 
 /* row r of a batch: random ids, `pads` padding positions at the end */
 static void fill_row(kiln_batch *b, int r, int pads, uint64_t seed) {
@@ -22,8 +22,6 @@ static void fill_row(kiln_batch *b, int r, int pads, uint64_t seed) {
         b->targets[r * T + t] = next_real ? b->input_ids[r * T + t + 1] : KILN_IGNORE_INDEX;
     }
 }
-
-
 
 /* k micro-batches of b rows vs one batch of k*b rows, 3 optimiser steps.
  * Weights are compared at 1e-4 (the PyTorch-match criterion): Adam divides
@@ -136,49 +134,12 @@ static void schedule(void) {
 /* ---- the trainer on files: resume is bit-identical -------------------------- */
 static char tmpdir[256];
 
-static void write_shards(void) {
-    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
-    for (int which = 0; which < 2; which++) {
-        size_t n = which ? 1500 : 6000;
-        int32_t *tok = malloc(n * sizeof *tok);
-        for (size_t i = 0; i < n; i++) tok[i] = (i % 97 == 96) ? 1 : 3 + (int32_t)(kiln_rng_u64(which + 11, i) % 58);
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s.bin", tmpdir, which ? "val" : "train");
-        info.n_docs = n / 97 + 1;
-        CHECK_OK(kiln_shard_write(p, tok, n, &info));
-        free(tok);
-    }
-}
+static void write_shards(void) { test_write_shards(tmpdir, 6000, 1500, 11); }
 
 static void base_config(kiln_train_config *c, const char *run) {
-    kiln_train_config_default(c);
-    snprintf(c->data, sizeof c->data, "%s", tmpdir);
-    snprintf(c->run_dir, sizeof c->run_dir, "%s/%s", tmpdir, run);
-    snprintf(c->model, sizeof c->model, "tiny");
-    c->batch = 2, c->accum = 3, c->seq_len = 32, c->pack = KILN_PACK_PADDED;
-    c->warmup = 2, c->epochs = 2, c->eval_every = 4, c->eval_batches = 2, c->save_every = 0, c->log_every = 0;
+    test_tiny_run(c, tmpdir, run);
+    c->accum = 3, c->epochs = 2, c->eval_every = 4;
     c->lr = 3e-3, c->min_lr = 3e-4;
-}
-
-typedef struct { kiln_trainer *t; int64_t stop_at; int steps, evals, saves; } watch;
-static void on_event(const kiln_event *e, void *user) {
-    watch *w = user;
-    if (e->kind == KILN_EVENT_STEP) {
-        w->steps++;
-        if (e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
-    }
-    w->evals += e->kind == KILN_EVENT_EVAL;
-    w->saves += e->kind == KILN_EVENT_SAVE;
-}
-
-static bool same_file(const char *a, const char *b) {
-    char *x, *y;
-    size_t nx, ny;
-    if (kiln_read_file(a, &x, &nx) || kiln_read_file(b, &y, &ny)) return false;
-    bool same = nx == ny && memcmp(x, y, nx) == 0;
-    free(x);
-    free(y);
-    return same;
 }
 
 static void shard(const char *dir, const char *name, uint32_t vocab, size_t n) {
@@ -259,30 +220,30 @@ static void resume(void) {
     if (!t) return;
     int64_t total = kiln_trainer_get_state(t)->total_steps;
     CHECK(total >= 6, "enough steps to interrupt (%lld)", (long long)total);
-    watch w = {.t = t, .stop_at = -1};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    test_watch w = {.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     CHECK(w.steps == total && w.evals >= 1 && w.saves == 1, "steps %d evals %d saves %d", w.steps, w.evals, w.saves);
     kiln_trainer_free(t);
 
     base_config(&c, "interrupted");
     CHECK_OK(kiln_trainer_open(&c, false, &t));
     if (!t) return;
-    w = (watch){.t = t, .stop_at = 3};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    w = (test_watch){.t = t, .stop_at = 3};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     CHECK(w.steps == 3 && kiln_trainer_get_state(t)->step == 3, "stopped after step 3 (%d)", w.steps);
     kiln_trainer_free(t);
     CHECK_OK(kiln_trainer_open(&c, true, &t));
     if (!t) return;
     CHECK(kiln_trainer_get_state(t)->step == 3, "resumed at step 3");
-    w = (watch){.t = t, .stop_at = -1};
-    CHECK_OK(kiln_trainer_run(t, on_event, &w));
+    w = (test_watch){.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     CHECK(w.steps == total - 3, "resumed run finished the remaining %lld steps (%d)", (long long)total - 3, w.steps);
     kiln_trainer_free(t);
 
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/straight/model.safetensors", tmpdir);
     snprintf(b, sizeof b, "%s/interrupted/model.safetensors", tmpdir);
-    CHECK(same_file(a, b), "resumed model.safetensors is byte-identical to the uninterrupted run");
+    CHECK(test_same_file(a, b), "resumed model.safetensors is byte-identical to the uninterrupted run");
     snprintf(a, sizeof a, "%s/straight/metrics.jsonl", tmpdir);
     snprintf(b, sizeof b, "%s/interrupted/metrics.jsonl", tmpdir);
     char *x, *y;
