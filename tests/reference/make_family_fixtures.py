@@ -21,13 +21,15 @@ family (transformers' modeling_{llama,mistral,qwen2,qwen3}.py and
 _compute_{linear_scaling,llama3}_parameters in modeling_rope_utils.py); the
 transformers package itself is not needed.
 
-    make_family_fixtures.py --check DIR NAME
+    make_family_fixtures.py --check DIR NAME [DIR NAME ...]
 reads a checkpoint kiln wrote (DIR/config.json, DIR/model.safetensors) the way
 Hugging Face would: the family comes from config.json alone (model_type,
 architectures), every field of fixture NAME's config must survive, the tensors
 must be exactly the ones that family's model has, and its forward on the
 fixture's batch must give the logits kiln computed with those weights
-(DIR/kiln_logits.safetensors, 1e-4 relative). Exit status 0 when it does.
+(DIR/kiln_logits.safetensors, 1e-4 relative). Each pair ends with a line
+"check NAME: passed" or "check NAME: failed" (one process for all of them:
+importing torch takes seconds); exit status 0 when every one passed.
 """
 import json
 import math
@@ -335,10 +337,15 @@ def main():
     import torch
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    if len(sys.argv) == 4 and sys.argv[1] == "--check":
-        sys.exit(check(sys.argv[2], sys.argv[3], torch))
+    if len(sys.argv) >= 4 and len(sys.argv) % 2 == 0 and sys.argv[1] == "--check":
+        failed = 0
+        for model_dir, name in zip(sys.argv[2::2], sys.argv[3::2]):
+            rc = check(model_dir, name, torch)
+            print("check %s: %s" % (name, "failed" if rc else "passed"))
+            failed += rc != 0
+        sys.exit(1 if failed else 0)
     if len(sys.argv) != 1:
-        raise SystemExit("usage: make_family_fixtures.py [--check MODEL_DIR NAME]")
+        raise SystemExit("usage: make_family_fixtures.py [--check MODEL_DIR NAME [MODEL_DIR NAME ...]]")
     os.makedirs(OUT, exist_ok=True)
     for seed, (name, cfg) in enumerate(sorted(configs().items()), start=100):
         make_fixture(name, cfg, seed, torch)
