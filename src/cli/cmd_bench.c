@@ -364,7 +364,7 @@ int kiln_cmd_bench(int argc, char **argv) {
            " live + cached; build s = first call (trace, passes, code generation, cc); warm s = the same step\n"
            " compiled again, loaded from the cache)\n", b.steps,
            b.opt ? "the optimiser (global norm, clip, AdamW)" : "nothing (--no-optim)",
-           prec == KILN_BF16 ? "bf16 (2x fp32 FMA)" : "fp32 FMA");
+           prec != KILN_BF16 ? "fp32 FMA" : kiln_bf16_native() ? "bf16 (2x fp32 FMA)" : "bf16 (= fp32 FMA, emulated)");
     if (n_hogs) {
         /* kiln's T threads and N spinners share C cores: T/(T+N) of them
          * is kiln's fair part, against the min(T, C) it uses alone */
