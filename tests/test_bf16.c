@@ -10,6 +10,7 @@
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"
+#include "test_models.h"
 
 #define FIX "tests/fixtures/"
 
@@ -126,14 +127,7 @@ static kiln_tensor *wrap_st(const kiln_st_tensor *t) { return kiln_tensor_wrap((
 static bool fixture_open(fixture *x) {
     memset(x, 0, sizeof *x);
     kiln_llama_config cfg;
-    CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &cfg));
-    CHECK_OK(kiln_st_open(FIX "tiny_gqa.safetensors", &x->f));
-    if (!x->f || !(x->m = kiln_llama_new(&cfg, 1))) return false;
-    for (int i = 0; i < x->m->n_params; i++) {
-        const kiln_st_tensor *t = kiln_st_find(x->f, x->m->params[i]->name);
-        if (!t || t->nbytes != kiln_tensor_nbytes(x->m->params[i])) return false;
-        memcpy(x->m->params[i]->data, t->data, t->nbytes);
-    }
+    if (!test_fixture_model(FIX "tiny_gqa.config.json", FIX "tiny_gqa.safetensors", &cfg, &x->m, &x->f)) return false;
     x->ids = wrap_st(kiln_st_find(x->f, "input_ids"));
     x->mask = wrap_st(kiln_st_find(x->f, "attention_mask"));
     x->labels = wrap_st(kiln_st_find(x->f, "labels"));

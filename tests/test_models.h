@@ -5,6 +5,8 @@
 #include <math.h>
 #include "kiln/data.h"
 #include "kiln/model.h"
+#include "kiln/safetensors.h"
+#include "test.h"
 
 /* vocab 61, hidden 48, 4 heads over 2 kv heads (head dim 12), 2 layers */
 static inline kiln_llama_config test_tiny_config(void) {
@@ -19,6 +21,23 @@ static inline kiln_llama_config test_tiny_config(void) {
 static inline void test_count_targets(kiln_batch *b) {
     b->n_targets = 0;
     for (int i = 0; i < b->B * b->T; i++) b->n_targets += b->targets[i] != KILN_IGNORE_INDEX;
+}
+
+/* The model of a fixture's config.json with its parameters copied from the
+ * fixture's safetensors file (tensors of the same names and sizes); the
+ * file stays open in *f for the caller's other tensors. False when the
+ * model cannot be built or a parameter is missing or of another size. */
+static inline bool test_fixture_model(const char *config_path, const char *st_path, kiln_llama_config *cfg,
+                                      kiln_llama **m, kiln_st_file **f) {
+    CHECK_OK(kiln_llama_config_load(config_path, cfg));
+    CHECK_OK(kiln_st_open(st_path, f));
+    if (!*f || !(*m = kiln_llama_new(cfg, 1))) return false;
+    for (int i = 0; i < (*m)->n_params; i++) {
+        const kiln_st_tensor *t = kiln_st_find(*f, (*m)->params[i]->name);
+        if (!t || t->nbytes != kiln_tensor_nbytes((*m)->params[i])) return false;
+        memcpy((*m)->params[i]->data, t->data, t->nbytes);
+    }
+    return true;
 }
 
 /* the worst over parameters of max |a - b| / max |b| */
