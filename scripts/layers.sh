@@ -12,12 +12,15 @@ declare -A allowed=(
   [graph]="core kernels ops graph"
   [compile]="core kernels ops graph compile build"
   [model]="core ops model"
-  [data]="core data safetensors gguf"
-  [train]="core kernels ops eager graph compile build model data safetensors gguf train"
-  [cli]="core kernels ops eager graph compile build model data safetensors gguf train"
+  [tokenizer]="core tokenizer"
+  [template]="core template"
+  [formats]="core tokenizer safetensors gguf model_meta"
+  [data]="core tokenizer template data"
+  [train]="core kernels ops eager graph compile build model tokenizer template data safetensors gguf model_meta train"
+  [cli]="core kernels ops eager graph compile build model tokenizer template data safetensors gguf model_meta train"
 )
 bad=0
-for layer in core kernels ops eager graph compile model data train cli; do
+for layer in core kernels ops eager graph compile model tokenizer template formats data train cli; do
   used=$(grep -ho '#include "kiln/[a-z_]*\.h"' src/$layer/*.[ch] 2>/dev/null | sed 's/#include "kiln\///; s/\.h"//' | sort -u | tr '\n' ' ')
   extra=""
   for h in $used; do [[ " ${allowed[$layer]} " == *" $h "* ]] || extra+="$h "; done

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kiln/eager.h"
+#include "kiln/model_meta.h"
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"

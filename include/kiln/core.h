@@ -200,6 +200,18 @@ static inline int32_t *kiln_i32(const kiln_tensor *t) { return (int32_t *)t->dat
 /* Counter-based (stateless hash of seed and counter): element i of a draw
  * depends only on (seed, offset + i), so results are identical for any
  * number of threads. */
+/* A 64-bit mix (MurmurHash3's finaliser) and a hash of a byte string built
+ * on it: for hash tables and for choosing by content (a document's
+ * train/val split); not cryptographic. */
+static inline uint64_t kiln_hash_mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+uint64_t kiln_hash_bytes(const void *p, size_t n);
 typedef struct { uint64_t seed; uint64_t offset; } kiln_rng;
 uint64_t kiln_rng_u64(uint64_t seed, uint64_t counter);
 /* Fills n values and advances rng->offset by n. */

@@ -1,181 +1,28 @@
-/* kiln data: the BPE tokenizer (train, encode, decode, tokenizer.json),
- * the token shard format and the batch loader. Uses core only.
+/* kiln data: JSONL datasets, the token shard format (kiln tokenize) and the
+ * batch loader. Uses core, tokenizer and template (chat JSONL is rendered
+ * with the model's chat template).
  *
- * Ownership: opaque objects (kiln_tokenizer, kiln_shard, kiln_loader) are
- * created by *_open/_load/_train and freed by the matching *_free/_close
- * (NULL ok). Arrays a function returns through an out-pointer (token ids,
- * decoded bytes) are malloc'd and belong to the caller: free() them.
- * Batches are allocated with kiln_batch_alloc and freed with kiln_batch_free.
+ * Ownership: opaque objects (kiln_shard, kiln_loader) are created by
+ * *_open and freed by the matching *_close (NULL ok). Batches are allocated
+ * with kiln_batch_alloc and freed with kiln_batch_free.
  *
  * Errors: every function that can fail returns a kiln_status (KILN_OK = 0) or
  * NULL and sets kiln_last_error() to a message that names the file, the
  * offset or the flag at fault. Nothing here prints except through kiln_log.
- *
- * Token ids (tokenizers trained by kiln): 0 = <|bos|>, 1 = <|eos|>,
- * 2 = <|pad|>, 3..258 = the 256 single bytes (id = 3 + byte), 259.. = merges
- * in rank order. A tokenizer.json loaded from elsewhere keeps its own ids;
- * bos/eos/pad are found by name among its special tokens (<|bos|>,
- * <|begin_of_text|>, <s>, <bos> / <|eos|>, <|end_of_text|>, <|endoftext|>,
- * </s>, <eos> / <|pad|>, <pad>) and are -1 when absent.
- *
- * Compatibility: tokenizer.json is run as the Hugging Face `tokenizers`
- * library (v0.22) runs it: added tokens, normalizer, pre-tokenizer, BPE
- * model, post-processor and decoder (the README lists the components; any
- * other is refused at load, naming it and the file). Encoding gives HF's
- * ids on any valid UTF-8; invalid UTF-8 is encoded too (byte-level
- * tokenizers: exactly, byte by byte). kiln trains byte-level BPE with the
- * GPT-2 pre-tokenizer regex (PCRE2, Unicode classes) it declares.
  */
 #ifndef KILN_DATA_H
 #define KILN_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kiln/core.h"
+#include "kiln/template.h"
+#include "kiln/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ---- tokenizer ---------------------------------------------------------- */
-#define KILN_TOK_BOS 0
-#define KILN_TOK_EOS 1
-#define KILN_TOK_PAD 2
-#define KILN_TOK_BYTE0 3          /* id of byte 0 in kiln-trained vocabularies */
-#define KILN_TOK_BASE_VOCAB 259   /* specials + bytes */
-
-typedef struct kiln_tokenizer kiln_tokenizer;
-
-/* Learns merges from the files until the vocabulary (specials + 256 bytes +
- * merges) has vocab_size entries, or no pair occurs any more. Deterministic:
- * ties go to the smaller (left, right) id pair. */
-kiln_status kiln_tokenizer_train(const char *const *paths, int n_paths, int vocab_size,
-                                 kiln_tokenizer **out);
-/* The same on an in-memory text (tests, tools). */
-kiln_status kiln_tokenizer_train_text(const char *text, size_t len, int vocab_size,
-                                      kiln_tokenizer **out);
-/* Hugging Face tokenizer.json (model type "BPE"). Save is atomic: a
- * trained tokenizer is written in kiln's layout (ByteLevel, specials in
- * added_tokens); a loaded one is written as a copy of its file. */
-kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out);
-kiln_status kiln_tokenizer_save(const kiln_tokenizer *tok, const char *path);
-void kiln_tokenizer_free(kiln_tokenizer *tok);
-
-int kiln_tokenizer_vocab_size(const kiln_tokenizer *tok); /* max id + 1 */
-int kiln_tokenizer_n_merges(const kiln_tokenizer *tok);
-int kiln_tokenizer_bos(const kiln_tokenizer *tok); /* -1 when absent */
-int kiln_tokenizer_eos(const kiln_tokenizer *tok);
-int kiln_tokenizer_pad(const kiln_tokenizer *tok);
-/* Overrides bos/eos/pad (e.g. from tokenizer_config.json); -1 = none. */
-kiln_status kiln_tokenizer_set_special(kiln_tokenizer *tok, int bos, int eos, int pad);
-/* Token `id` as stored: its bytes for byte-level vocabularies, otherwise
- * (and for added tokens) its tokenizer.json string; NULL if id is unused. */
-const char *kiln_tokenizer_token(const kiln_tokenizer *tok, int id, size_t *len);
-/* The id of an added token with this content, else of the vocabulary
- * entry with these bytes (as kiln_tokenizer_token gives them); -1. */
-int kiln_tokenizer_find(const kiln_tokenizer *tok, const char *text, size_t len);
-bool kiln_tokenizer_is_special(const kiln_tokenizer *tok, int id); /* a special added token */
-
-/* Encodes any byte string (invalid UTF-8 included) as HF's
- * encode(text, add_special_tokens=False): special tokens typed in the text
- * are matched, no bos/eos is added. *ids is malloc'd (NULL when
- * *n_ids == 0 is allowed); the caller frees it. With kiln's own pipeline,
- * inputs above ~64 KiB are cut before spaces and encoded on
- * kiln_num_threads() threads; the result does not depend on the thread
- * count. Safe to call from several threads on the same tokenizer. */
-kiln_status kiln_tokenizer_encode(const kiln_tokenizer *tok, const char *text, size_t len,
-                                  int32_t **ids, size_t *n_ids);
-#define KILN_ENCODE_SPECIAL 1u /* add_special_tokens=True: the post-processor's bos/eos */
-kiln_status kiln_tokenizer_encode_ex(const kiln_tokenizer *tok, const char *text, size_t len, unsigned flags,
-                                     int32_t **ids, size_t *n_ids);
-/* Encodes n_docs documents (doc i = text[starts[i] .. starts[i] + lens[i]))
- * and appends `sep` (e.g. the eos id; -1 for none) after each one. Documents
- * are spread over threads; the output is in document order. */
-kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *tok, const char *text,
-                                       const size_t *starts, const size_t *lens, size_t n_docs,
-                                       int32_t sep, int32_t **ids, size_t *n_ids);
-/* HF's decode(ids, skip_special_tokens=False) through the file's decoder
- * (specials as their text), except that bytes which are not valid UTF-8
- * are kept as bytes (HF writes U+FFFD) so that a prefix of the ids decodes
- * to a prefix of the text. *out is malloc'd, NUL-terminated (not counted in
- * *len). An id out of range is an error (HF skips it). */
-kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids, size_t n,
-                                  char **out, size_t *len);
-#define KILN_DECODE_SKIP_SPECIAL 1u /* skip_special_tokens=True */
-#define KILN_DECODE_LOSSY 2u        /* invalid UTF-8 -> U+FFFD exactly as HF */
-kiln_status kiln_tokenizer_decode_ex(const kiln_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
-                                     char **out, size_t *len);
-
-/* ---- chat templates: a Jinja subset --------------------------------------
- * Parses and renders the Jinja of Hugging Face chat templates as
- * transformers does (Jinja2 with trim_blocks and lstrip_blocks, its
- * raise_exception, tojson and strftime_now, the loopcontrols extension and
- * {% generation %}): if/elif/else, for (loop.*, else, filters), set (also
- * block set and namespace attributes), macro, break/continue; Python
- * operators, literals, subscripts and slices, the filters, tests and str /
- * dict methods chat templates use. Anything outside the subset is an error
- * "NAME:LINE:COLUMN: ...", never a different rendering. Variables come from
- * a jansson object (messages, add_generation_prompt, bos_token, ...). */
-typedef struct kiln_template kiln_template;
-struct json_t;
-kiln_status kiln_template_parse(const char *src, size_t len, const char *name, kiln_template **out);
-void kiln_template_free(kiln_template *t);
-/* *out is malloc'd and NUL-terminated (*len excludes the NUL; len may be
- * NULL). gen_spans (may be NULL): the byte ranges [s, e) of the output
- * written inside {% generation %} blocks, 2 * *n_gen values, malloc'd. */
-kiln_status kiln_template_render(const kiln_template *t, const struct json_t *vars, char **out, size_t *len,
-                                 size_t **gen_spans, size_t *n_gen);
-
-/* A model's chat template with its special-token strings. Loaded from a
- * tokenizer_config.json (chat_template: a string, or a list of {name,
- * template} of which "default" is used; bos_token/eos_token/unk_token/
- * pad_token as strings or {"content": ...}); template_path (may be NULL)
- * overrides the config's template; config_path may be NULL when
- * template_path is given (the tokens are then empty strings). */
-typedef struct kiln_chat kiln_chat;
-kiln_status kiln_chat_load(const char *config_path, const char *template_path, kiln_chat **out);
-void kiln_chat_free(kiln_chat *c);
-/* The template's text as loaded (not NUL-terminated beyond *len). */
-const char *kiln_chat_source(const kiln_chat *c, size_t *len);
-/* Renders a conversation {"messages": [...], ...}: the other keys of the
- * object (tools, documents, enable_thinking, ...) are template variables
- * too, tools defaulting to None as in transformers. */
-kiln_status kiln_chat_render(const kiln_chat *c, const struct json_t *conversation, bool add_generation_prompt,
-                             char **out, size_t *len);
-/* Renders the conversation (no generation prompt) and finds the byte ranges
- * an assistant would generate: with {% generation %} blocks, those;
- * otherwise, for each assistant message i, from the end of the rendering
- * of messages[:i] with the generation prompt to the end of messages[:i+1]
- * rendered (content and end-of-turn), each prefix checked to be a prefix of
- * the whole rendering. last_only: only the final assistant message.
- * *spans holds 2 * *n_spans offsets [start, end), malloc'd. */
-kiln_status kiln_chat_assistant_spans(const kiln_chat *c, const struct json_t *conversation, bool last_only,
-                                      char **text, size_t *len, size_t **spans, size_t *n_spans);
-
-/* ---- model metadata --------------------------------------------------------
- * A model directory's generation_config.json, config.json and
- * tokenizer_config.json (each optional): bos/eos/pad ids, where
- * generation_config.json wins over config.json and either over the token
- * strings of tokenizer_config.json (resolved through its
- * added_tokens_decoder, then the tokenizer). eos may be several ids (an
- * instruct model ends a turn with any of them). The chat template is kept
- * as text (a list of named templates gives its "default" one). */
-#define KILN_MAX_EOS 16
-typedef struct {
-    int32_t bos_id, pad_id;          /* -1: none given */
-    int n_eos;
-    int32_t eos_ids[KILN_MAX_EOS];
-    char *bos_token, *eos_token, *pad_token; /* tokenizer_config.json's strings; NULL if absent */
-    char *chat_template;             /* NULL if absent */
-} kiln_model_meta;
-/* tok (may be NULL) resolves token strings and bounds the eos ids. Free the
- * result with kiln_model_meta_free. */
-kiln_status kiln_model_meta_load(const char *dir, const kiln_tokenizer *tok, kiln_model_meta *out);
-void kiln_model_meta_free(kiln_model_meta *m);
-bool kiln_model_meta_is_eos(const kiln_model_meta *m, int32_t id);
-/* Writes dir/generation_config.json (ids; eos an integer or a list) and
- * dir/tokenizer_config.json (token strings, chat template). */
-kiln_status kiln_model_meta_save(const char *dir, const kiln_model_meta *m);
 
 /* ---- token shards --------------------------------------------------------
  * File layout (little endian), 64-byte header then the tokens:

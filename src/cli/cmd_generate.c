@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "cli.h"
 #include "kiln/train.h"
+#include "kiln/model_meta.h"
 
 static const char *generate_usage =
     "usage: kiln generate RUN_DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"

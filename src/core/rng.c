@@ -2,6 +2,7 @@
  * parallel fill gives the same numbers for any thread count. The mixer is
  * splitmix64's finaliser applied to a Weyl sequence keyed by the seed. */
 #include <math.h>
+#include <string.h>
 #include "kiln/core.h"
 
 uint64_t kiln_rng_u64(uint64_t seed, uint64_t counter) {
@@ -42,4 +43,19 @@ double kiln_rng_next_double(kiln_rng *rng) { return u01(kiln_rng_next_u64(rng));
 
 uint64_t kiln_rng_next_u64(kiln_rng *rng) {
     return kiln_rng_u64(rng->seed ^ 0x2545f4914f6cdd1dull, rng->offset++);
+}
+
+uint64_t kiln_hash_bytes(const void *p, size_t n) {
+    const unsigned char *s = p;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ kiln_hash_mix64(w)) * 0x100000001b3ULL;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    return kiln_hash_mix64(h ^ w);
 }

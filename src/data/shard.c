@@ -256,7 +256,7 @@ static bool tv_append(tokvec *t, const int32_t *v, const uint8_t *mask, size_t n
 
 static bool goes_to_val(const char *doc, size_t n, const kiln_tokenize_opts *o) {
     if (o->val_frac <= 0) return false;
-    uint64_t h = kiln_rng_u64(o->seed, kd_hash_bytes(doc, n));
+    uint64_t h = kiln_rng_u64(o->seed, kiln_hash_bytes(doc, n));
     return (double)(h >> 11) * 0x1.0p-53 < o->val_frac;
 }
 
@@ -265,7 +265,7 @@ kiln_status kd_tokenize_add(kd_tk_ctx *c, const char *doc, size_t len, const int
     bool val = goes_to_val(doc, len, c->opts);
     tokvec *dst = val ? &c->val : &c->train;
     if (!val) c->last_train_start = c->train.n;
-    int32_t eos = c->tok->eos;
+    int32_t eos = kiln_tokenizer_eos(c->tok);
     uint8_t em = eos_target ? 1 : 0;
     if (!tv_append(dst, ids, mask, n) || !tv_append(dst, &eos, &em, 1))
         return kiln_error(KILN_ERR_OOM, "out of memory collecting tokens");
@@ -279,7 +279,7 @@ kiln_status kd_tokenize_add(kd_tk_ctx *c, const char *doc, size_t len, const int
 static kiln_status route_docs(tk_ctx *c, const char *text, const spans *d, size_t d0, size_t d1) {
     int32_t *ids;
     size_t n_ids, p = 0;
-    int32_t eos = c->tok->eos;
+    int32_t eos = kiln_tokenizer_eos(c->tok);
     kiln_status st = kiln_tokenizer_encode_docs(c->tok, text, d->start + d0, d->len + d0, d1 - d0, eos, &ids, &n_ids);
     if (st) return st;
     for (size_t k = d0; k < d1; k++) {
@@ -336,9 +336,9 @@ static kiln_status write_pair(tk_ctx *c, const char *dir, kiln_tokenize_stats *s
     const kiln_tokenizer *t = c->tok;
     kiln_shard_info info = {
         .vocab_size = (uint32_t)kiln_tokenizer_vocab_size(t),
-        .eos_id = (uint32_t)t->eos,
-        .pad_id = t->pad >= 0 ? (uint32_t)t->pad : NO_ID,
-        .bos_id = t->bos >= 0 ? (uint32_t)t->bos : NO_ID,
+        .eos_id = (uint32_t)kiln_tokenizer_eos(t),
+        .pad_id = kiln_tokenizer_pad(t) >= 0 ? (uint32_t)kiln_tokenizer_pad(t) : NO_ID,
+        .bos_id = kiln_tokenizer_bos(t) >= 0 ? (uint32_t)kiln_tokenizer_bos(t) : NO_ID,
     };
     size_t plen = strlen(dir) + 16;
     char *path = malloc(plen);
@@ -367,7 +367,7 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
     kiln_tokenize_stats dummy;
     if (!stats) stats = &dummy;
     memset(stats, 0, sizeof *stats);
-    if (tok->eos < 0) return kiln_error(KILN_ERR_INVALID, "the tokenizer has no <|eos|> token to end documents");
+    if (kiln_tokenizer_eos(tok) < 0) return kiln_error(KILN_ERR_INVALID, "the tokenizer has no <|eos|> token to end documents");
     if (opts->val_frac < 0 || opts->val_frac >= 1)
         return kiln_error(KILN_ERR_INVALID, "--val-frac %g: must be in [0, 1)", opts->val_frac);
     if (mkdir(dir, 0777) < 0 && errno != EEXIST)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "export_gguf_impl.h"
+#include "kiln/model_meta.h"
 
 void kiln_gguf_vocab_free(kiln_gguf_vocab *v) {
     for (int64_t i = 0; v->tokens && i < v->n; i++) free(v->tokens[i]);

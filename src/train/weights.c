@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kiln/safetensors.h"
+#include "kiln/model_meta.h"
 #include "kiln/train.h"
 
 #define PATH_CAP 4096

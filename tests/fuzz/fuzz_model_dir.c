@@ -10,6 +10,7 @@
 
 #include "fuzz.h"
 #include "kiln/data.h"
+#include "kiln/model_meta.h"
 #include "kiln/model.h"
 #include "kiln/train.h"
 

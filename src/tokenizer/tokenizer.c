@@ -6,7 +6,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 #define UNUSED_TOK UINT64_MAX
 #define CACHE_MAX_WORD 255       /* longer words are not cached */
@@ -59,7 +59,7 @@ void kiln_tokenizer_free(kiln_tokenizer *t) {
 
 kiln_status kd_tok_vocab_put(kiln_tokenizer *t, const char *s, size_t len, int id) {
     bool ins;
-    uint64_t *v = kd_strmap_put(&t->vocab, s, len, kd_hash_bytes(s, len), (uint64_t)id, &ins);
+    uint64_t *v = kd_strmap_put(&t->vocab, s, len, kiln_hash_bytes(s, len), (uint64_t)id, &ins);
     if (!v) return kiln_error(KILN_ERR_OOM, "out of memory for the vocabulary");
     if (!ins && *v != (uint64_t)id)
         return kiln_error(KILN_ERR_FORMAT, "vocabulary string of id %d is also id %d", id, (int)*v);
@@ -68,7 +68,7 @@ kiln_status kd_tok_vocab_put(kiln_tokenizer *t, const char *s, size_t len, int i
 }
 
 int32_t kd_tok_vocab_get(const kiln_tokenizer *t, const char *s, size_t len) {
-    const uint64_t *v = kd_strmap_get(&t->vocab, s, len, kd_hash_bytes(s, len));
+    const uint64_t *v = kd_strmap_get(&t->vocab, s, len, kiln_hash_bytes(s, len));
     return v ? (int32_t)*v : -1;
 }
 
@@ -409,7 +409,7 @@ static void model_word(const kiln_tokenizer *t, encoder *e, const unsigned char 
     }
     uint64_t h = 0;
     if (n <= CACHE_MAX_WORD) {
-        h = kd_hash_bytes(s, n);
+        h = kiln_hash_bytes(s, n);
         uint64_t *v = kd_strmap_get(&e->cache, (const char *)s, n, h);
         if (v) {
             size_t cnt = *v & 0xffff;

@@ -9,8 +9,8 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include "kiln/data.h"
-#include "data_names.h" /* links the jn_/jb_/jl_ helpers as kiln_* */
+#include "kiln/template.h"
+#include "template_names.h" /* links the jn_/jb_/jl_ helpers as kiln_* */
 
 typedef enum {
     /* expressions */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include "kiln/data.h"
+#include "kiln/model_meta.h"
 
 #define PATH_CAP 4096
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 enum { N_NFC, N_NFD, N_NFKC, N_NFKD, N_LOWER, N_PREPEND, N_REPLACE, N_STRIP, N_SEQ };
 

@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 enum { D_BYTELEVEL, D_METASPACE, D_BYTEFALLBACK, D_FUSE, D_STRIP, D_REPLACE, D_BPE, D_SEQ };
 

@@ -4,7 +4,7 @@
  * into sub-spans; empty pieces are dropped as HF drops them. */
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 enum { P_BYTELEVEL, P_SPLIT, P_DIGITS, P_METASPACE, P_WHITESPACE, P_WSSPLIT, P_SEQ };
 enum { B_REMOVED, B_ISOLATED, B_MERGED_PREV, B_MERGED_NEXT, B_CONTIGUOUS };

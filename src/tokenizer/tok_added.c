@@ -6,7 +6,7 @@
  * on each match. */
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 typedef struct {
     kd_map64 edges;   /* node << 8 | byte -> child node */

@@ -1,18 +1,9 @@
-/* Hash maps used across src/data. */
+/* Hash maps used across src/tokenizer. */
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 #define EMPTY UINT64_MAX
-
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
 
 /* 0 when n is too large for a table (every size below is checked). */
 static size_t pow2_at_least(size_t n) {
@@ -46,7 +37,7 @@ void kd_map64_free(kd_map64 *m) {
 
 uint64_t *kd_map64_get(const kd_map64 *m, uint64_t key) {
     if (!m->cap) return NULL;
-    size_t mask = m->cap - 1, i = mix64(key) & mask;
+    size_t mask = m->cap - 1, i = kiln_hash_mix64(key) & mask;
     for (;;) {
         if (m->keys[i] == key) return &m->vals[i];
         if (m->keys[i] == EMPTY) return NULL;
@@ -59,7 +50,7 @@ static bool map64_grow(kd_map64 *m) {
     if (!kd_map64_init(&g, m->cap)) return false;
     for (size_t i = 0; i < m->cap; i++) {
         if (m->keys[i] == EMPTY) continue;
-        size_t j = mix64(m->keys[i]) & (g.cap - 1);
+        size_t j = kiln_hash_mix64(m->keys[i]) & (g.cap - 1);
         while (g.keys[j] != EMPTY) j = (j + 1) & (g.cap - 1);
         g.keys[j] = m->keys[i];
         g.vals[j] = m->vals[i];
@@ -72,7 +63,7 @@ static bool map64_grow(kd_map64 *m) {
 
 uint64_t *kd_map64_put(kd_map64 *m, uint64_t key, uint64_t init, bool *inserted) {
     if ((m->n + 1) * 4 > m->cap * 3 && !map64_grow(m)) return NULL;
-    size_t mask = m->cap - 1, i = mix64(key) & mask;
+    size_t mask = m->cap - 1, i = kiln_hash_mix64(key) & mask;
     while (m->keys[i] != EMPTY) {
         if (m->keys[i] == key) {
             if (inserted) *inserted = false;
@@ -88,21 +79,6 @@ uint64_t *kd_map64_put(kd_map64 *m, uint64_t key, uint64_t init, bool *inserted)
 }
 
 /* ---- string map ---- */
-
-uint64_t kd_hash_bytes(const void *p, size_t n) {
-    const unsigned char *s = p;
-    uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, s, 8);
-        h = (h ^ mix64(w)) * 0x100000001b3ULL;
-        s += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, s, n);
-    return mix64(h ^ w);
-}
 
 bool kd_strmap_init(kd_strmap *m, size_t expect) {
     memset(m, 0, sizeof *m);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 /* ---- buffers ---- */
 

@@ -4,7 +4,7 @@
  * words that contain it, and a max-heap with lazy deletion. */
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 typedef struct { int32_t *v; uint32_t n, cap; } occ_list;
 
@@ -306,7 +306,7 @@ static kiln_status train_words(const kd_strmap *words, int vocab_size, kiln_toke
  * training sees the words that encoding (kiln's or HF's) will see. */
 static bool count_word(void *ctx, const char *s, size_t n) {
     kd_strmap *m = ctx;
-    uint64_t *v = kd_strmap_put(m, s, n, kd_hash_bytes(s, n), 0, NULL);
+    uint64_t *v = kd_strmap_put(m, s, n, kiln_hash_bytes(s, n), 0, NULL);
     if (!v) return false;
     (*v)++;
     return true;

@@ -4,7 +4,7 @@
  * list of items: -1 is the sequence, anything else a token id. */
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 enum { PP_TEMPLATE, PP_BYTELEVEL, PP_SEQ };
 

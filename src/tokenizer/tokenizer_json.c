@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include "data_impl.h"
+#include "tokenizer_impl.h"
 
 static size_t put_cp(char *o, uint32_t cp) { return kd_utf8_put(o, cp); }
 
@@ -177,7 +177,7 @@ static kiln_status check_id(loader_ctx *c, json_t *v, const char *where, const c
 }
 
 static int by_name(loader_ctx *c, const char *s, size_t n) {
-    uint64_t *v = kd_strmap_get(&c->by_name, s, n, kd_hash_bytes(s, n));
+    uint64_t *v = kd_strmap_get(&c->by_name, s, n, kiln_hash_bytes(s, n));
     return v ? (int)*v : -1;
 }
 
@@ -222,7 +222,7 @@ static kiln_status read_added(loader_ctx *c, int *max_id) {
         if (!st) st = kd_json_bool(a, "normalized", !d.special, c->path, where, &d.normalized);
         if (st) break;
         if (len == 0) continue; /* HF ignores empty added tokens */
-        uint64_t h = kd_hash_bytes(content, len), *prev = kd_strmap_get(&seen, content, len, h);
+        uint64_t h = kiln_hash_bytes(content, len), *prev = kd_strmap_get(&seen, content, len, h);
         int hf = prev ? (int)*prev : by_name(c, content, len);
         if (hf < 0) hf = next++;
         if (hf != id) {
@@ -251,7 +251,7 @@ static kiln_status build_vocab(loader_ctx *c) {
         if ((st = check_id(c, v, "model.vocab", key, &id))) return st;
         if (id > max_id) max_id = id;
         size_t n = strlen(key);
-        if (!kd_strmap_put(&c->by_name, key, n, kd_hash_bytes(key, n), (uint64_t)id, NULL))
+        if (!kd_strmap_put(&c->by_name, key, n, kiln_hash_bytes(key, n), (uint64_t)id, NULL))
             return fail(c, KILN_ERR_OOM, "out of memory");
     }
     if ((st = read_added(c, &max_id))) return st;
