@@ -31,25 +31,44 @@
  * no select: k = -127 builds a scale of +0, k = 128 one of +inf. The exponent
  * comes from bit arithmetic, not a float->int conversion, so NaN and inf
  * inputs are not undefined behaviour. */
+/* Its constants, also used by the hand-vectorised forms (kernels/simd_exp.h),
+ * which repeat these operations lane-wise in the same order: the clamp, the
+ * round-to-integer shift 1.5*2^23, ln2 split in two (Cody-Waite) and the
+ * Taylor coefficients of e^r to r^7 (P7 = 1/7! ... P0 = 1). */
+#define KILN_EXP_XMIN (-88.0f)
+#define KILN_EXP_XMAX 89.0f
+#define KILN_EXP_LOG2E 1.44269504088896341f
+#define KILN_EXP_SHIFT 12582912.0f
+#define KILN_EXP_LN2_HI (-0.693359375f)
+#define KILN_EXP_LN2_LO 2.12194440e-4f
+#define KILN_EXP_P7 1.98412698e-4f
+#define KILN_EXP_P6 1.38888889e-3f
+#define KILN_EXP_P5 8.33333333e-3f
+#define KILN_EXP_P4 4.16666667e-2f
+#define KILN_EXP_P3 1.66666667e-1f
+#define KILN_EXP_P2 0.5f
+#define KILN_EXP_P1 1.0f
+#define KILN_EXP_P0 1.0f
+#define KILN_EXP_BIAS (127u - 0x4B400000u) /* shift's bits + this = k + 127 */
 static inline float kiln_expf_fast(float x) {
-    float xc = x < -88.0f ? -88.0f : x;
-    xc = xc > 89.0f ? 89.0f : xc;
+    float xc = x < KILN_EXP_XMIN ? KILN_EXP_XMIN : x;
+    xc = xc > KILN_EXP_XMAX ? KILN_EXP_XMAX : xc;
     /* k = round(x / ln2) via the 1.5*2^23 trick; its bits hold k */
-    float kf = fmaf(xc, 1.44269504088896341f, 12582912.0f);
+    float kf = fmaf(xc, KILN_EXP_LOG2E, KILN_EXP_SHIFT);
     uint32_t kb;
     memcpy(&kb, &kf, sizeof kb);
-    kf -= 12582912.0f;
-    float r = fmaf(kf, -0.693359375f, xc); /* Cody-Waite split of ln2 */
-    r = fmaf(kf, 2.12194440e-4f, r);
-    float p = 1.98412698e-4f; /* Taylor to r^7 on |r| <= ln2/2 */
-    p = fmaf(p, r, 1.38888889e-3f);
-    p = fmaf(p, r, 8.33333333e-3f);
-    p = fmaf(p, r, 4.16666667e-2f);
-    p = fmaf(p, r, 1.66666667e-1f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
-    uint32_t sb = (kb - 0x4B400000u + 127u) << 23; /* 2^k, k in [-127, 128] */
+    kf -= KILN_EXP_SHIFT;
+    float r = fmaf(kf, KILN_EXP_LN2_HI, xc); /* Cody-Waite split of ln2 */
+    r = fmaf(kf, KILN_EXP_LN2_LO, r);
+    float p = KILN_EXP_P7; /* Taylor to r^7 on |r| <= ln2/2 */
+    p = fmaf(p, r, KILN_EXP_P6);
+    p = fmaf(p, r, KILN_EXP_P5);
+    p = fmaf(p, r, KILN_EXP_P4);
+    p = fmaf(p, r, KILN_EXP_P3);
+    p = fmaf(p, r, KILN_EXP_P2);
+    p = fmaf(p, r, KILN_EXP_P1);
+    p = fmaf(p, r, KILN_EXP_P0);
+    uint32_t sb = (kb + KILN_EXP_BIAS) << 23; /* 2^k, k in [-127, 128] */
     float s;
     memcpy(&s, &sb, sizeof s);
     return p * s;

@@ -380,29 +380,7 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
 /* ---- the softmax of a full tile row (AVX2) -------------------------------- */
 #if defined(__AVX2__) && defined(__FMA__)
 #define KILN_ATT_ROW8 1
-/* kiln_expf_fast on 8 lanes: the same operations in the same order, so
- * the same bits as the scalar function (and as its compiler-vectorised
- * uses in the backward) */
-static inline __m256 exp8(__m256 x) {
-    __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), x); /* NaN stays NaN, as in the scalar */
-    xc = _mm256_min_ps(_mm256_set1_ps(89.0f), xc);
-    __m256 kf = _mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(12582912.0f));
-    const __m256i kb = _mm256_castps_si256(kf);
-    kf = _mm256_sub_ps(kf, _mm256_set1_ps(12582912.0f));
-    __m256 r = _mm256_fmadd_ps(kf, _mm256_set1_ps(-0.693359375f), xc);
-    r = _mm256_fmadd_ps(kf, _mm256_set1_ps(2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.98412698e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.38888889e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.33333333e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.16666667e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.66666667e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i sb = _mm256_slli_epi32(_mm256_add_epi32(kb, _mm256_set1_epi32((int)(127u - 0x4B400000u))), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(sb));
-}
-
+#include "simd_exp.h"
 static inline float hmax8(__m256 v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
@@ -436,7 +414,7 @@ static inline float full_row(float *s, float sc, float *m, float *l) {
     const __m256 vmu = _mm256_set1_ps(mu);
     __m256 sum = _mm256_setzero_ps();
     for (int i = 0; i < BK / 8; i++) {
-        const __m256 p = exp8(_mm256_sub_ps(x[i], vmu));
+        const __m256 p = kiln_exp8(_mm256_sub_ps(x[i], vmu));
         _mm256_storeu_ps(s + 8 * i, p);
         sum = _mm256_add_ps(sum, p);
     }

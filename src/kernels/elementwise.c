@@ -4,6 +4,7 @@
  * costs more than the loop. Reductions use a chunking that depends on n only,
  * so their results are identical for any thread count. */
 #include "kiln/kernels.h"
+#include "simd_exp.h"
 
 
 #define KILN_EW_PAR (1 << 15)
@@ -30,6 +31,14 @@ void kiln_k_axpy(float a, const float *x, float *y, int64_t n) {
 
 /* silu and its backward: the expressions of kiln/opmath.h, which compiled
  * code runs too */
+void kiln_k_exp(const float *x, float *y, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, kiln_exp8(_mm256_loadu_ps(x + i)));
+#endif
+    for (; i < n; i++) y[i] = kiln_expf_fast(x[i]);
+}
+
 void kiln_k_silu(const float *x, float *out, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > KILN_EW_PAR)
     for (int64_t i = 0; i < n; i++) out[i] = kiln_silu_f(x[i]);
