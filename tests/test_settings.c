@@ -2,6 +2,7 @@
  * train_config.json read with the same checks as the flags, the file named
  * in its errors, and written files read back. */
 #include <stdlib.h>
+#include <string.h>
 #include "kiln/train.h"
 #include "test.h"
 
@@ -187,7 +188,46 @@ static void ranges(void) {
           kiln_last_error());
 }
 
+/* One vocabulary (issue 22 item 19): every compile mode of KILN_COMPILE_MODES
+ * is a --compile choice with its index as value, parses to the same options
+ * through kiln_compile_mode_parse and through the run settings, and the help
+ * names it; the recompute settings likewise. */
+static void vocabulary(void) {
+    const kiln_setting *sc = kiln_setting_find("compile"), *sr = kiln_setting_find("recompute");
+    int n = 0;
+    for (int i = 0; kiln_compile_modes[i].name; i++, n++) {
+        const char *name = kiln_compile_modes[i].name;
+        int v = -1;
+        CHECK(kiln_parse_choice(name, sc->choices, &v) == KILN_OK && v == i, "--compile %s is choice %d (got %d)", name, i, v);
+        kiln_compile_options a, b;
+        kiln_compile_options_default(&a);
+        kiln_compile_options_default(&b);
+        CHECK_OK(kiln_compile_mode_parse(name, &a));
+        kiln_train_config c;
+        kiln_train_config_default(&c);
+        c.compile = i;
+        CHECK_OK(kiln_train_compile_options(&c, &b));
+        CHECK(a.mode == b.mode && a.interpret == b.interpret && a.strict == b.strict, "mode %s: parse and settings agree", name);
+        CHECK(strstr(sc->help, name) != NULL, "the --compile help names %s", name);
+    }
+    CHECK(n == KILN_RUN_N_MODES && n == 6, "%d compile modes", n);
+    kiln_compile_options o;
+    kiln_compile_options_default(&o);
+    CHECK(kiln_compile_mode_parse("eager", &o) == KILN_OK && o.mode == KILN_COMPILE_OFF, "alias eager = off");
+    CHECK(kiln_compile_mode_parse("fast", &o) != KILN_OK && strstr(kiln_last_error(), "reduce-overhead"),
+          "an unknown mode lists the modes: %s", kiln_last_error());
+    const char *rn[] = {"none", "attention", "layer"};
+    for (int i = 0; i < 3; i++) {
+        int v = -1;
+        CHECK(kiln_parse_choice(rn[i], sr->choices, &v) == KILN_OK && v == i, "--recompute %s", rn[i]);
+        CHECK(kiln_recompute_parse(rn[i], &o) == KILN_OK && o.recompute == i, "recompute_parse %s", rn[i]);
+    }
+    CHECK(kiln_recompute_parse("all", &o) != KILN_OK && strstr(kiln_last_error(), "attention"), "unknown recompute: %s",
+          kiln_last_error());
+}
+
 int main(void) {
+    vocabulary();
     parser();
     seed();
     table();

@@ -46,8 +46,41 @@ typedef struct {
     kiln_build_options build;
 } kiln_compile_options;
 
+/* The compile modes a user names (--compile, --mode, --modes), each spelled
+ * once: X(IDENT, "name", mode, interpret, strict, "what it does"). The run
+ * settings' enum (KILN_RUN_<IDENT>, kiln/train.h), their choices, the
+ * parser below and the help texts are made from this list; a new mode is a
+ * line here. The first line is "off"; older spellings are aliases. */
+#define KILN_COMPILE_MODES(X)                                                                              \
+    X(EAGER, "off", KILN_COMPILE_OFF, false, false, "eager: no compiler")                                   \
+    X(COMPILE_DEFAULT, "default", KILN_COMPILE_DEFAULT, false, false, "generated kernels, a runtime loop")   \
+    X(REDUCE_OVERHEAD, "reduce-overhead", KILN_COMPILE_REDUCE_OVERHEAD, false, false, "the whole step generated") \
+    X(MAX_AUTOTUNE, "max-autotune", KILN_COMPILE_MAX_AUTOTUNE, false, false, "variants timed at build")       \
+    X(INTERPRET, "interpret", KILN_COMPILE_DEFAULT, true, false, "the planned graph in the interpreter")     \
+    X(STRICT, "strict", KILN_COMPILE_DEFAULT, false, true, "default; a failed build is an error")
+#define KILN_COMPILE_MODE_ALIASES(X) X(EAGER, "none") X(EAGER, "eager")
+/* " off default reduce-overhead ..." as one string literal, for help texts */
+#define KILN_COMPILE_MODE_NAME_(id, name, ...) " " name
+#define KILN_COMPILE_MODE_NAMES KILN_COMPILE_MODES(KILN_COMPILE_MODE_NAME_)
+
+/* A run's compile setting: the index of its line (KILN_RUN_EAGER = 0 ...). */
+#define KILN_RUN_ENUM_(id, ...) KILN_RUN_##id,
+typedef enum { KILN_COMPILE_MODES(KILN_RUN_ENUM_) KILN_RUN_N_MODES } kiln_run_compile;
+
+typedef struct {
+    const char *name;
+    kiln_compile_mode mode;
+    bool interpret, strict;
+    const char *help;
+} kiln_compile_mode_def;
+/* KILN_COMPILE_MODES in order (index = KILN_RUN_<IDENT>), ended by a NULL name. */
+extern const kiln_compile_mode_def kiln_compile_modes[];
+
 void kiln_compile_options_default(kiln_compile_options *o);
-/* Parses "default", "reduce-overhead", "max-autotune", "interpret", "off". */
+/* Sets o->mode, o->interpret and o->strict from a mode of
+ * KILN_COMPILE_MODES (index) . */
+void kiln_compile_mode_apply(int index, kiln_compile_options *o);
+/* Parses a name of KILN_COMPILE_MODES or an alias into the options. */
 kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o);
 /* "none", "attention" or "layer" into o->recompute. */
 kiln_status kiln_recompute_parse(const char *s, kiln_compile_options *o);

@@ -81,7 +81,11 @@ typedef kiln_status (*kiln_trace_fn)(void *user, kiln_tensor *const *inputs, kil
 
 /* Activation recomputation: which blocks' activations backward recomputes
  * from the block's input instead of keeping them from forward. */
-enum { KILN_RECOMPUTE_NONE = 0, KILN_RECOMPUTE_ATTENTION = 1, KILN_RECOMPUTE_LAYER = 2 };
+/* The recompute settings, each spelled once: X(IDENT, "name"); the enum,
+ * the run setting's choices and kiln_recompute_parse come from this list. */
+#define KILN_RECOMPUTE_MODES(X) X(NONE, "none") X(ATTENTION, "attention") X(LAYER, "layer")
+#define KILN_RECOMPUTE_ENUM_(id, name) KILN_RECOMPUTE_##id,
+enum { KILN_RECOMPUTE_MODES(KILN_RECOMPUTE_ENUM_) KILN_RECOMPUTE_N };
 
 typedef struct {
     bool backward;        /* build the joint forward+backward graph */

@@ -22,15 +22,8 @@ extern "C" {
 typedef enum { KILN_LOSS_NORM_TOKENS = 0, KILN_LOSS_NORM_STEPS = 1 } kiln_loss_norm;
 typedef enum { KILN_ON_NAN_SKIP = 0, KILN_ON_NAN_STOP = 1 } kiln_on_nan;
 
-/* How a run is compiled (the --compile setting). */
-typedef enum {
-    KILN_RUN_EAGER = 0,          /* "off": no compiler */
-    KILN_RUN_COMPILE_DEFAULT,    /* "default" */
-    KILN_RUN_REDUCE_OVERHEAD,    /* "reduce-overhead" */
-    KILN_RUN_MAX_AUTOTUNE,       /* "max-autotune" */
-    KILN_RUN_INTERPRET,          /* "interpret": the planned graph in the interpreter */
-    KILN_RUN_STRICT,             /* "strict": default, a failed build is an error */
-} kiln_run_compile;
+/* How a run is compiled (the --compile setting): kiln_run_compile, one
+ * KILN_RUN_* per line of KILN_COMPILE_MODES (kiln/compile.h). */
 /* micro_batch: KILN_MICRO_BATCH_AUTO, a positive number, or 0 (not given). */
 enum { KILN_MICRO_BATCH_AUTO = -1 };
 
@@ -86,7 +79,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(keep, INT, 0, 3, "N", "checkpoints to keep (0: all)")                                                                \
     X(on_nan, ENUM, on_nan, KILN_ON_NAN_SKIP, "skip|stop", "on a non-finite loss: skip the step or stop")                  \
     X(seed, U64, 0, 1234, "N", "seed for initialisation and shuffling")                                                    \
-    X(compile, ENUM, compile, KILN_RUN_EAGER, "MODE", "off (eager), default, reduce-overhead, max-autotune, interpret, strict") \
+    X(compile, ENUM, compile, KILN_RUN_EAGER, "MODE", "one of" KILN_COMPILE_MODE_NAMES " (off: eager)") \
     X(precision, ENUM, precision, KILN_F32, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)") \
     X(recompute, ENUM, recompute, KILN_RECOMPUTE_NONE, "none|attention|layer", "recompute activations in backward (with --compile)") \
     X(compile_dynamic, FLAG, 1, false, "", "compiled sizes as runtime values: smaller batches reuse the code")              \

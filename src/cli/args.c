@@ -6,6 +6,7 @@
 #include <string.h>
 #include "cli.h"
 #include "kiln/kernels.h"
+#include "kiln/train.h"
 
 int kiln_cli_scan(const char *cmd, int argc, char **argv, int *i, const kiln_cli_flag *flags, int n_flags,
                   const char **value) {
@@ -73,4 +74,47 @@ bool kiln_cli_threads(const char *cmd, const char *v) {
     if (!kiln_cli_int(cmd, "--threads", v, 1, 4096, &n)) return false;
     kiln_set_num_threads((int)n);
     return true;
+}
+
+static bool opt_value(const char *cmd, const kiln_cli_opt *o, const char *v) {
+    int64_t x;
+    switch (o->kind) {
+    case KILN_OPT_STR: *(const char **)o->out = v; return true;
+    case KILN_OPT_INT:
+        if (!kiln_cli_int(cmd, o->name, v, (int64_t)o->lo, (int64_t)o->hi, &x)) return false;
+        *(int *)o->out = (int)x;
+        return true;
+    case KILN_OPT_I64: return kiln_cli_int(cmd, o->name, v, (int64_t)o->lo, (int64_t)o->hi, o->out);
+    case KILN_OPT_U64: return kiln_cli_u64(cmd, o->name, v, o->out);
+    case KILN_OPT_NUM: return kiln_cli_num(cmd, o->name, v, o->lo, o->hi, o->out);
+    case KILN_OPT_CHOICE: return kiln_cli_choice(cmd, o->name, v, kiln_setting_find(o->setting)->choices, o->out);
+    case KILN_OPT_TRUE: *(bool *)o->out = true; return true;
+    case KILN_OPT_THREADS: return kiln_cli_threads(cmd, v);
+    }
+    return false;
+}
+
+int kiln_cli_parse(const char *cmd, int argc, char **argv, const kiln_cli_opt *opts, int n_opts, const char *help,
+                   const char **pos, int max_pos, int *n_pos) {
+    kiln_cli_flag flags[64];
+    int n = n_opts < 64 ? n_opts : 64;
+    for (int k = 0; k < n; k++) flags[k] = (kiln_cli_flag){opts[k].name, opts[k].kind != KILN_OPT_TRUE};
+    if (n_pos) *n_pos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int k = kiln_cli_scan(cmd, argc, argv, &i, flags, n, &v);
+        if (k == KILN_ARG_HELP) return fputs(help, stdout), 1;
+        if (k == KILN_ARG_ERROR) return 2;
+        if (k == KILN_ARG_POS) {
+            if (!pos || *n_pos >= max_pos) {
+                fprintf(stderr, "kiln %s: unexpected argument '%s' (see --help)\n", cmd, v);
+                return 2;
+            }
+            pos[(*n_pos)++] = v;
+            continue;
+        }
+        if (!opt_value(cmd, &opts[k], v)) return 2;
+        if (opts[k].given) *opts[k].given = true;
+    }
+    return 0;
 }

@@ -46,6 +46,35 @@ bool kiln_cli_u64(const char *cmd, const char *flag, const char *v, uint64_t *ou
 bool kiln_cli_num(const char *cmd, const char *flag, const char *v, double lo, double hi, double *out);
 bool kiln_cli_size(const char *cmd, const char *flag, const char *v, int64_t *out);
 bool kiln_cli_choice(const char *cmd, const char *flag, const char *v, const kiln_choice *choices, int *out);
+/* A command's flags as a table, one row a flag: its name, what its value
+ * is and where it goes; kiln_cli_parse scans argv with kiln_cli_scan and
+ * stores each value through the row (checked by the helpers above). */
+typedef enum {
+    KILN_OPT_STR,     /* const char **out */
+    KILN_OPT_INT,     /* int *out, in [lo, hi] */
+    KILN_OPT_I64,     /* int64_t *out, in [lo, hi] */
+    KILN_OPT_U64,     /* uint64_t *out */
+    KILN_OPT_NUM,     /* double *out, in [lo, hi] */
+    KILN_OPT_CHOICE,  /* int *out, one of the names of the run setting `setting` */
+    KILN_OPT_TRUE,    /* bool *out = true; takes no value */
+    KILN_OPT_THREADS, /* --threads N: sets the compute threads; out unused */
+} kiln_opt_kind;
+typedef struct {
+    const char *name;
+    kiln_opt_kind kind;
+    void *out;
+    double lo, hi;
+    const char *setting; /* KILN_OPT_CHOICE */
+    bool *given;         /* may be NULL: set when the flag appears */
+} kiln_cli_opt;
+#define KILN_OPT(n, k, o) {.name = (n), .kind = (k), .out = (o)}
+#define KILN_OPT_RANGE(n, k, o, l, h) {.name = (n), .kind = (k), .out = (o), .lo = (l), .hi = (h)}
+#define KILN_OPT_SETTING(n, o, s) {.name = (n), .kind = KILN_OPT_CHOICE, .out = (o), .setting = (s)}
+/* Returns 0 when parsed, 1 after printing `help` to stdout (-h/--help), 2
+ * after printing an error to stderr. Positional arguments go to pos[] (at
+ * most max_pos, counted in *n_pos; NULL/0: none allowed). */
+int kiln_cli_parse(const char *cmd, int argc, char **argv, const kiln_cli_opt *opts, int n_opts, const char *help,
+                   const char **pos, int max_pos, int *n_pos);
 /* `kiln bench --compete N`: N spinning child processes (pids[n]); returns
  * how many started. stop kills and reaps them. */
 int kiln_cli_compete_start(int n, int *pids);

@@ -24,7 +24,7 @@ static const char *bench_help =
     "  --seq N             sequence length (default 256)\n"
     "  --steps N           timed steps per mode (default 5; the median is reported)\n"
     "  --warmup N          untimed steps first (default 1; the first compiled one builds)\n"
-    "  --modes LIST        comma-separated: eager,default,reduce-overhead,max-autotune,interpret\n"
+    "  --modes LIST        comma-separated, of" KILN_COMPILE_MODE_NAMES " (eager = off)\n"
     "                      (default: eager,default,reduce-overhead,max-autotune)\n"
     "  --threads N         OpenMP threads (default: all cores)\n"
     "  --profile           print time per op (eager)\n"
@@ -205,48 +205,34 @@ int kiln_cmd_bench(int argc, char **argv) {
     double peak = 0;
     kiln_dtype prec = KILN_F32;
     bool no_optim = false, results = false;
-    static const kiln_cli_flag flags[] = {{"--model", true},  {"--batch", true},   {"--seq", true},       {"--steps", true},
-                                          {"--warmup", true}, {"--threads", true}, {"--peak", true},      {"--profile", false},
-                                          {"--modes", true},  {"--precision", true}, {"--recompute", true},
-                                          {"--compete", true}, {"--pack", true},  {"--doc-len", true},
-                                          {"--no-optim", false}, {"--results", false}, {"--lora-rank", true},
-                                          {"--lora-targets", true}, {"--base-dtype", true}};
-    int compete = 0, lora_rank = 0, base_dtype = KILN_F32;
+    int compete = 0, lora_rank = 0, base_dtype = KILN_F32, precision = KILN_F32;
     int pack = KILN_PACK_PACKED;
     int64_t doc_len = 0;
     const char *lora_targets = "all";
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        int k = kiln_cli_scan("bench", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
-        if (k == KILN_ARG_HELP) return fputs(bench_help, stdout), 0;
-        if (k == KILN_ARG_POS) fprintf(stderr, "kiln bench: unexpected argument '%s' (see --help)\n", v);
-        if (k < 0) return 2;
-        int64_t x = 0;
-        int e = 0;
-        bool ok = true;
-        switch (k) {
-        case 0: model = v; break;
-        case 1: ok = kiln_cli_int("bench", flags[k].name, v, 1, 1 << 20, &B); break;
-        case 2: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &T); break;
-        case 3: ok = kiln_cli_int("bench", flags[k].name, v, 1, 1 << 20, &x), b.steps = (int)x; break;
-        case 4: ok = kiln_cli_int("bench", flags[k].name, v, 1, 1 << 20, &x), b.warmup = (int)x; break;
-        case 5: ok = kiln_cli_threads("bench", v); break;
-        case 6: ok = kiln_cli_num("bench", flags[k].name, v, 0, 1e9, &peak); break;
-        case 7: b.profile = true; break;
-        case 8: modes = v; break;
-        case 9: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("precision")->choices, &e), prec = e; break;
-        case 10: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("recompute")->choices, &b.recompute); break;
-        case 11: ok = kiln_cli_int("bench", flags[k].name, v, 1, 64, &x), compete = (int)x; break;
-        case 12: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("pack")->choices, &pack); break;
-        case 13: ok = kiln_cli_int("bench", flags[k].name, v, 2, 1 << 24, &doc_len); break;
-        case 14: no_optim = true; break;
-        case 15: results = true; break;
-        case 16: ok = kiln_cli_int("bench", flags[k].name, v, 1, 65536, &x), lora_rank = (int)x; break;
-        case 17: lora_targets = v; break;
-        case 18: ok = kiln_cli_choice("bench", flags[k].name, v, kiln_setting_find("base_dtype")->choices, &base_dtype); break;
-        }
-        if (!ok) return 2;
-    }
+    const kiln_cli_opt opts[] = {
+        KILN_OPT("--model", KILN_OPT_STR, &model),
+        KILN_OPT_RANGE("--batch", KILN_OPT_I64, &B, 1, 1 << 20),
+        KILN_OPT_RANGE("--seq", KILN_OPT_I64, &T, 2, 1 << 24),
+        KILN_OPT_RANGE("--steps", KILN_OPT_INT, &b.steps, 1, 1 << 20),
+        KILN_OPT_RANGE("--warmup", KILN_OPT_INT, &b.warmup, 1, 1 << 20),
+        KILN_OPT("--threads", KILN_OPT_THREADS, NULL),
+        KILN_OPT_RANGE("--peak", KILN_OPT_NUM, &peak, 0, 1e9),
+        KILN_OPT("--profile", KILN_OPT_TRUE, &b.profile),
+        KILN_OPT("--modes", KILN_OPT_STR, &modes),
+        KILN_OPT_SETTING("--precision", &precision, "precision"),
+        KILN_OPT_SETTING("--recompute", &b.recompute, "recompute"),
+        KILN_OPT_RANGE("--compete", KILN_OPT_INT, &compete, 1, 64),
+        KILN_OPT_SETTING("--pack", &pack, "pack"),
+        KILN_OPT_RANGE("--doc-len", KILN_OPT_I64, &doc_len, 2, 1 << 24),
+        KILN_OPT("--no-optim", KILN_OPT_TRUE, &no_optim),
+        KILN_OPT("--results", KILN_OPT_TRUE, &results),
+        KILN_OPT_RANGE("--lora-rank", KILN_OPT_INT, &lora_rank, 1, 65536),
+        KILN_OPT("--lora-targets", KILN_OPT_STR, &lora_targets),
+        KILN_OPT_SETTING("--base-dtype", &base_dtype, "base_dtype"),
+    };
+    int pr = kiln_cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), bench_help, NULL, 0, NULL);
+    if (pr) return pr == 1 ? 0 : 2;
+    prec = (kiln_dtype)precision;
     kiln_llama_config cfg;
     kiln_status st = bench_config(model, &cfg) ? KILN_OK : kiln_llama_config_resolve(model, &cfg);
     if (st) {

@@ -14,7 +14,7 @@ static const char *compile_help =
     "  --model NAME|FILE   tiny (default), small, demo, or a config.json\n"
     "  --batch N           rows per micro-batch (default 2)\n"
     "  --seq N             sequence length (default 32)\n"
-    "  --mode MODE         default, reduce-overhead, max-autotune, interpret (default: default)\n"
+    "  --mode MODE         one of" KILN_COMPILE_MODE_NAMES " (default: default)\n"
     "  --precision P       fp32 (default) or bf16 (autocast)\n"
     "  --recompute R       none (default), attention or layer\n"
     "  --graph             also list every node before and after the passes\n";
@@ -59,28 +59,18 @@ int kiln_cmd_compile(int argc, char **argv) {
     const char *model = "tiny", *mode = "default", *precision = "fp32", *recompute = "none";
     int64_t B = 2, T = 32;
     bool explain = false, list = false;
-    static const kiln_cli_flag flags[] = {{"--model", true},     {"--batch", true},   {"--seq", true},
-                                          {"--mode", true},      {"--explain", false}, {"--graph", false},
-                                          {"--precision", true}, {"--recompute", true}};
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        int k = kiln_cli_scan("compile", argc, argv, &i, flags, (int)(sizeof flags / sizeof flags[0]), &v);
-        if (k == KILN_ARG_HELP) return fputs(compile_help, stdout), 0;
-        if (k == KILN_ARG_POS) fprintf(stderr, "kiln compile: unexpected argument '%s' (see --help)\n", v);
-        if (k < 0) return 2;
-        bool ok = true;
-        switch (k) {
-        case 0: model = v; break;
-        case 1: ok = kiln_cli_int("compile", flags[k].name, v, 1, 1 << 20, &B); break;
-        case 2: ok = kiln_cli_int("compile", flags[k].name, v, 2, 1 << 24, &T); break;
-        case 3: mode = v; break;
-        case 4: explain = true; break;
-        case 5: list = true; break;
-        case 6: precision = v; break;
-        case 7: recompute = v; break;
-        }
-        if (!ok) return 2;
-    }
+    const kiln_cli_opt opts[] = {
+        KILN_OPT("--model", KILN_OPT_STR, &model),
+        KILN_OPT_RANGE("--batch", KILN_OPT_I64, &B, 1, 1 << 20),
+        KILN_OPT_RANGE("--seq", KILN_OPT_I64, &T, 2, 1 << 24),
+        KILN_OPT("--mode", KILN_OPT_STR, &mode),
+        KILN_OPT("--explain", KILN_OPT_TRUE, &explain),
+        KILN_OPT("--graph", KILN_OPT_TRUE, &list),
+        KILN_OPT("--precision", KILN_OPT_STR, &precision),
+        KILN_OPT("--recompute", KILN_OPT_STR, &recompute),
+    };
+    int pr = kiln_cli_parse("compile", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), compile_help, NULL, 0, NULL);
+    if (pr) return pr == 1 ? 0 : 2;
     if (!explain) {
         fputs(compile_help, stderr);
         return 2;

@@ -94,44 +94,30 @@ typedef struct {
 } gen_args;
 
 static int parse_args(int argc, char **argv, gen_args *a) {
-    static const char *const names[] = {"--prompt",  "--max-tokens", "--temperature", "--top-k",
-                                        "--top-p",   "--seed",       "--tokenizer",   "--threads",
-                                        "--chat",    "--system",     "--chat-template"};
     bool prompt_given = false;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        int k = kiln_cli_arg("generate", argc, argv, &i, names, 11, &v);
-        if (k == KILN_ARG_HELP) {
-            fputs(generate_usage, stdout);
-            return -1;
-        }
-        if (k == KILN_ARG_ERROR) return 2;
-        if (k == KILN_ARG_POS) {
-            if (a->run_dir) {
-                fprintf(stderr, "kiln generate: unexpected argument '%s' (one RUN_DIR; quote the prompt)\n", v);
-                return 2;
-            }
-            a->run_dir = v;
-            continue;
-        }
-        int64_t x = 0;
-        bool ok = true;
-        const char *g = "generate";
-        switch (k) {
-        case 0: a->prompt = v, prompt_given = true; break;
-        case 1: ok = kiln_cli_int(g, names[k], v, 0, 1 << 24, &x), a->sc.max_tokens = (int)x; break;
-        case 2: ok = kiln_cli_num(g, names[k], v, 0, 1e6, &a->sc.temperature); break;
-        case 3: ok = kiln_cli_int(g, names[k], v, 0, 1 << 30, &x), a->sc.top_k = (int)x; break;
-        case 4: ok = kiln_cli_num(g, names[k], v, 1e-12, 1, &a->sc.top_p); break;
-        case 5: ok = kiln_cli_u64(g, names[k], v, &a->sc.seed); break;
-        case 6: a->tokenizer = v; break;
-        case 7: ok = kiln_cli_threads(g, v); break;
-        case 8: a->chat = v; break;
-        case 9: a->system = v; break;
-        case 10: a->chat_template = v; break;
-        }
-        if (!ok) return 2;
+    const kiln_cli_opt opts[] = {
+        {.name = "--prompt", .kind = KILN_OPT_STR, .out = &a->prompt, .given = &prompt_given},
+        KILN_OPT_RANGE("--max-tokens", KILN_OPT_INT, &a->sc.max_tokens, 0, 1 << 24),
+        KILN_OPT_RANGE("--temperature", KILN_OPT_NUM, &a->sc.temperature, 0, 1e6),
+        KILN_OPT_RANGE("--top-k", KILN_OPT_INT, &a->sc.top_k, 0, 1 << 30),
+        KILN_OPT_RANGE("--top-p", KILN_OPT_NUM, &a->sc.top_p, 1e-12, 1),
+        KILN_OPT("--seed", KILN_OPT_U64, &a->sc.seed),
+        KILN_OPT("--tokenizer", KILN_OPT_STR, &a->tokenizer),
+        KILN_OPT("--threads", KILN_OPT_THREADS, NULL),
+        KILN_OPT("--chat", KILN_OPT_STR, &a->chat),
+        KILN_OPT("--system", KILN_OPT_STR, &a->system),
+        KILN_OPT("--chat-template", KILN_OPT_STR, &a->chat_template),
+    };
+    const char *pos[2];
+    int n_pos = 0;
+    int pr = kiln_cli_parse("generate", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), generate_usage, pos, 2, &n_pos);
+    if (pr == 1) return -1;
+    if (pr) return 2;
+    if (n_pos > 1) {
+        fprintf(stderr, "kiln generate: unexpected argument '%s' (one RUN_DIR; quote the prompt)\n", pos[1]);
+        return 2;
     }
+    if (n_pos) a->run_dir = pos[0];
     if (a->chat && prompt_given) {
         fputs("kiln generate: --chat and --prompt exclude each other (--chat renders the prompt)\n", stderr);
         return 2;

@@ -38,24 +38,29 @@ void kiln_compile_options_default(kiln_compile_options *o) {
                                 .max_variants = 8};
 }
 
+#define MODE_DEF(id, name, mode, interp, strict, help) {name, mode, interp, strict, help},
+const kiln_compile_mode_def kiln_compile_modes[] = {KILN_COMPILE_MODES(MODE_DEF){NULL, KILN_COMPILE_OFF, false, false, NULL}};
+
+void kiln_compile_mode_apply(int index, kiln_compile_options *o) {
+    const kiln_compile_mode_def *d = &kiln_compile_modes[index];
+    o->mode = d->mode;
+    o->interpret = d->interpret;
+    o->strict = d->strict;
+}
+
 kiln_status kiln_compile_mode_parse(const char *s, kiln_compile_options *o) {
-    if (!strcmp(s, "off") || !strcmp(s, "none") || !strcmp(s, "eager")) o->mode = KILN_COMPILE_OFF;
-    else if (!strcmp(s, "default")) o->mode = KILN_COMPILE_DEFAULT;
-    else if (!strcmp(s, "reduce-overhead")) o->mode = KILN_COMPILE_REDUCE_OVERHEAD;
-    else if (!strcmp(s, "max-autotune")) o->mode = KILN_COMPILE_MAX_AUTOTUNE;
-    else if (!strcmp(s, "interpret")) o->mode = KILN_COMPILE_DEFAULT, o->interpret = true;
-    else if (!strcmp(s, "strict")) o->mode = KILN_COMPILE_DEFAULT, o->strict = true;
-    else
-        return kiln_error(KILN_ERR_INVALID, "unknown compile mode '%s' (default, reduce-overhead, max-autotune, interpret, strict, off)", s);
-    return KILN_OK;
+    for (int i = 0; kiln_compile_modes[i].name; i++)
+        if (!strcmp(s, kiln_compile_modes[i].name)) return kiln_compile_mode_apply(i, o), KILN_OK;
+#define MODE_ALIAS(id, name) if (!strcmp(s, name)) return kiln_compile_mode_apply(KILN_RUN_##id, o), KILN_OK;
+    KILN_COMPILE_MODE_ALIASES(MODE_ALIAS)
+    return kiln_error(KILN_ERR_INVALID, "unknown compile mode '%s' (one of" KILN_COMPILE_MODE_NAMES ")", s);
 }
 
 kiln_status kiln_recompute_parse(const char *s, kiln_compile_options *o) {
-    if (!strcmp(s, "none")) o->recompute = KILN_RECOMPUTE_NONE;
-    else if (!strcmp(s, "attention")) o->recompute = KILN_RECOMPUTE_ATTENTION;
-    else if (!strcmp(s, "layer")) o->recompute = KILN_RECOMPUTE_LAYER;
-    else return kiln_error(KILN_ERR_INVALID, "unknown recompute setting '%s' (none, attention, layer)", s);
-    return KILN_OK;
+#define RECOMPUTE_NAME(id, name) if (!strcmp(s, name)) return o->recompute = KILN_RECOMPUTE_##id, KILN_OK;
+    KILN_RECOMPUTE_MODES(RECOMPUTE_NAME)
+#define RECOMPUTE_LIST(id, name) " " name
+    return kiln_error(KILN_ERR_INVALID, "unknown recompute setting '%s' (one of" KILN_RECOMPUTE_MODES(RECOMPUTE_LIST) ")", s);
 }
 
 kiln_compiled *kiln_compile(kiln_trace_fn fn, void *user, kiln_tensor **params, int n_params, int n_inputs,

@@ -20,14 +20,14 @@ static const kiln_choice choices_pack[] = {
     {"packed", KILN_PACK_PACKED}, {"padded", KILN_PACK_PADDED}, {"documents", KILN_PACK_DOCUMENTS}, {NULL, 0}};
 static const kiln_choice choices_loss_norm[] = {{"tokens", KILN_LOSS_NORM_TOKENS}, {"steps", KILN_LOSS_NORM_STEPS}, {NULL, 0}};
 static const kiln_choice choices_on_nan[] = {{"skip", KILN_ON_NAN_SKIP}, {"stop", KILN_ON_NAN_STOP}, {NULL, 0}};
+#define CHOICE_MODE(id, name, ...) {name, KILN_RUN_##id},
+#define CHOICE_ALIAS(id, name) {name, KILN_RUN_##id},
 static const kiln_choice choices_compile[] = {
-    {"off", KILN_RUN_EAGER},          {"default", KILN_RUN_COMPILE_DEFAULT}, {"reduce-overhead", KILN_RUN_REDUCE_OVERHEAD},
-    {"max-autotune", KILN_RUN_MAX_AUTOTUNE}, {"interpret", KILN_RUN_INTERPRET}, {"strict", KILN_RUN_STRICT},
-    {"none", KILN_RUN_EAGER},         {"eager", KILN_RUN_EAGER},             {NULL, 0}};
+    KILN_COMPILE_MODES(CHOICE_MODE) KILN_COMPILE_MODE_ALIASES(CHOICE_ALIAS){NULL, 0}};
 static const kiln_choice choices_precision[] = {{"fp32", KILN_F32},    {"bf16", KILN_BF16},     {"f32", KILN_F32},
                                                 {"float32", KILN_F32}, {"bfloat16", KILN_BF16}, {NULL, 0}};
-static const kiln_choice choices_recompute[] = {
-    {"none", KILN_RECOMPUTE_NONE}, {"attention", KILN_RECOMPUTE_ATTENTION}, {"layer", KILN_RECOMPUTE_LAYER}, {NULL, 0}};
+#define CHOICE_RECOMPUTE(id, name) {name, KILN_RECOMPUTE_##id},
+static const kiln_choice choices_recompute[] = {KILN_RECOMPUTE_MODES(CHOICE_RECOMPUTE){NULL, 0}};
 static const kiln_choice choices_bool[] = {{"true", 1}, {"false", 0}, {NULL, 0}};
 
 #define LIMIT_STR(l) .limit = (l)
@@ -335,15 +335,9 @@ char *kiln_train_config_to_json(const kiln_train_config *c) {
 
 kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_options *co) {
     kiln_compile_options_default(co);
-    switch (c->compile) {
-    case KILN_RUN_EAGER: co->mode = KILN_COMPILE_OFF; break;
-    case KILN_RUN_COMPILE_DEFAULT: co->mode = KILN_COMPILE_DEFAULT; break;
-    case KILN_RUN_REDUCE_OVERHEAD: co->mode = KILN_COMPILE_REDUCE_OVERHEAD; break;
-    case KILN_RUN_MAX_AUTOTUNE: co->mode = KILN_COMPILE_MAX_AUTOTUNE; break;
-    case KILN_RUN_INTERPRET: co->mode = KILN_COMPILE_DEFAULT, co->interpret = true; break;
-    case KILN_RUN_STRICT: co->mode = KILN_COMPILE_DEFAULT, co->strict = true; break;
-    default: return kiln_error(KILN_ERR_INVALID, "compile: unknown mode %d", c->compile);
-    }
+    if (c->compile < 0 || c->compile >= KILN_RUN_N_MODES)
+        return kiln_error(KILN_ERR_INVALID, "compile: unknown mode %d", c->compile);
+    kiln_compile_mode_apply(c->compile, co);
     co->recompute = c->recompute;
     co->dynamic = c->compile_dynamic;
     if (co->recompute && co->mode == KILN_COMPILE_OFF)
