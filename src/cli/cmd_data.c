@@ -43,7 +43,9 @@ static const char *tokenize_usage =
     "\n"
     "A CORPUS named *.jsonl holds one example a line: {\"text\": ...},\n"
     "{\"prompt\": ..., \"completion\": ...} or {\"messages\": [...]} (rendered with\n"
-    "the chat template of --config, or --chat-template FILE); --field NAME takes\n"
+    "the chat template of --config, or --chat-template FILE; without either, the\n"
+    "chat_template.jinja or else tokenizer_config.json's chat_template beside\n"
+    "--tokenizer, as transformers' AutoTokenizer finds it); --field NAME takes\n"
     "that string field as the text. --train-on: which tokens are targets (the\n"
     "rest are context only, stored as the shard's loss mask): assistant (default;\n"
     "every assistant turn, or the completion), completion (the last assistant\n"
@@ -302,6 +304,35 @@ static kiln_status record_template(const char *out, const kiln_chat *chat) {
     return kiln_write_file_atomic(path, src, n);
 }
 
+/* The chat template beside the tokenizer file, as transformers'
+ * AutoTokenizer finds it in a model directory: chat_template.jinja wins over
+ * tokenizer_config.json's chat_template (kiln_model_meta_load's rule), and
+ * tokenizer_config.json gives the special tokens either way. False when
+ * there is neither. */
+static bool template_beside(const char *tokenizer, char *cfg, char *tmpl, size_t cap, const char **config,
+                            const char **chat_template) {
+    const char *slash = strrchr(tokenizer, '/');
+    int dn = slash ? (int)(slash - tokenizer) : 1;
+    const char *dir = slash ? tokenizer : ".";
+    if (slash == tokenizer) dn = 1; /* "/tokenizer.json" */
+    if (snprintf(cfg, cap, "%.*s/tokenizer_config.json", dn, dir) >= (int)cap ||
+        snprintf(tmpl, cap, "%.*s/chat_template.jinja", dn, dir) >= (int)cap)
+        return false;
+    bool have_cfg = access(cfg, R_OK) == 0, have_tmpl = access(tmpl, R_OK) == 0;
+    if (have_tmpl) {
+        *chat_template = tmpl;
+        *config = have_cfg ? cfg : NULL;
+        return true;
+    }
+    if (!have_cfg) return false;
+    json_t *o = json_load_file(cfg, JSON_DECODE_INT_AS_REAL, NULL);
+    bool has = json_object_get(o, "chat_template") != NULL; /* a broken file: kiln_chat_load says why */
+    if (!o) has = true;
+    json_decref(o);
+    if (has) *config = cfg;
+    return has;
+}
+
 int kiln_cmd_tokenize(int argc, char **argv) {
     const char *cmd = "tokenize";
     args a = {0};
@@ -337,7 +368,18 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     kiln_tokenizer *t = NULL;
     kiln_chat *chat = NULL;
     kiln_tokenize_stats s;
-    if ((a.config || a.chat_template) && kiln_chat_load(a.config, a.chat_template, &chat)) {
+    char beside_cfg[4096], beside_tmpl[4096];
+    const char *config = a.config, *chat_template = a.chat_template;
+    bool beside = !config && !chat_template &&
+                  template_beside(a.tokenizer, beside_cfg, beside_tmpl, sizeof beside_cfg, &config, &chat_template);
+    if (beside && kiln_chat_load(config, chat_template, &chat)) {
+        /* plain text needs no template: say why "messages" lines would fail */
+        fprintf(stderr, "kiln %s: not using the chat template beside the tokenizer: %s\n", cmd, kiln_last_error());
+    } else if (beside) {
+        fprintf(stderr, "kiln %s: chat template: %s (beside --tokenizer; --config or --chat-template chooses another)\n", cmd,
+                chat_template ? chat_template : config);
+    }
+    if (!beside && (config || chat_template) && kiln_chat_load(config, chat_template, &chat)) {
         rc = fail(cmd);
     } else if ((o.chat = chat), kiln_tokenizer_load(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
         rc = fail(cmd);

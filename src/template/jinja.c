@@ -65,6 +65,21 @@ static kiln_status expect_op(lexer *L, const char *op) {
         }                                 \
     } while (0)
 
+/* JL_MAX_EXPR_DEPTH: the parser's recursion (L->depth, counted where it
+ * recurses: parse_expr, prefix -/+ and not) and the height of the tree it
+ * builds in loops (operator, filter, test, subscript and attribute chains). */
+static kiln_status too_deep(lexer *L, int line, int col) {
+    char lim[16];
+    snprintf(lim, sizeof lim, "%d", JL_MAX_EXPR_DEPTH);
+    return jl_lex_error(L, line, col, "expression nested deeper than %s levels (kiln's limit)", lim, NULL);
+}
+static bool tall(const jnode *n) { return n && n->height > JL_MAX_EXPR_DEPTH; }
+static kiln_status enter(lexer *L) {
+    if (L->depth >= JL_MAX_EXPR_DEPTH) return too_deep(L, cur(L)->line, cur(L)->col);
+    L->depth++;
+    return KILN_OK;
+}
+
 static kiln_status parse_expr(lexer *L, jnode **out);
 static kiln_status parse_or(lexer *L, jnode **out);
 static kiln_status parse_unary(lexer *L, bool with_filter, jnode **out);
@@ -112,6 +127,7 @@ static kiln_status parse_primary(lexer *L, jnode **out) {
         else {
             n->kind = JN_NAME;
             if (!(n->name = strdup(t->s))) return jn_free(n), OOM;
+            L->loop_refs += !strcmp(t->s, "loop");
         }
     } else if (t->kind == T_STRING) {
         jbuf b = {0};
@@ -246,6 +262,11 @@ static kiln_status parse_postfix(lexer *L, jnode **io) {
         } else {
             break;
         }
+        if (tall(n)) {
+            kiln_status st = too_deep(L, n->line, n->col);
+            jn_free(n);
+            return *io = NULL, st;
+        }
     }
     *io = n;
     return KILN_OK;
@@ -274,6 +295,8 @@ static kiln_status parse_filters(lexer *L, jnode **io) {
             if (!f || !(f->name = strdup(nm->s)) || !jn_add(f, n, NULL)) return jn_free(f), jn_free(n), *io = NULL, OOM;
             n = f;
             f->op = neg;
+            f->impl = test ? jl_test_find(nm->s) : jl_filter_find(nm->s);
+            if (tall(n)) return jn_free(n), *io = NULL, too_deep(L, nm->line, nm->col);
             if (is_op(cur(L), "(")) {
                 kiln_status st = parse_args(L, f);
                 if (st) return jn_free(n), *io = NULL, st;
@@ -307,9 +330,12 @@ static kiln_status parse_unary(lexer *L, bool with_filter, jnode **out) {
     jnode *n;
     kiln_status st;
     if (is_op(t, "-") || is_op(t, "+")) {
+        if ((st = enter(L))) return st;
         L->cur++;
         jnode *x;
-        if ((st = parse_unary(L, false, &x))) return st;
+        st = parse_unary(L, false, &x);
+        L->depth--;
+        if (st) return st;
         n = jn_new(JN_UNARY, t->line, t->col);
         if (!n || !jn_add(n, x, NULL)) return jn_free(n), jn_free(x), OOM;
         n->op = t->s[0];
@@ -332,6 +358,7 @@ static kiln_status binary(lexer *L, jnode **left, int op, int line, int col,
     *left = n;
     if (!jn_add(n, r, NULL)) return jn_free(r), jn_free(n), *left = NULL, OOM;
     n->op = op;
+    if (tall(n)) return jn_free(n), *left = NULL, too_deep(L, line, col);
     return KILN_OK;
 }
 
@@ -408,6 +435,7 @@ static kiln_status parse_compare(lexer *L, jnode **out) {
         jnode *r = NULL;
         TRY(parse_math1(L, &r));
         ADD(n, r, NULL);
+        if (tall(n)) TRY(too_deep(L, t->line, t->col));
     }
     *out = n ? n : first;
     return KILN_OK;
@@ -416,9 +444,12 @@ static kiln_status parse_compare(lexer *L, jnode **out) {
 static kiln_status parse_not(lexer *L, jnode **out) {
     token *t = cur(L);
     if (is_name(t, "not")) {
+        kiln_status st = enter(L);
+        if (st) return st;
         L->cur++;
         jnode *x;
-        kiln_status st = parse_not(L, &x);
+        st = parse_not(L, &x);
+        L->depth--;
         if (st) return st;
         jnode *n = jn_new(JN_UNARY, t->line, t->col);
         if (!n || !jn_add(n, x, NULL)) return jn_free(n), jn_free(x), OOM;
@@ -450,7 +481,16 @@ static kiln_status parse_or(lexer *L, jnode **out) {
 }
 
 /* a if cond [else b] */
+static kiln_status parse_expr_(lexer *L, jnode **out);
 static kiln_status parse_expr(lexer *L, jnode **out) {
+    kiln_status st = enter(L);
+    if (st) return st;
+    st = parse_expr_(L, out);
+    L->depth--;
+    return st;
+}
+
+static kiln_status parse_expr_(lexer *L, jnode **out) {
     jnode *e1;
     kiln_status st = parse_or(L, &e1);
     if (st) return st;
@@ -473,6 +513,7 @@ static kiln_status parse_expr(lexer *L, jnode **out) {
             return st ? st : OOM;
         }
         e1 = n;
+        if (tall(e1)) return jn_free(e1), too_deep(L, t->line, t->col);
     }
     *out = e1;
     return KILN_OK;
@@ -523,6 +564,17 @@ static kiln_status parse_tuple_or_expr(lexer *L, bool simple, jnode **out) {
 
 static kiln_status parse_body(lexer *L, const char *const *ends, int *which, jnode **out);
 
+/* JL_MAX_STMT_DEPTH: statements inside statements (L->stmt_depth). */
+static kiln_status stmt_enter(lexer *L, const token *kw) {
+    if (L->stmt_depth >= JL_MAX_STMT_DEPTH) {
+        char lim[16];
+        snprintf(lim, sizeof lim, "%d", JL_MAX_STMT_DEPTH);
+        return jl_lex_error(L, kw->line, kw->col, "statements nested deeper than %s levels (kiln's limit)", lim, NULL);
+    }
+    L->stmt_depth++;
+    return KILN_OK;
+}
+
 static kiln_status expect_end(lexer *L) {
     return cur(L)->kind == T_BLOCK_END ? (L->cur++, KILN_OK) : unexpected(L, "'%}'");
 }
@@ -539,7 +591,9 @@ static kiln_status parse_if(lexer *L, token *kw, jnode **out) {
     ADD(n, body, NULL);
     if (which == 0) {
         token *t = &L->toks[L->cur - 1];
+        TRY(stmt_enter(L, t));
         TRY(parse_if(L, t, &rest));
+        L->stmt_depth--;
         *out = n;
         ADD(n, rest, NULL);
         return KILN_OK;
@@ -576,8 +630,9 @@ static kiln_status parse_for(lexer *L, token *kw, jnode **out) {
     if (cur(L)->kind != T_BLOCK_END) jn_free(cond);
     TRY(expect_end(L));
     static const char *const ends[] = {"else", "endfor", NULL};
-    int which;
+    int which, refs = L->loop_refs;
     kiln_status st = parse_body(L, ends, &which, &body);
+    n->op = L->loop_refs != refs;
     if (st) return jn_free(cond), jn_free(n), st;
     if (!jn_add(n, body, NULL)) return jn_free(body), jn_free(cond), jn_free(n), OOM;
     if (which == 0) {
@@ -722,6 +777,9 @@ static kiln_status parse_body(lexer *L, const char *const *ends, int *which, jno
             }
         L->cur += 2;
         jnode *x = NULL;
+        bool nests = !strcmp(kw->s, "if") || !strcmp(kw->s, "for") || !strcmp(kw->s, "set") || !strcmp(kw->s, "macro") ||
+                     !strcmp(kw->s, "generation");
+        if (nests) TRY(stmt_enter(L, kw));
         if (!strcmp(kw->s, "if")) {
             TRY(parse_if(L, kw, &x));
         } else if (!strcmp(kw->s, "for")) {
@@ -746,6 +804,7 @@ static kiln_status parse_body(lexer *L, const char *const *ends, int *which, jno
             if (!x || !jn_add(x, body, NULL)) return jn_free(x), jn_free(body), jn_free(n), OOM;
             ADD(n, x, NULL);
             TRY(expect_end(L));
+            L->stmt_depth--;
             continue;
         } else {
             static const char *const known_ends[] = {"elif", "else", "endif", "endfor", "endset", "endmacro", "endgeneration", NULL};
@@ -753,6 +812,7 @@ static kiln_status parse_body(lexer *L, const char *const *ends, int *which, jno
                 if (!strcmp(kw->s, known_ends[i])) TRY(jl_lex_error(L, kw->line, kw->col, "unexpected {%% %s %%}", kw->s, NULL));
             TRY(jl_lex_error(L, kw->line, kw->col, "statement '%s' is outside kiln's Jinja subset", kw->s, NULL));
         }
+        L->stmt_depth -= nests;
         ADD(n, x, NULL);
     }
     *out = n;

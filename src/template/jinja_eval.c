@@ -7,7 +7,9 @@
  * Jinja2's default Undefined: it prints as "", is false, iterates as empty,
  * has length 0, and any attribute, item, arithmetic or call on it is an
  * error, as in Jinja2. */
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +31,11 @@ struct jrctx {
     int ctl;              /* 1 break, 2 continue */
     size_t *gen;          /* {% generation %} spans: start, end, ... */
     size_t n_gen, cap_gen;
-    int depth;
+    int depth;          /* macro calls (JL_MAX_CALL_DEPTH) */
+    int rdepth;         /* eval/exec nesting (JL_MAX_RENDER_DEPTH) */
+    long long steps;    /* JL_MAX_STEPS */
+    jl_budget budget;   /* JL_MAX_BYTES (jl_cur_budget while rendering) */
+    bool budget_told;   /* the limit was reported at the innermost node */
 };
 
 #define OOM kiln_error(KILN_ERR_OOM, "out of memory")
@@ -95,6 +101,68 @@ static bool is_ns(jrctx *c, const json_t *v) {
 static kiln_status eval(jrctx *c, scope *s, const jnode *n, json_t **out);
 static kiln_status exec(jrctx *c, scope *s, const jnode *n);
 
+/* One step of the render (JL_MAX_STEPS) at node n. */
+static kiln_status step(jrctx *c, const jnode *n) {
+    if (++c->steps > JL_MAX_STEPS)
+        return jl_rerr(c, n, "rendering takes more than %lld steps (kiln's limit: nodes evaluated plus loop iterations)",
+                       JL_MAX_STEPS);
+    return KILN_OK;
+}
+
+/* Entering node n (a step, one more level of nesting). */
+static kiln_status enter(jrctx *c, const jnode *n) {
+    if (c->rdepth >= JL_MAX_RENDER_DEPTH)
+        return jl_rerr(c, n, "rendering nested deeper than %d levels (kiln's limit)", JL_MAX_RENDER_DEPTH);
+    kiln_status st = step(c, n);
+    if (!st) c->rdepth++;
+    return st;
+}
+
+/* Leaving node n: past the byte budget, the error is the limit, named at
+ * the innermost node (the OOM a refused charge caused, or a value quietly
+ * missing a part). */
+static kiln_status leave(jrctx *c, const jnode *n, kiln_status st) {
+    c->rdepth--;
+    if (c->budget.over && !c->budget_told) {
+        c->budget_told = true;
+        return jl_rerr(c, n, "rendering builds more than %zu MiB of text (kiln's limit)", JL_MAX_BYTES >> 20);
+    }
+    return st;
+}
+
+/* The nesting of v's lists and dicts (0: a scalar), looked at no deeper
+ * than JL_MAX_VALUE_DEPTH + 1; each list or dict visited is a step.
+ * *reaches: whether `target` (may be NULL) is inside. */
+static int vdepth(jrctx *c, const json_t *v, const json_t *target, bool *reaches, int level) {
+    if (!v || !(json_is_array(v) || json_is_object(v))) return 0;
+    if (v == target) *reaches = true;
+    if (level > JL_MAX_VALUE_DEPTH || *reaches) return 1;
+    c->steps++;
+    int d = 0;
+    if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            int k = vdepth(c, json_array_get(v, i), target, reaches, level + 1);
+            if (k > d) d = k;
+        }
+    } else {
+        const char *key;
+        json_t *x;
+        json_object_foreach((json_t *)v, key, x) {
+            int k = vdepth(c, x, target, reaches, level + 1);
+            if (k > d) d = k;
+        }
+    }
+    return d + 1;
+}
+
+/* JL_MAX_VALUE_DEPTH for a value about to go inside a list or dict. */
+static kiln_status nest_check(jrctx *c, const jnode *at, const json_t *v) {
+    bool r = false;
+    if (vdepth(c, v, NULL, &r, 1) + 1 > JL_MAX_VALUE_DEPTH)
+        return jl_rerr(c, at, "a list or dict nested deeper than %d levels (kiln's limit)", JL_MAX_VALUE_DEPTH);
+    return step(c, at);
+}
+
 static void free_args(jargs *a) {
     for (int i = 0; i < a->n; i++) json_decref(a->v[i]);
     free(a->v);
@@ -119,7 +187,7 @@ static kiln_status eval_args(jrctx *c, scope *s, const jnode *n, int first, jarg
 /* Calls a macro: parameters bound from positionals, keywords, defaults. */
 static kiln_status call_macro(jrctx *c, scope *s, const jnode *m, const jnode *at, const jargs *a, json_t **out) {
     (void)s;
-    if (c->depth > 64) return jl_rerr(c, at, "macro calls nested deeper than 64");
+    if (c->depth >= JL_MAX_CALL_DEPTH) return jl_rerr(c, at, "macro calls nested deeper than %d (kiln's limit)", JL_MAX_CALL_DEPTH);
     scope ms = {.vars = json_object(), .up = NULL};
     /* Macros see the template's top-level scope (where they were defined). */
     scope *top = s;
@@ -173,6 +241,8 @@ static kiln_status call_global(jrctx *c, const jnode *at, const char *name, cons
         json_t *o = json_object();
         if (!o) return OOM;
         for (int i = 0; i < a->n; i++) {
+            kiln_status st = nest_check(c, at, a->v[i]);
+            if (st) return json_decref(o), st;
             if (a->kw[i]) {
                 if (a->v[i]) json_object_set(o, a->kw[i], a->v[i]);
             } else if (a->v[i] && json_is_object(a->v[i]) && i == 0) {
@@ -194,23 +264,51 @@ static kiln_status call_global(jrctx *c, const jnode *at, const char *name, cons
             v[a->n == 1 ? 1 : i] = json_integer_value(a->v[i]);
         }
         if (v[2] == 0) return jl_rerr(c, at, "range() step must not be zero");
+        /* the length as Python has it, without overflow */
+        __int128 span = (__int128)v[1] - v[0], len = 0;
+        if (v[2] > 0 && span > 0) len = (span + v[2] - 1) / v[2];
+        if (v[2] < 0 && span < 0) len = (-span + -(__int128)v[2] - 1) / -(__int128)v[2];
+        if (len > JL_MAX_RANGE)
+            return jl_rerr(c, at, "range() of more than %d items (kiln's limit, as Hugging Face's sandbox)", JL_MAX_RANGE);
+        c->steps += (long long)len; /* making the items is work too */
+        kiln_status st = step(c, at);
+        if (st) return st;
         json_t *l = json_array();
-        if (!l) return OOM;
-        for (long long x = v[0]; v[2] > 0 ? x < v[1] : x > v[1]; x += v[2]) {
-            if (json_array_size(l) >= 1000000) return json_decref(l), jl_rerr(c, at, "range() longer than 1000000");
-            json_array_append_new(l, json_integer(x));
-        }
+        if (!l || !jl_charge((size_t)len * 16)) return json_decref(l), OOM;
+        for (long long i = 0; i < (long long)len; i++)
+            if (json_array_append_new(l, json_integer((json_int_t)(v[0] + (__int128)i * v[2])))) return json_decref(l), OOM;
         *out = l;
         return KILN_OK;
     }
     if (!strcmp(name, "strftime_now")) {
         if (a->n != 1 || !a->v[0] || !json_is_string(a->v[0])) return jl_rerr(c, at, "strftime_now() takes one format string");
-        char buf[256];
+        const char *fmt = jl_s(a->v[0]);
+        size_t fn = jl_n(a->v[0]);
+        if (memchr(fmt, 0, fn)) return jl_rerr(c, at, "strftime_now(): embedded null character");
         time_t now = time(NULL);
         struct tm tm;
         localtime_r(&now, &tm);
-        size_t k = strftime(buf, sizeof buf, jl_s(a->v[0]), &tm);
-        return (*out = jl_string(buf, k)) ? KILN_OK : OOM;
+        /* strftime gives 0 both for a buffer too small and an empty result:
+         * with a leading 'x' the result is never empty, so 0 means grow (up
+         * to the render budget: "%999999Y" is 999999 bytes, as in Python) */
+        char *f2 = malloc(fn + 2);
+        if (!f2) return OOM;
+        f2[0] = 'x';
+        memcpy(f2 + 1, fmt, fn + 1);
+        kiln_status st = KILN_OK;
+        for (size_t cap = 256;; cap *= 2) {
+            char *buf = jl_charge(cap) ? malloc(cap) : NULL;
+            if (!buf) {
+                st = OOM;
+                break;
+            }
+            size_t k = strftime(buf, cap, f2, &tm);
+            if (k > 0) st = (*out = jl_string(buf + 1, k - 1)) ? KILN_OK : OOM;
+            free(buf);
+            if (k > 0) break;
+        }
+        free(f2);
+        return st;
     }
     return jl_rerr(c, at, "'%s' is undefined or not callable (function outside kiln's Jinja subset)", name);
 }
@@ -248,9 +346,64 @@ static bool as_int(const json_t *v, long long *x) {
     return false;
 }
 
+/* x / y of two ints as Python's int true division: the quotient correctly
+ * rounded (not (double)x / (double)y, which rounds twice past 2^53). */
+static double int_truediv(long long x, long long y) {
+    const long long exact = 1LL << 53;
+    if (x >= -exact && x <= exact && y >= -exact && y <= exact) return (double)x / (double)y;
+    bool neg = (x < 0) != (y < 0);
+    unsigned long long a = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+    unsigned long long b = y < 0 ? 0ULL - (unsigned long long)y : (unsigned long long)y;
+    if (a == 0) return neg ? -0.0 : 0.0;
+    int la = 64 - __builtin_clzll(a), lb = 64 - __builtin_clzll(b);
+    int sh = 56 + lb - la; /* the quotient gets >= 55 bits: the sticky bit rounds it once */
+    if (sh < 0) sh = 0;
+    unsigned __int128 num = (unsigned __int128)a << sh, q = num / b;
+    if (num % b) q |= 1;
+    double r = ldexp((double)q, -sh);
+    return neg ? -r : r;
+}
+
+/* Python's float divmod (Objects/floatobject.c float_divmod); fy != 0. */
+static void float_divmod(double fx, double fy, double *div_out, double *mod_out) {
+    double mod = fmod(fx, fy), div = (fx - mod) / fy, floordiv;
+    if (mod) {
+        if ((fy < 0) != (mod < 0)) {
+            mod += fy;
+            div -= 1.0;
+        }
+    } else {
+        mod = copysign(0.0, fy);
+    }
+    if (div) {
+        floordiv = floor(div);
+        if (div - floordiv > 0.5) floordiv += 1.0;
+    } else {
+        floordiv = copysign(0.0, fx / fy);
+    }
+    *div_out = floordiv;
+    *mod_out = mod;
+}
+
+/* x ** y for ints, y >= 0; false when it does not fit in 64 bits. */
+static bool int_pow(long long x, long long y, long long *r) {
+    if (x == 0 || x == 1) return *r = y == 0 ? 1 : x, true;
+    if (x == -1) return *r = y % 2 ? -1 : 1, true;
+    long long acc = 1, base = x;
+    for (;;) {
+        if (y & 1 && __builtin_mul_overflow(acc, base, &acc)) return false;
+        y >>= 1;
+        if (!y) break;
+        if (__builtin_mul_overflow(base, base, &base)) return false;
+    }
+    *r = acc;
+    return true;
+}
+
 static kiln_status arith(jrctx *c, const jnode *n, json_t *a, json_t *b, json_t **out) {
     int op = n->op;
     long long x = 0, y = 0;
+    const char *sym = op == 'F' ? "//" : op == 'P' ? "**" : (char[]){(char)op, 0};
     if (op == '+' && a && b && json_is_string(a) && json_is_string(b)) {
         jbuf buf = {0};
         jb_put(&buf, jl_s(a), jl_n(a));
@@ -260,6 +413,7 @@ static kiln_status arith(jrctx *c, const jnode *n, json_t *a, json_t *b, json_t 
         return *out ? KILN_OK : OOM;
     }
     if (op == '+' && a && b && json_is_array(a) && json_is_array(b)) {
+        if (!jl_charge(8 * (json_array_size(a) + json_array_size(b)))) return OOM;
         *out = json_copy(a);
         if (!*out || json_array_extend(*out, b)) return OOM;
         return KILN_OK;
@@ -267,51 +421,84 @@ static kiln_status arith(jrctx *c, const jnode *n, json_t *a, json_t *b, json_t 
     bool ints = as_int(a, &x) && as_int(b, &y);
     bool nums = a && b && (json_is_number(a) || json_is_boolean(a)) && (json_is_number(b) || json_is_boolean(b));
     if (op == '*' && a && b && ((json_is_string(a) && as_int(b, &y)) || (json_is_string(b) && as_int(a, &y)))) {
+        /* exactly y copies, under the render budget (checked before building) */
         json_t *str = json_is_string(a) ? a : b;
+        size_t len = jl_n(str);
+        if (y <= 0 || len == 0) return (*out = jl_string("", 0)) ? KILN_OK : OOM;
+        if ((unsigned long long)y > (SIZE_MAX / 2) / len || (size_t)y * len > c->budget.limit - c->budget.used) {
+            c->budget.over = true;
+            return OOM;
+        }
         jbuf buf = {0};
-        for (long long i = 0; i < y && i < 1000000; i++) jb_put(&buf, jl_s(str), jl_n(str));
+        for (long long i = 0; i < y && !buf.oom; i++) jb_put(&buf, jl_s(str), len);
         *out = buf.oom ? NULL : jl_string(buf.s ? buf.s : "", buf.n);
         free(buf.s);
         return *out ? KILN_OK : OOM;
     }
-    if (!nums) {
-        const char *sym = op == 'F' ? "//" : op == 'P' ? "**" : (char[]){(char)op, 0};
-        return jl_rerr(c, n, "unsupported operand types for %s%s", sym,
-                       !a || !b ? " (an undefined value)" : "");
-    }
+    if (!nums)
+        return jl_rerr(c, n, "unsupported operand types for %s%s", sym, !a || !b ? " (an undefined value)" : "");
     double fx = json_is_boolean(a) ? (double)json_is_true(a) : json_number_value(a);
     double fy = json_is_boolean(b) ? (double)json_is_true(b) : json_number_value(b);
+    long long r = 0;
+    bool big = false, inf = false; /* inf: jansson has no infinite or NaN floats */
+#define REAL(x) (isfinite(x) ? json_real(x) : (inf = true, (json_t *)NULL)) /* an int result past 64 bits: Jinja2 gives a big int, kiln refuses */
     switch (op) {
-    case '+': *out = ints ? json_integer(x + y) : json_real(fx + fy); break;
-    case '-': *out = ints ? json_integer(x - y) : json_real(fx - fy); break;
-    case '*': *out = ints ? json_integer(x * y) : json_real(fx * fy); break;
+    case '+':
+        if (ints) big = __builtin_add_overflow(x, y, &r);
+        *out = big ? NULL : ints ? json_integer(r) : REAL(fx + fy);
+        break;
+    case '-':
+        if (ints) big = __builtin_sub_overflow(x, y, &r);
+        *out = big ? NULL : ints ? json_integer(r) : REAL(fx - fy);
+        break;
+    case '*':
+        if (ints) big = __builtin_mul_overflow(x, y, &r);
+        *out = big ? NULL : ints ? json_integer(r) : REAL(fx * fy);
+        break;
     case '/':
         if (fy == 0) return jl_rerr(c, n, "division by zero");
-        *out = json_real(fx / fy);
+        *out = REAL(ints ? int_truediv(x, y) : fx / fy);
         break;
     case 'F':
     case '%':
         if (fy == 0) return jl_rerr(c, n, "%s by zero", op == '%' ? "modulo" : "division");
         if (ints) {
-            long long q = x / y, r = x % y;
-            if (r != 0 && ((r < 0) != (y < 0))) q--, r += y;
-            *out = json_integer(op == 'F' ? q : r);
+            long long q = 0, m = 0;
+            if (y == -1) { /* x / -1 overflows for INT64_MIN; x % -1 is 0 */
+                m = 0;
+                big = op == 'F' && __builtin_sub_overflow(0LL, x, &q);
+            } else {
+                q = x / y, m = x % y;
+                if (m != 0 && ((m < 0) != (y < 0))) q--, m += y;
+            }
+            *out = big ? NULL : json_integer(op == 'F' ? q : m);
         } else {
-            double q = floor(fx / fy), r = fx - q * fy;
-            *out = json_real(op == 'F' ? q : r);
+            double q, m;
+            float_divmod(fx, fy, &q, &m);
+            *out = REAL(op == 'F' ? q : m);
         }
         break;
     case 'P':
         if (ints && y >= 0) {
-            long long r = 1;
-            for (long long i = 0; i < y && i < 64; i++) r *= x;
-            *out = json_integer(r);
+            big = !int_pow(x, y, &r);
+            *out = big ? NULL : json_integer(r);
         } else {
-            *out = json_real(pow(fx, fy));
+            /* Python's float pow: refusals where Python raises or leaves
+             * the reals (a complex result) */
+            if (fx == 0 && fy < 0 && isfinite(fy)) return jl_rerr(c, n, "0.0 cannot be raised to a negative power");
+            if (fx < 0 && isfinite(fx) && isfinite(fy) && fy != floor(fy))
+                return jl_rerr(c, n, "a negative number to a fractional power is complex (outside kiln's Jinja subset)");
+            double p = pow(fx, fy);
+            if (isinf(p) && isfinite(fx) && isfinite(fy)) return jl_rerr(c, n, "** overflows a float (Numerical result out of range)");
+            *out = REAL(p);
         }
         break;
     default: return jl_rerr(c, n, "unknown operator");
     }
+#undef REAL
+    if (inf) return jl_rerr(c, n, "a float result of %s that is infinite or NaN is outside kiln's Jinja subset", sym);
+    if (big)
+        return jl_rerr(c, n, "the integer result of %s does not fit in 64 bits (Jinja2 would give a big integer; kiln refuses)", sym);
     return *out ? KILN_OK : OOM;
 }
 
@@ -337,10 +524,7 @@ static kiln_status compare(jrctx *c, const jnode *at, int op, json_t *a, json_t 
         found = false;
     } else if (json_is_string(b)) {
         if (!a || !json_is_string(a)) return jl_rerr(c, at, "'in <string>' requires a string on the left");
-        size_t n = jl_n(a), h = jl_n(b);
-        const char *hs = jl_s(b);
-        if (n == 0) found = true;
-        for (size_t i = 0; !found && n <= h && i + n <= h; i++) found = !memcmp(hs + i, jl_s(a), n);
+        found = jl_n(a) == 0 || memmem(jl_s(b), jl_n(b), jl_s(a), jl_n(a)) != NULL;
     } else if (json_is_array(b)) {
         for (size_t i = 0; !found && i < json_array_size(b); i++) found = jl_equal(a, json_array_get(b, i));
     } else if (json_is_object(b)) {
@@ -388,15 +572,24 @@ static kiln_status do_slice(jrctx *c, const jnode *n, json_t *obj, json_t *lo, j
         *out = buf.oom ? NULL : jl_string(buf.s ? buf.s : "", buf.n);
         free(buf.s);
     } else {
-        *out = json_array();
+        *out = jl_charge(8 * (size_t)len) ? json_array() : NULL;
         for (long long i = b; *out && (st > 0 ? i < e : i > e); i += st)
             json_array_append(*out, json_array_get(obj, (size_t)i));
     }
     return *out ? KILN_OK : OOM;
 }
 
+static kiln_status eval_(jrctx *c, scope *s, const jnode *n, json_t **out);
 static kiln_status eval(jrctx *c, scope *s, const jnode *n, json_t **out) {
     *out = NULL;
+    kiln_status st = enter(c, n);
+    if (st) return st;
+    st = leave(c, n, eval_(c, s, n, out));
+    if (st) json_decref(*out), *out = NULL;
+    return st;
+}
+
+static kiln_status eval_(jrctx *c, scope *s, const jnode *n, json_t **out) {
     kiln_status st;
     json_t *a = NULL, *b = NULL;
     switch (n->kind) {
@@ -416,12 +609,14 @@ static kiln_status eval(jrctx *c, scope *s, const jnode *n, json_t **out) {
                     return jl_rerr(c, n->kids[i], "dict literal keys must be strings in kiln's Jinja subset");
                 }
                 if ((st = eval(c, s, n->kids[i + 1], &b))) return json_decref(a), json_decref(r), st;
+                if ((st = nest_check(c, n->kids[i + 1], b))) return json_decref(a), json_decref(b), json_decref(r), st;
                 if (!b) b = json_null(); /* cannot store Undefined; rare */
                 json_object_set_new(r, jl_s(a), b);
                 json_decref(a);
                 i++;
             } else {
                 if (!a) return json_decref(r), jl_rerr(c, n->kids[i], "an undefined value in a list literal");
+                if ((st = nest_check(c, n->kids[i], a))) return json_decref(a), json_decref(r), st;
                 json_array_append_new(r, a);
             }
         }
@@ -482,6 +677,10 @@ static kiln_status eval(jrctx *c, scope *s, const jnode *n, json_t **out) {
         if (n->op == '!') {
             *out = json_boolean(!jl_truthy(a));
         } else if (a && json_is_integer(a)) {
+            if (n->op == '-' && json_integer_value(a) == LLONG_MIN) {
+                json_decref(a);
+                return jl_rerr(c, n, "the integer result of unary - does not fit in 64 bits (Jinja2 would give a big integer; kiln refuses)");
+            }
             *out = json_integer(n->op == '-' ? -json_integer_value(a) : json_integer_value(a));
         } else if (a && json_is_real(a)) {
             *out = json_real(n->op == '-' ? -json_real_value(a) : json_real_value(a));
@@ -567,12 +766,14 @@ static kiln_status exec_for(jrctx *c, scope *s, const jnode *n) {
     kiln_status st = eval(c, s, n->kids[1], &it);
     if (st) return st;
     const char *err = NULL;
-    items = jl_iter_list(it, &err);
+    /* a list is iterated as it is (lists cannot change in the subset) */
+    items = it && json_is_array(it) ? json_incref(it) : jl_iter_list(it, &err);
     json_decref(it);
     if (!items) return jl_rerr(c, n->kids[1], "%s", err ? err : "out of memory");
     if (n->kids[4]) { /* for x in xs if cond: filter first (loop.length counts what passes) */
         json_t *kept = json_array();
         for (size_t i = 0; kept && i < json_array_size(items) && !st; i++) {
+            if ((st = step(c, n))) break;
             scope is = {.vars = json_object(), .up = s};
             json_t *cv = NULL;
             if (!is.vars) st = OOM;
@@ -588,41 +789,56 @@ static kiln_status exec_for(jrctx *c, scope *s, const jnode *n) {
         items = kept;
     }
     size_t len = json_array_size(items);
+    /* one scope object, emptied at each iteration (nothing else can hold
+     * it); the loop object only when the body names `loop` */
+    scope is = {.vars = len ? json_object() : NULL, .up = s};
+    if (len && !is.vars) st = OOM;
     for (size_t i = 0; i < len && !st; i++) {
-        scope is = {.vars = json_object(), .up = s};
-        json_t *loop = json_object();
-        if (!is.vars || !loop) {
-            json_decref(is.vars), json_decref(loop);
+        if ((st = step(c, n))) break;
+        if (i && json_object_clear(is.vars)) {
             st = OOM;
             break;
         }
-        json_object_set_new(loop, "index", json_integer((json_int_t)i + 1));
-        json_object_set_new(loop, "index0", json_integer((json_int_t)i));
-        json_object_set_new(loop, "revindex", json_integer((json_int_t)(len - i)));
-        json_object_set_new(loop, "revindex0", json_integer((json_int_t)(len - i - 1)));
-        json_object_set_new(loop, "first", json_boolean(i == 0));
-        json_object_set_new(loop, "last", json_boolean(i + 1 == len));
-        json_object_set_new(loop, "length", json_integer((json_int_t)len));
-        json_object_set_new(loop, "depth", json_integer(1));
-        json_object_set_new(loop, "depth0", json_integer(0));
-        if (i > 0) json_object_set(loop, "previtem", json_array_get(items, i - 1));
-        if (i + 1 < len) json_object_set(loop, "nextitem", json_array_get(items, i + 1));
-        json_object_set_new(is.vars, "loop", loop);
+        if (n->op) {
+            json_t *loop = json_object();
+            if (!loop) {
+                st = OOM;
+                break;
+            }
+            json_object_set_new(loop, "index", json_integer((json_int_t)i + 1));
+            json_object_set_new(loop, "index0", json_integer((json_int_t)i));
+            json_object_set_new(loop, "revindex", json_integer((json_int_t)(len - i)));
+            json_object_set_new(loop, "revindex0", json_integer((json_int_t)(len - i - 1)));
+            json_object_set_new(loop, "first", json_boolean(i == 0));
+            json_object_set_new(loop, "last", json_boolean(i + 1 == len));
+            json_object_set_new(loop, "length", json_integer((json_int_t)len));
+            json_object_set_new(loop, "depth", json_integer(1));
+            json_object_set_new(loop, "depth0", json_integer(0));
+            if (i > 0) json_object_set(loop, "previtem", json_array_get(items, i - 1));
+            if (i + 1 < len) json_object_set(loop, "nextitem", json_array_get(items, i + 1));
+            json_object_set_new(is.vars, "loop", loop);
+        }
         st = bind(c, &is, n->kids[0], json_array_get(items, i));
         if (!st) st = exec(c, &is, n->kids[2]);
-        json_decref(is.vars);
         if (c->ctl == 1) {
             c->ctl = 0;
             break;
         }
         c->ctl = 0;
     }
+    json_decref(is.vars);
     json_decref(items);
     if (!st && len == 0 && n->kids[3]) st = exec(c, s, n->kids[3]);
     return st;
 }
 
+static kiln_status exec_(jrctx *c, scope *s, const jnode *n);
 static kiln_status exec(jrctx *c, scope *s, const jnode *n) {
+    kiln_status st = enter(c, n);
+    return st ? st : leave(c, n, exec_(c, s, n));
+}
+
+static kiln_status exec_(jrctx *c, scope *s, const jnode *n) {
     kiln_status st = KILN_OK;
     json_t *v = NULL;
     switch (n->kind) {
@@ -648,7 +864,11 @@ static kiln_status exec(jrctx *c, scope *s, const jnode *n) {
         if ((st = eval(c, s, n->kids[1], &v))) return st;
         if (tgt->kind == JN_ATTR) {
             json_t *ns = lookup(s, tgt->kids[0]->name);
+            bool inside = false;
             if (!is_ns(c, ns)) st = jl_rerr(c, tgt, "'%s' is not a namespace: only namespace attributes can be set", tgt->kids[0]->name);
+            else if (vdepth(c, v, ns, &inside, 1) + 1 > JL_MAX_VALUE_DEPTH)
+                st = jl_rerr(c, tgt, "a list or dict nested deeper than %d levels (kiln's limit)", JL_MAX_VALUE_DEPTH);
+            else if (inside) st = jl_rerr(c, tgt, "a namespace inside itself is outside kiln's Jinja subset");
             else if (!v) json_object_del(ns, tgt->name);
             else json_object_set(ns, tgt->name, v);
         } else {
@@ -709,7 +929,9 @@ kiln_status kiln_template_render(const kiln_template *t, const struct json_t *va
     if (n_gen) *n_gen = 0;
     if (vars && !json_is_object(vars)) return kiln_error(KILN_ERR_INVALID, "%s: template variables must be a JSON object", t->name);
     jbuf buf = {0};
-    jrctx c = {.t = t, .out = &buf, .nss = json_array()};
+    jrctx c = {.t = t, .out = &buf, .nss = json_array(), .budget = {.limit = JL_MAX_BYTES}};
+    jl_budget *outer = jl_cur_budget; /* none, unless a render renders */
+    jl_cur_budget = &c.budget;
     scope global = {.vars = (json_t *)vars, .up = NULL};
     scope top = {.vars = json_object(), .up = &global};
     kiln_status st = c.nss && top.vars ? KILN_OK : OOM;
@@ -719,6 +941,7 @@ kiln_status kiln_template_render(const kiln_template *t, const struct json_t *va
     json_decref(top.vars);
     json_decref(c.nss);
     free(c.macros);
+    jl_cur_budget = outer;
     if (st) {
         free(buf.s);
         free(c.gen);

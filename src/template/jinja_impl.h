@@ -12,6 +12,38 @@
 #include "kiln/template.h"
 #include "template_names.h" /* links the jn_/jb_/jl_ helpers as kiln_* */
 
+/* Limits (issue 22). A template or a rendering past one is refused with
+ * "NAME:LINE:COLUMN: ... (kiln's limit is N)", never a crash or a stall;
+ * none is near what a real chat template needs (the Hugging Face ones nest
+ * expressions < 10 deep, statements < 8, call no recursive macros, take
+ * well under 100000 steps and a few MB for long conversations).
+ *   JL_MAX_EXPR_DEPTH  expression nesting: unary chains, brackets and
+ *                      parentheses, list/dict literals, and the height of
+ *                      operator, filter, test, subscript and attribute
+ *                      chains and ternaries (Python itself refuses 200
+ *                      nested parentheses).
+ *   JL_MAX_STMT_DEPTH  statements inside statements (if/elif/for/set
+ *                      block/macro/generation; each elif counts one).
+ *   JL_MAX_CALL_DEPTH  macro calls inside macro calls at render time.
+ *   JL_MAX_RENDER_DEPTH nested evaluation (expression and statement nodes
+ *                      on the evaluator's stack, across macro calls).
+ *   JL_MAX_VALUE_DEPTH lists and dicts built inside lists and dicts.
+ *   JL_MAX_STEPS       nodes evaluated, loop iterations and items range()
+ *                      makes, in one render.
+ *   JL_MAX_BYTES       bytes of text one render builds: output, every
+ *                      string value and list element made (not the
+ *                      variables passed in).
+ *   JL_MAX_RANGE       items of range(), as Hugging Face's sandbox
+ *                      (jinja2.sandbox.MAX_RANGE). */
+#define JL_MAX_EXPR_DEPTH 256
+#define JL_MAX_STMT_DEPTH 128
+#define JL_MAX_CALL_DEPTH 64
+#define JL_MAX_RENDER_DEPTH 1024
+#define JL_MAX_VALUE_DEPTH 256
+#define JL_MAX_STEPS 10000000LL
+#define JL_MAX_BYTES ((size_t)64 << 20)
+#define JL_MAX_RANGE 100000
+
 typedef enum {
     /* expressions */
     JN_CONST,   /* value */
@@ -34,7 +66,7 @@ typedef enum {
     JN_TEXT,    /* text, text_len */
     JN_PRINT,   /* {{ kids[0] }} */
     JN_IF,      /* if kids[0]: kids[1] else kids[2] (NULL or a block / nested if) */
-    JN_FOR,     /* for kids[0] in kids[1] [if kids[4]]: kids[2] else kids[3] */
+    JN_FOR,     /* for kids[0] in kids[1] [if kids[4]]: kids[2] else kids[3]; op = 1 when the body names `loop` */
     JN_SET,     /* set kids[0] = kids[1] */
     JN_SETBLOCK,/* set kids[0]: the output of kids[1] */
     JN_BREAK,
@@ -59,6 +91,8 @@ struct jnode {
     char **names;
     int *ops;
     int n_kids;
+    int height;       /* 1 + the tallest kid's (jn_add keeps it) */
+    const void *impl; /* JN_FILTER / JN_TEST: the table entry, found at parse time (NULL: unknown) */
 };
 
 struct kiln_template {
@@ -90,6 +124,9 @@ typedef struct {
     token *toks;
     size_t n_toks, cap;
     size_t cur; /* parser position */
+    int depth;      /* expression recursion (JL_MAX_EXPR_DEPTH) */
+    int stmt_depth; /* statement nesting (JL_MAX_STMT_DEPTH) */
+    int loop_refs;  /* names `loop` parsed so far (a for without one builds no loop object) */
 } lexer;
 /* Tokenizes L->src[0..n) into L->toks (ending in T_EOF). */
 kiln_status jl_lex(lexer *L);
@@ -106,6 +143,22 @@ typedef struct { char *s; size_t n, cap; bool oom; } jbuf;
 void jb_put(jbuf *b, const char *s, size_t n);
 static inline void jb_puts(jbuf *b, const char *s) { jb_put(b, s, __builtin_strlen(s)); }
 void jb_putc(jbuf *b, char c);
+
+/* ---- the render budget (JL_MAX_BYTES) ----
+ * The rendering on this thread (NULL outside kiln_template_render): every
+ * byte appended to a jbuf and every string made by jl_string is charged to
+ * it; past the limit the charge fails (the buffer turns oom, jl_string gives
+ * NULL) and `over` stays set so that the evaluator reports the limit at the
+ * node it was evaluating. */
+typedef struct { size_t used, limit; bool over; } jl_budget;
+extern _Thread_local jl_budget *jl_cur_budget;
+static inline bool jl_charge(size_t n) {
+    jl_budget *b = jl_cur_budget;
+    if (!b) return true;
+    if (b->over || n > b->limit - b->used) return b->over = true, false;
+    b->used += n;
+    return true;
+}
 
 /* ---- the library (jinja_lib.c) ---- */
 /* Python's str(v) appended to b (Undefined gives ""). */
@@ -142,8 +195,14 @@ typedef struct { json_t **v; char **kw; int n; } jargs;
 json_t *jl_arg(const jargs *a, int pos, const char *kw, bool *present);
 /* Refuses more than max_pos positionals or keywords outside kws (NULL-terminated). */
 kiln_status jl_args_check(jrctx *c, const jnode *at, const char *what, const jargs *a, int max_pos, const char *const *kws);
+/* Filters and tests by name. When name is at->name itself (the node's own
+ * filter or test), at->impl is the table entry the parser found with
+ * jl_filter_find / jl_test_find and no lookup is made again. */
 kiln_status jl_filter(jrctx *c, const jnode *at, const char *name, json_t *subj, const jargs *a, json_t **out);
 kiln_status jl_test(jrctx *c, const jnode *at, const char *name, json_t *subj, const jargs *a, bool *out);
+/* The table entry of a filter / test, NULL when kiln has none. */
+const void *jl_filter_find(const char *name);
+const void *jl_test_find(const char *name);
 kiln_status jl_method(jrctx *c, const jnode *at, json_t *obj, const char *name, const jargs *a, json_t **out);
 /* Whether `name` is a Python method of obj's type (str, list, dict). */
 bool jl_is_method(const json_t *obj, const char *name);

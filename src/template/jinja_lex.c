@@ -32,6 +32,8 @@ jnode *jn_new(jn_kind kind, int line, int col) {
     return n;
 }
 
+_Thread_local jl_budget *jl_cur_budget;
+
 bool jn_add(jnode *n, jnode *kid, const char *name) {
     jnode **k = realloc(n->kids, (size_t)(n->n_kids + 1) * sizeof *k);
     if (!k) return false;
@@ -41,6 +43,7 @@ bool jn_add(jnode *n, jnode *kid, const char *name) {
     n->names = nm;
     nm[n->n_kids] = name ? strdup(name) : NULL;
     k[n->n_kids++] = kid;
+    if (kid && kid->height + 1 > n->height) n->height = kid->height + 1;
     return true;
 }
 
@@ -61,6 +64,10 @@ void jn_free(jnode *n) {
 
 void jb_put(jbuf *b, const char *s, size_t n) {
     if (b->oom || n == 0) return;
+    if (!jl_charge(n)) {
+        b->oom = true;
+        return;
+    }
     if (b->n + n + 1 > b->cap) {
         size_t c = b->cap ? b->cap : 256;
         while (c < b->n + n + 1) c *= 2;
@@ -294,7 +301,11 @@ static kiln_status lex_tag(lexer *L, bool block, bool *line_starting) {
             return jl_lex_error(L, line, col, "unexpected character '%s' in a tag", ch, NULL);
         }
         if (m == 1 && (c == '(' || c == '[' || c == '{')) {
-            if (depth == (int)sizeof stack) return jl_lex_error(L, line, col, "brackets nested too deeply", NULL, NULL);
+            if (depth == (int)sizeof stack) {
+                char lim[16];
+                snprintf(lim, sizeof lim, "%d", (int)sizeof stack);
+                return jl_lex_error(L, line, col, "brackets nested deeper than %s levels (kiln's limit)", lim, NULL);
+            }
             stack[depth++] = c == '(' ? ')' : c == '[' ? ']' : '}';
         } else if (m == 1 && (c == ')' || c == ']' || c == '}')) {
             if (depth == 0 || stack[depth - 1] != c) return jl_lex_error(L, line, col, "unexpected '%s'", (char[]){c, 0}, NULL);

@@ -8,7 +8,8 @@
 #include <string.h>
 #include "jinja_impl.h"
 
-json_t *jl_string(const char *s, size_t n) { return json_stringn_nocheck(s, n); }
+/* Charged to the render budget: the bytes and a string's overhead. */
+json_t *jl_string(const char *s, size_t n) { return jl_charge(n + 32) ? json_stringn_nocheck(s, n) : NULL; }
 
 size_t jl_utf8_len(const char *s, size_t n) {
     size_t k = 0;

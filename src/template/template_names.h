@@ -9,7 +9,9 @@
 #define jl_arg kiln_jl_arg
 #define jl_args_check kiln_jl_args_check
 #define jl_equal kiln_jl_equal
+#define jl_cur_budget kiln_jl_cur_budget
 #define jl_filter kiln_jl_filter
+#define jl_filter_find kiln_jl_filter_find
 #define jl_getitem kiln_jl_getitem
 #define jl_is_method kiln_jl_is_method
 #define jl_iter_list kiln_jl_iter_list
@@ -24,6 +26,7 @@
 #define jl_string kiln_jl_string
 #define jl_strip kiln_jl_strip
 #define jl_test kiln_jl_test
+#define jl_test_find kiln_jl_test_find
 #define jl_tojson kiln_jl_tojson
 #define jl_truthy kiln_jl_truthy
 #define jl_utf8_len kiln_jl_utf8_len
