@@ -69,6 +69,11 @@ bool kd_work_init(kd_work *w) {
         return false;
     }
     pcre2_jit_stack_assign(w->mc, NULL, w->js);
+    /* The interpreter's backtracking (JIT has its stack above): real
+     * pre-tokenizers stay a few frames deep. The match limit is set per call
+     * from the budget in next_match. */
+    pcre2_set_depth_limit(w->mc, 1000000);
+    pcre2_set_heap_limit(w->mc, 64 * 1024); /* KiB */
     return true;
 }
 
@@ -228,6 +233,19 @@ kiln_status kd_pattern_regex(kd_pattern *p, const char *re, const char *path, co
                           (const char *)msg);
     }
     p->jit = pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE) == 0;
+    /* For match errors: the file, the component and the pattern (cut at a
+     * character boundary when long). */
+    size_t rn = strlen(re), cut = rn;
+    if (cut > 96) {
+        cut = 93;
+        while (cut > 0 && ((unsigned char)re[cut] & 0xC0) == 0x80) cut--;
+    }
+    size_t wn = strlen(path) + strlen(where) + cut + 32;
+    if (!(p->what = malloc(wn))) {
+        kd_pattern_free(p);
+        return kiln_error(KILN_ERR_OOM, "%s: out of memory compiling a regex", path);
+    }
+    snprintf(p->what, wn, "%s: %s: regex \"%.*s%s\"", path, where, (int)cut, re, cut < rn ? "..." : "");
     return KILN_OK;
 }
 
@@ -253,10 +271,25 @@ kiln_status kd_pattern_parse(kd_pattern *p, json_t *j, const char *path, const c
 void kd_pattern_free(kd_pattern *p) {
     pcre2_code_free(p->re);
     free(p->lit);
+    free(p->what);
     memset(p, 0, sizeof *p);
 }
 
-static int next_match(const kd_pattern *p, kd_work *w, const char *s, size_t n, size_t pos, size_t *ms, size_t *me) {
+/* Match limits (PCRE2 counts backtracking steps, JIT and interpreter alike;
+ * a limit holds for one call) bound the work of a whole find: the find has
+ * *budget steps, each call first tries RE_FIRST_LIMIT steps and doubles the
+ * limit while it runs out, and every try is charged in full, so the steps
+ * taken never exceed the budget and a successful call costs under four times
+ * what it needed. The GPT-2, Llama 3 and Qwen2 regexes need at most 22 steps
+ * a call (8 with JIT) except over a run of spaces, which Llama 3's
+ * \s*[\r\n]+ backtracks across once (a step a byte); charged, they use at
+ * most 32 steps per byte (one first try a byte: Qwen2 on digits), a
+ * catastrophic regex takes about 2 ns a step. Not bounded: scans that do not
+ * backtrack ([a-z]+@|. on letters is quadratic with few steps). */
+#define RE_FIRST_LIMIT 32
+
+static int next_match(const kd_pattern *p, kd_work *w, const char *s, size_t n, size_t pos, size_t *ms, size_t *me,
+                      uint64_t *budget) {
     if (!p->re) {
         const char *f = n - pos >= p->lit_len ? memmem(s + pos, n - pos, p->lit, p->lit_len) : NULL;
         if (!f) return 0;
@@ -264,8 +297,16 @@ static int next_match(const kd_pattern *p, kd_work *w, const char *s, size_t n, 
         *me = *ms + p->lit_len;
         return 1;
     }
-    int rc = p->jit ? pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, pos, 0, w->md, w->mc)
+    int rc = PCRE2_ERROR_MATCHLIMIT;
+    for (uint64_t lim = RE_FIRST_LIMIT; *budget > 0; lim *= 2) {
+        uint64_t t = lim < *budget ? lim : *budget;
+        if (t > UINT32_MAX) t = UINT32_MAX;
+        pcre2_set_match_limit(w->mc, (uint32_t)t);
+        rc = p->jit ? pcre2_jit_match(p->re, (PCRE2_SPTR)s, n, pos, 0, w->md, w->mc)
                     : pcre2_match(p->re, (PCRE2_SPTR)s, n, pos, 0, w->md, w->mc);
+        *budget -= t;
+        if (rc != PCRE2_ERROR_MATCHLIMIT) break;
+    }
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     if (rc < 0) return rc;
     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
@@ -279,14 +320,23 @@ kiln_status kd_pattern_find(const kd_pattern *p, kd_work *w, const char *s, size
     ev->n = 0;
     if (n == 0) return kd_events_push(ev, 0, 0, false) ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
     size_t pos = 0, prev = 0, last_end = SIZE_MAX;
+    uint64_t budget = (uint64_t)KD_RE_STEPS_PER_BYTE * ((uint64_t)n + 1);
     while (pos <= n) {
         size_t ms, me;
-        int rc = next_match(p, w, s, n, pos, &ms, &me);
+        int rc = next_match(p, w, s, n, pos, &ms, &me, &budget);
         if (rc == 0) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            return kiln_error(KILN_ERR_INVALID, "regex match failed at offset %zu: %s", pos, (const char *)msg);
+            const char *what = p->what ? p->what : "regex";
+            if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+                rc == PCRE2_ERROR_JIT_STACKLIMIT)
+                return kiln_error(KILN_ERR_INVALID,
+                                  "%s backtracks catastrophically: it gave up at byte %zu of a %zu-byte piece of "
+                                  "text (%s; kiln allows a regex %d backtracking steps per byte of text, real "
+                                  "pre-tokenizers use at most 32; look for nested repeats such as (a|a)* or "
+                                  "(\\w+\\s?)*)", what, pos, n, (const char *)msg, KD_RE_STEPS_PER_BYTE);
+            return kiln_error(KILN_ERR_INVALID, "%s: match failed at byte %zu: %s", what, pos, (const char *)msg);
         }
         /* Like the onig/regex crates: no empty match right where the last one ended. */
         if (ms == me && me == last_end) {

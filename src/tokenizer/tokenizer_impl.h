@@ -113,12 +113,17 @@ typedef struct {
     bool jit;
     char *lit;
     size_t lit_len;
+    char *what; /* regexes: "PATH: WHERE: regex \"PATTERN\"" (truncated) for errors */
 } kd_pattern;
 kiln_status kd_pattern_parse(kd_pattern *p, json_t *j, const char *path, const char *where);
 kiln_status kd_pattern_regex(kd_pattern *p, const char *re, const char *path, const char *where);
 void kd_pattern_free(kd_pattern *p);
 /* HF Pattern::find_matches on s[0..n): events covering the text in order,
- * appended to w->ev after clearing it. */
+ * appended to w->ev after clearing it. A regex gets a backtracking budget of
+ * KD_RE_STEPS_PER_BYTE PCRE2 match-limit steps per byte of s (real
+ * pre-tokenizers use at most 32), so a catastrophic pattern fails in time
+ * linear in n with an error naming the file and the pattern. */
+#define KD_RE_STEPS_PER_BYTE 256
 kiln_status kd_pattern_find(const kd_pattern *p, kd_work *w, const char *s, size_t n);
 
 /* ---- JSON helpers for the component parsers ---- */
