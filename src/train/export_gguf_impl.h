@@ -1,6 +1,7 @@
-/* Shared by the two halves of the GGUF exporter: export_gguf.c (the model:
- * architecture metadata and tensors) and export_gguf_tok.c (the tokenizer
- * as tokenizer.ggml.*). Not a public header. */
+/* Shared by the exporters: export_gguf.c (the model: architecture metadata
+ * and tensors), export_gguf_tok.c (the tokenizer as tokenizer.ggml.*) and
+ * export_dir.c (model directories, and the checks and clean-up of every
+ * export target). Not a public header. */
 #ifndef KILN_EXPORT_GGUF_IMPL_H
 #define KILN_EXPORT_GGUF_IMPL_H
 #include "kiln/gguf.h"
@@ -26,4 +27,17 @@ void kiln_gguf_vocab_free(kiln_gguf_vocab *v);
  * model directory dir (as kiln generate uses them) into w. */
 kiln_status kiln_gguf_vocab_set(kiln_gguf_writer *w, const kiln_llama_config *c, const char *tok_path, const char *dir,
                                 const kiln_gguf_vocab *v);
+
+/* Refuses a model-directory export target (named in the error with the
+ * directory it collides with) that is model_dir, lies inside source (the
+ * run or model directory given) or model_dir, lies inside a run directory
+ * or checkpoint, or is the base model of model_dir's LoRA adapters; and an
+ * existing target that is not a directory kiln could have written
+ * (non-empty without config.json, or holding other files), as it is
+ * replaced whole. */
+kiln_status kiln_export_check_target(const char *source, const char *model_dir, const char *target);
+/* Removes what killed exports into target left beside it (TARGET.kiln-tmp-
+ * <pid>, TARGET.kiln-old-<pid>, TARGET.tmp.<pid>...) whose process is gone,
+ * saying so in one log line. */
+kiln_status kiln_export_clean(const char *target);
 #endif

@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "export_gguf_impl.h"
 #include "kiln/model_meta.h"
+#include "kiln/template.h"
 
 void kiln_gguf_vocab_free(kiln_gguf_vocab *v) {
     for (int64_t i = 0; v->tokens && i < v->n; i++) free(v->tokens[i]);
@@ -229,11 +231,93 @@ kiln_status kiln_gguf_vocab_read(const char *path, int64_t n_vocab, kiln_gguf_vo
 
 /* ---- special ids ------------------------------------------------------- */
 
+/* Token texts llama.cpp's loader (llama-vocab.cpp) makes end-of-generation
+ * by their text alone, whatever the file's keys say. */
+static bool eog_by_text(const char *s) {
+    static const char *const texts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                        "<|eom_id|>", "<EOT>", "<|end_of_text|>", NULL};
+    for (int i = 0; texts[i]; i++)
+        if (!strcmp(s, texts[i])) return true;
+    return false;
+}
+
+/* The model's eos ids as llama.cpp holds them, as its converter and loader
+ * do: one tokenizer.ggml.eos_token_id (the first id of the list: kiln's
+ * resolution, generation_config.json before config.json before
+ * tokenizer_config.json's eos_token); the id whose text is <|eom_id|> as
+ * eom_token_id and <|eot_id|> as eot_token_id (Llama 3.1-3.3 Instruct's
+ * [<|end_of_text|>, <|eom_id|>, <|eot_id|>]); another second id as
+ * eot_token_id. llama.cpp ends generation at eos, eot and eom, and at the
+ * texts of eog_by_text; an id none of these covers is refused, named, as
+ * llama.cpp would generate past it where kiln stops. */
+static kiln_status eos_keys(const char *dir, const kiln_model_meta *meta, const kiln_gguf_vocab *v, int64_t *eos,
+                            int64_t *eot, int64_t *eom) {
+    *eot = *eom = -1;
+    if (meta->n_eos == 0) return KILN_OK;
+    *eos = meta->eos_ids[0];
+    bool placed[KILN_MAX_EOS] = {false};
+    placed[0] = true;
+    for (int i = 1; i < meta->n_eos; i++) { /* by text first */
+        int32_t id = meta->eos_ids[i];
+        const char *text = id < v->n ? v->tokens[id] : "";
+        if (id == *eos) placed[i] = true;
+        else if (!strcmp(text, "<|eom_id|>") && (*eom < 0 || *eom == id)) *eom = id, placed[i] = true;
+        else if (!strcmp(text, "<|eot_id|>") && (*eot < 0 || *eot == id)) *eot = id, placed[i] = true;
+    }
+    for (int i = 1; i < meta->n_eos; i++) {
+        int32_t id = meta->eos_ids[i];
+        const char *text = id < v->n ? v->tokens[id] : "";
+        if (placed[i] || id == *eot || id == *eom) continue;
+        if (*eot < 0) *eot = id;
+        else if (!eog_by_text(text))
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: eos id %d ('%.40s') cannot be written to GGUF: tokenizer.ggml.eos_token_id is %lld, "
+                              "eot_token_id %lld%s, and llama.cpp ends generation at no other token but those whose text "
+                              "it knows (<|eot_id|>, <|eom_id|>, <|im_end|>, <|end_of_text|>, ...)",
+                              dir, (int)id, text, (long long)*eos, (long long)*eot,
+                              *eom >= 0 ? ", eom_token_id set" : "");
+    }
+    return KILN_OK;
+}
+
+/* The chat template must render, as llama.cpp will render it for every
+ * chat: a system, user, assistant, user conversation with the generation
+ * prompt (or, for a template that refuses a system message by design, the
+ * same without it), through the template of kiln generate --chat. */
+static kiln_status check_template(const char *dir) {
+    char cfg[4200], jinja[4200];
+    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
+    bool have_cfg = access(cfg, F_OK) == 0, have_jinja = access(jinja, F_OK) == 0;
+    kiln_chat *chat = NULL;
+    kiln_status st = kiln_chat_load(have_cfg ? cfg : NULL, have_jinja ? jinja : NULL, &chat);
+    if (st) return kiln_error_context(st, "%s: the chat template does not parse", dir);
+    json_t *conv = json_pack("{s:[{s:s,s:s},{s:s,s:s},{s:s,s:s},{s:s,s:s}]}", "messages", "role", "system", "content",
+                             "You are a helpful assistant.", "role", "user", "content", "Hello! Who are you?", "role",
+                             "assistant", "content", "I am an assistant. How can I help?", "role", "user", "content",
+                             "What is 2 + 2?");
+    char *text = NULL, first[1024] = "";
+    size_t len = 0;
+    if (!conv) st = kiln_error(KILN_ERR_OOM, "out of memory");
+    else if ((st = kiln_chat_render(chat, conv, true, &text, &len))) {
+        snprintf(first, sizeof first, "%s", kiln_last_error());
+        json_array_remove(json_object_get(conv, "messages"), 0);
+        free(text), text = NULL;
+        if (!kiln_chat_render(chat, conv, true, &text, &len)) st = KILN_OK; /* no system role, by design */
+        else st = kiln_error(st, "%s: the chat template fails to render a system/user/assistant/user conversation with "
+                                 "add_generation_prompt (llama.cpp would be given a template that fails): %s",
+                             dir, first);
+    }
+    free(text);
+    json_decref(conv);
+    kiln_chat_free(chat);
+    return st;
+}
+
 /* The special ids and the chat template as kiln generate uses them: the
  * prompt starts with the tokenizer's bos when it has one (add_bos_token);
  * generation stops at any of the model's eos ids (generation_config.json,
- * config.json, tokenizer_config.json through kiln_model_meta). llama.cpp
- * holds one eos and one end-of-turn id. */
+ * config.json, tokenizer_config.json through kiln_model_meta; eos_keys). */
 kiln_status kiln_gguf_vocab_set(kiln_gguf_writer *w, const kiln_llama_config *c, const char *tok_path, const char *dir,
                                 const kiln_gguf_vocab *v) {
     kiln_tokenizer *tok = NULL;
@@ -247,22 +331,22 @@ kiln_status kiln_gguf_vocab_set(kiln_gguf_writer *w, const kiln_llama_config *c,
     bool add_bos = kiln_tokenizer_bos(tok) >= 0;
     int64_t bos = add_bos ? kiln_tokenizer_bos(tok) : meta.bos_id;
     int64_t pad = meta.pad_id >= 0 ? meta.pad_id : kiln_tokenizer_pad(tok);
-    int64_t eos = meta.n_eos > 0 ? meta.eos_ids[0] : kiln_tokenizer_eos(tok), eot = meta.n_eos > 1 ? meta.eos_ids[1] : -1;
+    int64_t eos = kiln_tokenizer_eos(tok), eot = -1, eom = -1;
     if (kiln_tokenizer_vocab_size(tok) > c->vocab_size)
         st = kiln_error(KILN_ERR_INVALID, "%s has %d tokens but the model only %lld", tok_path, kiln_tokenizer_vocab_size(tok),
                         (long long)c->vocab_size);
-    if (!st && meta.n_eos > 2)
-        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: %d eos ids; GGUF holds two (tokenizer.ggml.eos_token_id, eot_token_id)", dir,
-                        meta.n_eos);
     kiln_tokenizer_free(tok);
+    if (!st) st = eos_keys(dir, &meta, v, &eos, &eot, &eom);
+    if (!st && meta.chat_template) st = check_template(dir);
     if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
     if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.pre", v->pre);
     if (!st) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->lens, (uint64_t)v->n);
     if (!st) st = kiln_gguf_set_array(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, v->types, (uint64_t)v->n);
     if (!st) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.merges", (const char *const *)v->merges, NULL, v->n_merges);
     struct { const char *k; int64_t id; } ids[] = {{"tokenizer.ggml.bos_token_id", bos}, {"tokenizer.ggml.eos_token_id", eos},
-                                                   {"tokenizer.ggml.eot_token_id", eot}, {"tokenizer.ggml.padding_token_id", pad}};
-    for (int i = 0; i < 4 && !st; i++) {
+                                                   {"tokenizer.ggml.eot_token_id", eot}, {"tokenizer.ggml.eom_token_id", eom},
+                                                   {"tokenizer.ggml.padding_token_id", pad}};
+    for (int i = 0; i < 5 && !st; i++) {
         if (ids[i].id >= c->vocab_size)
             st = kiln_error(KILN_ERR_RANGE, "%s: %s %lld is outside the vocabulary (%lld)", dir, ids[i].k, (long long)ids[i].id,
                             (long long)c->vocab_size);
