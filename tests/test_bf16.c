@@ -305,8 +305,8 @@ static void check_cast_op(void) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/kiln_test_bf16_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    char dir[64];
+    if (!t_tmpdir(dir, sizeof dir, "test_bf16")) return 1;
     char cache[600];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
@@ -323,8 +323,6 @@ int main(void) {
     check_matmul(false);
     check_matmul(true);
     check_model();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

@@ -70,16 +70,6 @@ static void shard_format(void) {
     CHECK(kiln_shard_write_masked(path, tok, bad, 6, &info) == KILN_ERR_INVALID, "writer refuses mask value 2");
 }
 
-static double rel_err(const float *a, const void *bv, int64_t n) {
-    const float *b = bv;
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 /* The loader's batch of a masked shard vs PyTorch's ignore_index labels. */
 static void masked_gradient(void) {
     kiln_llama_config cfg;
@@ -144,7 +134,7 @@ static void masked_gradient(void) {
             const kiln_st_tensor *rg = kiln_st_find(f, g);
             CHECK(rg && model->params[i]->grad, "gradient %s", g);
             if (!rg || !model->params[i]->grad) continue;
-            double ge = rel_err(kiln_f32(model->params[i]->grad), rg->data, kiln_tensor_numel(model->params[i]));
+            double ge = rel_err(kiln_f32(model->params[i]->grad), (const float *)rg->data, kiln_tensor_numel(model->params[i]));
             worst = fmax(worst, ge);
             CHECK(ge < 1e-4, "gradient of %s differs from PyTorch by %.3g", model->params[i]->name, ge);
         }
@@ -394,8 +384,6 @@ int main(void) {
         json_decref(all);
     }
     kiln_tokenizer_free(tok);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) printf("could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) printf("could not remove %s\n", tmpdir);
     TEST_END();
 }

@@ -91,8 +91,6 @@ int main(void) {
     CHECK(rc == 0 && cli_output_has("not using the chat template beside the tokenizer") && cli_output_has("include"),
           "an unusable template beside, plain text: exit %d", rc);
 
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

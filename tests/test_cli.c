@@ -205,6 +205,8 @@ static void pipeline(void) {
                                        "0", "--eval-every", "0", "--no-plot", NULL},
                       SIGINT, 3.0);
     CHECK(rc == 0, "Ctrl-C during training exits 0 (got %d)", rc);
+    CHECK(cli_output_has("a step over steps 2-4: expect about") && cli_output_has("for the 99996 steps left"),
+          "after its first steps the run says how long the rest will take");
     snprintf(path, sizeof path, "%s/trainer_state.json", run);
     CHECK(access(path, R_OK) == 0, "Ctrl-C saved a checkpoint");
     CHECK(cli_kiln_signal((const char *[]){"train", "--resume", run, "--steps", "100000", "--no-plot", NULL}, SIGINT, 2.0) == 0,
@@ -251,8 +253,6 @@ int main(void) {
     setenv("KILN_CACHE_DIR", dir, 1);
     help_and_usage();
     pipeline();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

@@ -488,8 +488,8 @@ static void nonfinite_constants(void) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/kiln_test_compile_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    char dir[64];
+    if (!t_tmpdir(dir, sizeof dir, "test_compile")) return 1;
     char cache[600];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
@@ -502,8 +502,6 @@ int main(void) {
     dynamic_shapes();
     load_after_compile(dir);
     variants_and_cache();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

@@ -8,8 +8,8 @@
 #include "test.h"
 
 int main(void) {
-    char dir[] = "/tmp/kiln_test_corpus_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    char dir[64];
+    if (!t_tmpdir(dir, sizeof dir, "test_corpus")) return 1;
     char corpus[128], tokpath[128], cmd[400];
     snprintf(corpus, sizeof corpus, "%s/kjv.txt", dir);
     snprintf(tokpath, sizeof tokpath, "%s/tokenizer.json", dir);
@@ -50,7 +50,6 @@ int main(void) {
     free(text);
     kiln_tokenizer_free(tok);
     kiln_tokenizer_free(back);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

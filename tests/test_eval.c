@@ -158,8 +158,6 @@ int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_test_eval_XXXXXX");
     if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     test_eval_text();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

@@ -35,15 +35,6 @@ static kiln_tensor *wrap_st(const kiln_st_tensor *t) {
 }
 
 /* max |a-b| / max |b| */
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 /* worst gradient error over the parameters, against grad.<name> */
 static double grads_err(const char *name, const char *how, kiln_llama *m, kiln_st_file *f) {
     double worst = 0;
@@ -318,6 +309,19 @@ static void refusals(void) {
             " \"layer_types\": [\"full_attention\", \"full_attention\"]",
             "layer_types[1]", "\"full_attention\"");
     refused("qwen3", ", \"head_dim\": 15", "head_dim", "15");
+    /* issue 22: an empty eos list (item 9a); activations other than SiLU's
+     * names (item 11); fixed fields at a value that would change the
+     * network (item 12) */
+    refused("llama", ", \"eos_token_id\": []", "eos_token_id", "empty list");
+    refused("qwen3", ", \"hidden_act\": \"relu\"", "hidden_act", "\"relu\"");
+    refused("mistral", ", \"hidden_act\": \"gelu\"", "hidden_act", "\"gelu\"");
+    refused("qwen2", ", \"attention_bias\": false", "attention_bias", "false");
+    refused("qwen3", ", \"mlp_bias\": true", "mlp_bias", "true");
+    refused("mistral", ", \"mlp_bias\": true", "mlp_bias", "true");
+    refused("mistral", ", \"pretraining_tp\": 2", "pretraining_tp", "2");
+    refused("qwen2", ", \"attention_dropout\": 0.5", "attention_dropout", "0.5");
+    refused("llama", ", \"use_sliding_window\": true", "use_sliding_window", "true");
+    refused("qwen3", ", \"rope_interleaved\": true", "rope_interleaved", "true");
 
     /* accepted: the fields of the real files, with their meaning */
     kiln_llama_config c;
@@ -327,6 +331,24 @@ static void refusals(void) {
     accepted("llama", ", \"rope_scaling\": null, \"pretraining_tp\": 1, \"torch_dtype\": \"bfloat16\", \"use_cache\": true,"
              " \"transformers_version\": \"4.45.0\", \"_name_or_path\": \"x\", \"rope_interleaved\": false,"
              " \"is_llama_config\": true, \"transformers.js_config\": {}", &c);
+    /* SiLU by either of transformers' names (ACT2FN: "silu" and "swish") */
+    accepted("llama", ", \"hidden_act\": \"swish\"", &c);
+    accepted("qwen2", ", \"hidden_act\": \"swish\"", &c);
+    accepted("qwen3", ", \"hidden_act\": \"silu\"", &c);
+    /* fixed fields at the family's own value change nothing: accepted, and
+     * never read into the config (qwen2's attention_bias true is its q/k/v
+     * biases, not llama's o_proj bias too) */
+    accepted("qwen2", ", \"mlp_bias\": false, \"attention_bias\": true, \"pretraining_tp\": 1, \"attention_dropout\": 0.0", &c);
+    CHECK(!c.mlp_bias && !c.attention_bias, "qwen2 fixed fields leave the config as the family has it");
+    kiln_llama *q2 = kiln_llama_new(&c, 1);
+    CHECK(q2 && q2->layers[0].q_bias && q2->layers[0].v_bias && !q2->layers[0].o_bias && !q2->layers[0].gate_bias,
+          "qwen2 with attention_bias true / mlp_bias false: q/k/v biases only");
+    kiln_llama_free(q2);
+    accepted("mistral", ", \"attention_bias\": false, \"mlp_bias\": false, \"rope_interleaved\": false, \"pretraining_tp\": 1", &c);
+    CHECK(!c.attention_bias && !c.mlp_bias, "mistral fixed fields");
+    accepted("qwen3", ", \"mlp_bias\": false, \"attention_bias\": false, \"attention_dropout\": 0", &c);
+    accepted("llama", ", \"sliding_window\": null, \"use_sliding_window\": false, \"mlp_bias\": null", &c);
+    CHECK(kiln_llama_config_window(&c) == 0, "llama with sliding_window null: no window");
     accepted("qwen3", "", &c);
     CHECK(c.head_dim == 128, "qwen3 head_dim defaults to 128 as Qwen3Config does (got %lld)", (long long)c.head_dim);
     accepted("mistral", ", \"sliding_window\": null", &c);
@@ -440,8 +462,7 @@ static void real_configs(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_families_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!t_tmpdir(tmpdir, sizeof tmpdir, "families")) return 1;
     /* found, not imported: the read-back imports it once, at the end */
     have_torch = system("/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)' "
                         ">/dev/null 2>&1") == 0;
@@ -454,8 +475,6 @@ int main(void) {
     torch_read_back();
     refusals();
     real_configs();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();
 }

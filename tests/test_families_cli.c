@@ -162,8 +162,6 @@ int main(void) {
     train_refuses(data, tok);
     other_commands();
     families(data, tok);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    if (t_rmtree(dir)) fprintf(stderr, "could not remove %s\n", dir);
     TEST_END();
 }

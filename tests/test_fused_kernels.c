@@ -23,7 +23,7 @@ static double *dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof
 static float *falloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
 
 /* max |a-b| / max |b| (absolute when the reference is all zero) */
-static double rel_err(const float *a, const double *b, int64_t n) {
+static double rel_err_d(const float *a, const double *b, int64_t n) {
     double e = 0, m = 0;
     for (int64_t i = 0; i < n; i++) {
         e = fmax(e, fabs((double)a[i] - b[i]));
@@ -107,7 +107,7 @@ static void check_attn(const char *name, const att_shape *s) {
     double *ro = dalloc(nq), *rl = dalloc(nl), *rdq = dalloc(nq), *rdk = dalloc(nk), *rdv = dalloc(nk);
     ref_attn(s, q, k, v, g, ro, rl, rdq, rdk, rdv);
     flash(s, q, k, v, out, lse);
-    double eo = rel_err(out, ro, nq);
+    double eo = rel_err_d(out, ro, nq);
     CHECK(eo < 1e-5, "%s: out rel err %.3g", name, eo);
     double el = 0;
     int inf_ok = 1;
@@ -123,7 +123,7 @@ static void check_attn(const char *name, const att_shape *s) {
     CHECK(inf_ok, "%s: rows without visible keys must give lse -inf and zeros", name);
     kiln_k_flash_attn_backward(q, k, v, s->pad, out, lse, g, dq, dk, dv, s->B, s->H, s->Hkv, s->T,
                                s->Tk, s->D, s->scale);
-    double e1 = rel_err(dq, rdq, nq), e2 = rel_err(dk, rdk, nk), e3 = rel_err(dv, rdv, nk);
+    double e1 = rel_err_d(dq, rdq, nq), e2 = rel_err_d(dk, rdk, nk), e3 = rel_err_d(dv, rdv, nk);
     CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5, "%s: grad rel err dq %.3g dk %.3g dv %.3g", name, e1,
           e2, e3);
     free(q), free(k), free(v), free(g), free(out), free(lse), free(dq), free(dk), free(dv);
@@ -197,7 +197,7 @@ static void test_attn_finite_diff(void) {
             xs[a][i] = x0;
             num[i] = d / eps;
         }
-        double e = rel_err(gs[a], num, ns[a]);
+        double e = rel_err_d(gs[a], num, ns[a]);
         CHECK(e < 2e-3, "finite differences, input %d: rel err %.3g", a, e);
         free(num);
     }
@@ -272,7 +272,7 @@ static void check_lce(const char *name, int64_t N, int64_t C, int64_t V, int64_t
     double l = kiln_k_linear_cross_entropy(h, W, t, N, C, V, -100, chunk, &cnt, dh, dW);
     CHECK(cnt == rc, "%s: count %lld vs %lld", name, (long long)cnt, (long long)rc);
     CHECK(fabs(l - rl) <= 1e-5 * fmax(1.0, fabs(rl)), "%s: loss %.9g vs %.9g", name, l, rl);
-    double e1 = rel_err(dh, rdh, N * C), e2 = rel_err(dW, rdW, V * C);
+    double e1 = rel_err_d(dh, rdh, N * C), e2 = rel_err_d(dW, rdW, V * C);
     CHECK(e1 < 1e-5 && e2 < 1e-5, "%s: dh err %.3g dW err %.3g", name, e1, e2);
     /* loss only, and each gradient alone */
     double l2 = kiln_k_linear_cross_entropy(h, W, t, N, C, V, -100, chunk, &cnt, NULL, NULL);

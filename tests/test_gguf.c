@@ -366,16 +366,13 @@ static void test_refusals(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_XXXXXX");
-    if (!mkdtemp(dir)) return 1;
+    if (!t_tmpdir(dir, sizeof dir, "test_gguf")) return 1;
     char why[1500];
     have_ref = ggml_ref_load(&G, why, sizeof why);
     if (!have_ref) printf("test_gguf: skipping the checks against llama.cpp's reader: %s\n", why);
     test_file();
     test_conversions();
     test_refusals();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

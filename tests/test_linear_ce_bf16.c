@@ -354,8 +354,8 @@ static void check_op(void) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/kiln_test_lce_bf16_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    char dir[64];
+    if (!t_tmpdir(dir, sizeof dir, "test_lce_bf16")) return 1;
     char cache[600];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
@@ -365,8 +365,6 @@ int main(void) {
     check_kernel(64, 32, 300, 7, true);  /* many small chunks */
     check_op();
     check_model();
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

@@ -292,8 +292,7 @@ static void test_tokenize(void) {
 
 int main(void) {
     kiln_log_set_level(KILN_LOG_WARN);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_loader_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!t_tmpdir(tmpdir, sizeof tmpdir, "loader")) return 1;
     static int32_t tok[4000];
     kiln_shard_info info = {.vocab_size = V, .eos_id = EOS, .pad_id = PAD, .bos_id = 0};
     size_t n = make_tokens(tok, 100, &info.n_docs);
@@ -316,8 +315,6 @@ int main(void) {
     test_bad_shards(path);
     test_tokenize();
 
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();
 }

@@ -17,15 +17,6 @@
 #define FIX "tests/fixtures/"
 #define TOL 1e-4
 
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 typedef struct {
     kiln_st_file *f;
     kiln_llama *m;
@@ -253,6 +244,96 @@ static bool test_weights_same(const kiln_llama *a, const kiln_llama *b) {
     return true;
 }
 
+/* ---- use_rslora and the scaling's range (issue 22 item 7) ------------------- */
+/* PEFT's use_rslora scales by alpha / sqrt(r): r 16, alpha 6 gives 1.5 (not
+ * 0.375); the forward and the merge use it, and adapter_config.json keeps it. */
+static void test_rslora(void) {
+    kiln_lora_config lc = {.rank = 16, .alpha = 6, .targets = 1u << KILN_LORA_Q, .rslora = true};
+    CHECK(kiln_lora_scaling(&lc) == 1.5, "rslora scaling 6 / sqrt(16) = 1.5 (got %.17g)", kiln_lora_scaling(&lc));
+    lc.rslora = false;
+    CHECK(kiln_lora_scaling(&lc) == 0.375, "plain scaling 6 / 16 = 0.375 (got %.17g)", kiln_lora_scaling(&lc));
+    lc = (kiln_lora_config){.rank = 4, .alpha = 1e300, .targets = 1u << KILN_LORA_Q};
+    CHECK(kiln_lora_config_validate(&lc) != KILN_OK && strstr(kiln_last_error(), "lora_alpha") &&
+              strstr(kiln_last_error(), "1e+300"),
+          "alpha 1e300 refused naming lora_alpha: %s", kiln_last_error());
+    lc = (kiln_lora_config){.rank = 1, .alpha = 2e4, .targets = 1u << KILN_LORA_Q, .rslora = true};
+    CHECK(kiln_lora_config_validate(&lc) != KILN_OK && strstr(kiln_last_error(), "alpha/sqrt(r)"),
+          "scaling 2e4 refused: %s", kiln_last_error());
+    lc.alpha = 1e4;
+    CHECK_OK(kiln_lora_config_validate(&lc));
+
+    /* forward: rslora r 4 alpha 8 (scaling 4) = plain r 4 alpha 16 (scaling 4), bit for bit */
+    kiln_llama_config cfg;
+    CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &cfg));
+    kiln_llama *a = kiln_llama_new(&cfg, 3), *b = kiln_llama_new(&cfg, 3);
+    if (!a || !b) return;
+    kiln_lora_config ra = {.rank = 4, .alpha = 8, .targets = (1u << KILN_LORA_Q) | (1u << KILN_LORA_DOWN), .rslora = true};
+    kiln_lora_config rb = ra;
+    rb.rslora = false, rb.alpha = 16;
+    CHECK_OK(kiln_llama_lora_add(a, &ra, 5));
+    CHECK_OK(kiln_llama_lora_add(b, &rb, 5));
+    for (int i = a->n_base; i < a->n_params; i++) /* B away from zero, the same in both */
+        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++)
+            kiln_f32(a->params[i])[j] = kiln_f32(b->params[i])[j] = (float)(0.01 * (double)((j * 7 + i) % 13 - 6));
+    int64_t s[2] = {1, 6};
+    kiln_tensor *ids = kiln_tensor_zeros(KILN_I32, 2, s);
+    for (int j = 0; j < 6; j++) kiln_i32(ids)[j] = (j * 5 + 1) % (int)cfg.vocab_size;
+    kiln_tensor *la = kiln_llama_forward(a, ids, NULL, NULL), *lb = kiln_llama_forward(b, ids, NULL, NULL);
+    CHECK(la && lb && !memcmp(la->data, lb->data, kiln_tensor_nbytes(la)), "rslora alpha 8 r 4 = alpha 16 r 4 in the forward");
+    kiln_tensor_release(lb);
+
+    /* merge by hand: W' = W + alpha / sqrt(r) * B A (in double) for one element */
+    kiln_tensor *W = a->layers[0].q_proj, *A = a->lora_a[0 * KILN_LORA_N + KILN_LORA_Q], *B = a->lora_b[0 * KILN_LORA_N + KILN_LORA_Q];
+    int64_t in = W->shape[1], o = 3, k = 5;
+    double dot = 0;
+    for (int r = 0; r < 4; r++) dot += (double)kiln_f32(B)[o * 4 + r] * kiln_f32(A)[r * in + k];
+    float want = (float)((double)kiln_f32(W)[o * in + k] + 8.0 / sqrt(4.0) * dot);
+
+    /* PEFT files: use_rslora written and read back */
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/kiln_test_rslora_%d", (int)getpid());
+    mkdir(dir, 0755);
+    CHECK_OK(kiln_lora_save(dir, a, "tiny"));
+    char p[400];
+    snprintf(p, sizeof p, "%s/adapter_config.json", dir);
+    json_t *o_json = json_load_file(p, 0, NULL);
+    CHECK(o_json && json_is_true(json_object_get(o_json, "use_rslora")) && json_integer_value(json_object_get(o_json, "r")) == 4,
+          "adapter_config.json says use_rslora: true");
+    json_decref(o_json);
+    kiln_llama *c = kiln_llama_new(&cfg, 3);
+    CHECK_OK(kiln_lora_load(dir, c));
+    CHECK(c && c->lora.rslora && kiln_lora_scaling(&c->lora) == 4.0, "use_rslora read back: scaling 4");
+    kiln_tensor *lc2 = c ? kiln_llama_forward(c, ids, NULL, NULL) : NULL;
+    CHECK(la && lc2 && !memcmp(la->data, lc2->data, kiln_tensor_nbytes(la)), "the loaded rslora adapters give the same logits");
+    kiln_tensor_release(lc2);
+    kiln_llama_free(c);
+    CHECK_OK(kiln_llama_lora_merge(a));
+    float got = kiln_f32(a->layers[0].q_proj)[o * in + k];
+    CHECK(got == want, "merged q_proj[3, 5] = W + alpha/sqrt(r) B A: %.9g vs %.9g", got, want);
+    kiln_tensor_release(la);
+    kiln_tensor_release(ids);
+    kiln_llama_free(a);
+    kiln_llama_free(b);
+    CHECK(t_rmtree(dir) == 0, "cleanup");
+}
+
+/* A merge that would write inf/NaN weights is refused naming the tensor. */
+static void test_merge_non_finite(void) {
+    kiln_llama_config cfg;
+    CHECK_OK(kiln_llama_config_load(FIX "tiny_gqa.config.json", &cfg));
+    kiln_llama *m = kiln_llama_new(&cfg, 3);
+    kiln_lora_config lc = {.rank = 2, .alpha = 2, .targets = 1u << KILN_LORA_V};
+    CHECK_OK(kiln_llama_lora_add(m, &lc, 5));
+    kiln_tensor *A = m->lora_a[1 * KILN_LORA_N + KILN_LORA_V], *B = m->lora_b[1 * KILN_LORA_N + KILN_LORA_V];
+    for (int64_t j = 0; j < kiln_tensor_numel(A); j++) kiln_f32(A)[j] = 10.0f;
+    for (int64_t j = 0; j < kiln_tensor_numel(B); j++) kiln_f32(B)[j] = 3e38f; /* B A = 6e39: past a float's range */
+    kiln_status st = kiln_llama_lora_merge(m);
+    CHECK(st == KILN_ERR_NUMERIC && strstr(kiln_last_error(), "model.layers.1.self_attn.v_proj.weight") &&
+              strstr(kiln_last_error(), "non-finite"),
+          "merging into an infinite weight refused naming the tensor: %s", kiln_last_error());
+    kiln_llama_free(m);
+}
+
 /* ---- the trainer: PEFT files, resume bit-identical, eval of the run ------- */
 static char tmpdir[256];
 
@@ -389,12 +470,19 @@ static void test_trainer(void) {
     /* a hostile adapter_config.json is refused by field */
     snprintf(b, sizeof b, "%s/hostile", tmpdir);
     mkdir(b, 0755);
-    const char *bad[] = {"{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"use_rslora\":true}",
+    const char *bad[] = {"{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"use_rslora\":\"yes\"}",
                          "{\"peft_type\":\"LORA\",\"r\":0,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"]}",
                          "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"lm_head\"]}",
-                         "{\"peft_type\":\"IA3\",\"r\":4}"};
-    const char *field[] = {"use_rslora", "'r'", "target_modules", "peft_type"};
-    for (int i = 0; i < 4; i++) {
+                         "{\"peft_type\":\"IA3\",\"r\":4}",
+                         /* issue 22 item 7: a scaling that overflows, and PEFT fields kiln does not implement */
+                         "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":1e300,\"target_modules\":[\"q_proj\"]}",
+                         "{\"peft_type\":\"LORA\",\"r\":1,\"lora_alpha\":1e5,\"target_modules\":[\"q_proj\"]}",
+                         "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"lora_bias\":true}",
+                         "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"exclude_modules\":[\"q_proj\"]}",
+                         "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"exclude_modules\":\"k_proj\"}"};
+    const char *field[] = {"use_rslora", "'r'", "target_modules", "peft_type", "lora_alpha", "lora_alpha", "lora_bias",
+                           "exclude_modules", "exclude_modules"};
+    for (int i = 0; i < 9; i++) {
         char p[800];
         snprintf(p, sizeof p, "%s/adapter_config.json", b);
         CHECK_OK(kiln_write_file_atomic(p, bad[i], strlen(bad[i])));
@@ -404,15 +492,30 @@ static void test_trainer(void) {
               "hostile config %d refused naming %s: %s", i, field[i], kiln_last_error());
         kiln_llama_free(hm);
     }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0, "cleanup");
+    /* their inert values are accepted (null, false, empty) */
+    const char *fine[] = {"{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"lora_bias\":false,"
+                          "\"exclude_modules\":null,\"use_rslora\":false}",
+                          "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"],\"lora_bias\":null,"
+                          "\"exclude_modules\":[]}"};
+    for (int i = 0; i < 2; i++) {
+        char p[800];
+        snprintf(p, sizeof p, "%s/adapter_config.json", b);
+        CHECK_OK(kiln_write_file_atomic(p, fine[i], strlen(fine[i])));
+        kiln_llama *hm = kiln_llama_new(&mc, 0);
+        kiln_status st = kiln_lora_load(b, hm); /* passes the config, then misses the tensors file */
+        CHECK(st != KILN_OK && strstr(kiln_last_error(), "adapter_model.safetensors") && hm->lora_a && !hm->lora.rslora,
+              "inert config %d accepted (fails only at the missing tensors): %s", i, kiln_last_error());
+        kiln_llama_free(hm);
+    }
+    CHECK(t_rmtree(tmpdir) == 0, "cleanup");
 }
 
 int main(void) {
     kiln_eager_enable();
     test_torch_reference();
     test_init_and_zero_b();
+    test_rslora();
+    test_merge_non_finite();
     test_trainer();
     TEST_END();
 }

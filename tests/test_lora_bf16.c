@@ -377,8 +377,6 @@ int main(void) {
     load_dtypes();
     trainer();
     estimate();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(tmpdir) == 0, "cleanup");
     TEST_END();
 }

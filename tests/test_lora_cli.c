@@ -150,8 +150,6 @@ int main(void) {
     if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     setenv("KILN_CACHE_DIR", dir, 1);
     merge_export();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

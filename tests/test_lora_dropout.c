@@ -286,9 +286,7 @@ static void trainer(void) {
         kiln_llama_free(mc);
     }
     pack_mode = KILN_PACK_PADDED;
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(tmpdir) == 0, "cleanup");
 }
 
 int main(void) {

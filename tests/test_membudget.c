@@ -179,8 +179,8 @@ static void trainer(const char *dir, kiln_llama *m) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/kiln_test_membudget_XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    char dir[64];
+    if (!t_tmpdir(dir, sizeof dir, "test_membudget")) return 1;
     char cache[600];
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
@@ -192,8 +192,6 @@ int main(void) {
     choose(m);
     trainer(dir, m);
     kiln_llama_free(m);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

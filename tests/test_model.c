@@ -13,15 +13,6 @@ static kiln_tensor *wrap_st(const kiln_st_tensor *t) {
 }
 
 /* max |a-b| / max |b| over the tensor: fair to elements near zero */
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 static void check_fixture(const char *name) {
     char path[256];
     kiln_llama_config cfg;

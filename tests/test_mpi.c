@@ -305,8 +305,6 @@ int main(int argc, char **argv) {
     printf("rank failure: exit %d after %.1fs: %s", rc, dt, strstr(log, "kiln: rank") ? strstr(log, "kiln: rank") : log);
     CHECK(rc != 0 && rc != 124 && rc != 137, "a failing rank ends the job (exit %d; 124 is a hang)", rc);
     CHECK(strstr(log, "rank 1 of 2") && strstr(log, "nope"), "the message names the rank and the reason");
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(tmpdir) == 0, "cleanup");
     TEST_END();
 }

@@ -674,8 +674,7 @@ static void test_refusals(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_pack_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!t_tmpdir(tmpdir, sizeof tmpdir, "pack")) return 1;
     kiln_eager_enable();
     printf("loader (documents mode):\n");
     test_loader(false);
@@ -690,8 +689,6 @@ int main(void) {
     test_torch();
     printf("accumulation:\n");
     test_accumulation();
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();
 }

@@ -276,8 +276,7 @@ static void test_malformed(void) {
 
 int main(void) {
     kiln_log_set_level(KILN_LOG_WARN);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_tok_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!t_tmpdir(tmpdir, sizeof tmpdir, "tok")) return 1;
 
     char *text = gen_text(1, 300000);
     kiln_tokenizer *t = NULL;
@@ -314,8 +313,6 @@ int main(void) {
     test_malformed();
     CHECK(kiln_tokenizer_train_text("x", 1, 100, &t) == KILN_ERR_INVALID, "vocab size below 259 is refused");
 
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();
 }

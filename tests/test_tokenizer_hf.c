@@ -264,8 +264,7 @@ static void compare_file(const char *file, json_t *rows) {
 int main(void) {
     kiln_log_set_level(KILN_LOG_WARN);
     if (!have_reference()) TEST_END();
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_tokhf_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!t_tmpdir(tmpdir, sizeof tmpdir, "tokhf")) return 1;
     char files[16][160];
     int nf = 0;
     static const char *const real[] = {"llama3", "qwen3", "gemma3", "llama2"};
@@ -320,8 +319,6 @@ int main(void) {
         compare_file(json_string_value(json_object_get(entry, "file")), json_object_get(entry, "rows"));
     }
     json_decref(ref);
-    char rm[128];
-    snprintf(rm, sizeof rm, "rm -rf %s", tmpdir);
-    if (system(rm)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();
 }

@@ -94,8 +94,7 @@ static void expect_fine(const char *name, const kiln_tokenizer *t) {
 
 int main(void) {
     kiln_log_set_level(KILN_LOG_WARN);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_tokre_XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
+    if (!t_tmpdir(tmpdir, sizeof tmpdir, "tokre")) return 1;
 
     /* exponential: the JIT stack runs out, or the step budget */
     expect_refused("alt.json", "(a|a)*b", "(a|a)*b", "a", "");
@@ -165,8 +164,6 @@ int main(void) {
         kiln_tokenizer_free(t);
     }
 
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd)) fprintf(stderr, "could not remove %s\n", tmpdir);
+    if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();
 }

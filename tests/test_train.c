@@ -271,9 +271,7 @@ static void resume(void) {
     CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && strstr(kiln_last_error(), "freeze"), "bad freeze: %s",
           kiln_last_error());
     inputs();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    CHECK(system(cmd) == 0, "cleanup");
+    CHECK(t_rmtree(tmpdir) == 0, "cleanup");
 }
 
 int main(void) {

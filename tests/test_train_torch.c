@@ -21,15 +21,6 @@
 #define TOL 1e-4
 
 /* max |a-b| / max |b| over the tensor: fair to elements near zero */
-static double rel_err(const float *a, const float *b, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        s = fmax(s, fabs((double)b[i]));
-    }
-    return s > 0 ? d / s : d;
-}
-
 static const kiln_st_tensor *find(const kiln_st_file *f, const char *name, kiln_dtype dt, int64_t numel) {
     const kiln_st_tensor *t = kiln_st_find(f, name);
     int64_t n = 1;

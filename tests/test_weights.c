@@ -465,6 +465,8 @@ static void test_model_meta(void) {
         {"generation_config.json", "[1]", "expected a JSON object"},
         {"tokenizer_config.json", "{\"eos_token\": \"<nope>\"}", "<nope>"},
         {"tokenizer_config.json", "{\"chat_template\": 7}", "chat_template"},
+        {"generation_config.json", "{\"eos_token_id\": []}", "empty list"}, /* issue 22 item 9a: no stop id at all */
+        {"config.json", "{\"eos_token_id\": []}", "empty list"},            /* last: the loop leaves config.json */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         unlink(at("meta/generation_config.json"));

@@ -134,6 +134,10 @@ static inline float kiln_f16_to_f32(uint16_t h) {
 void *kiln_alloc(size_t bytes);           /* NULL + error on OOM */
 void kiln_dealloc(void *ptr);
 void kiln_alloc_trim(void);               /* return cached blocks to the OS */
+/* Grows a malloc'd array *p of *cap elements of `elem` bytes to hold at
+ * least `need` (doubling from `first`), the new elements zeroed; false on
+ * overflow or OOM (then *p and *cap are unchanged). */
+bool kiln_array_grow(void **p, int *cap, int need, size_t elem, int first);
 typedef struct {
     size_t live_bytes;   /* handed out now */
     size_t cached_bytes; /* held in the cache */
@@ -144,6 +148,33 @@ kiln_alloc_stats kiln_alloc_get_stats(void);
 void kiln_alloc_reset_peak(void);
 /* Peak resident set size of the process in bytes (from the OS). */
 size_t kiln_peak_rss(void);
+
+/* ---- buffer types: where tensor memory lives ------------------------------
+ * A buffer type says how memory of one kind is made and moved (ggml-backend's
+ * buffer type, in kiln's words): allocate and free, its alignment, whether
+ * the host may map it, and the only ways host code moves bytes in and out.
+ * Every tensor's storage knows its buffer type; outside a backend
+ * (src/backend/) and the kernels, tensor memory is touched only through
+ * kiln_tensor_set / _get / _copy / _map below. Core defines the host type
+ * (kiln_buft_host, the caching allocator); backends add theirs
+ * (include/kiln/backend.h). */
+typedef struct kiln_buffer_type kiln_buffer_type;
+struct kiln_buffer_type {
+    const char *name;    /* the device's name: "cpu", "cpu-isolated" */
+    size_t alignment;
+    bool host_mappable;  /* kiln_tensor_map gives host code a pointer */
+    void *(*alloc)(size_t nbytes);  /* NULL (error set) on OOM */
+    void (*free)(void *p, size_t nbytes);
+    void (*write)(void *dst, const void *src, size_t n); /* host -> buffer */
+    void (*read)(void *dst, const void *src, size_t n);  /* buffer -> host */
+    void (*copy)(void *dst, const void *src, size_t n);  /* buffer -> buffer of this type */
+    void (*zero)(void *dst, size_t n);
+};
+extern const kiln_buffer_type kiln_buft_host;
+/* The buffer type new tensors get on this thread (kiln_tensor_new): the
+ * host's unless a device scope says otherwise. _use returns the previous. */
+const kiln_buffer_type *kiln_buft_current(void);
+const kiln_buffer_type *kiln_buft_use(const kiln_buffer_type *b);
 
 /* ---- tensors ----------------------------------------------------------- */
 typedef struct kiln_storage kiln_storage;
@@ -168,8 +199,12 @@ typedef struct kiln_tensor {
     char name[96];
 } kiln_tensor;
 
+/* On the thread's current buffer type (kiln_buft_current). */
 kiln_tensor *kiln_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape); /* uninitialised */
 kiln_tensor *kiln_tensor_zeros(kiln_dtype dt, int ndim, const int64_t *shape);
+/* On a given buffer type (NULL: the host's). */
+kiln_tensor *kiln_tensor_new_on(const kiln_buffer_type *b, kiln_dtype dt, int ndim, const int64_t *shape);
+kiln_tensor *kiln_tensor_zeros_on(const kiln_buffer_type *b, kiln_dtype dt, int ndim, const int64_t *shape);
 /* Wraps memory the caller owns and keeps alive. */
 kiln_tensor *kiln_tensor_wrap(void *data, kiln_dtype dt, int ndim, const int64_t *shape);
 /* A view sharing storage, with a new shape of the same numel. */
@@ -192,7 +227,27 @@ size_t kiln_tensor_nbytes(const kiln_tensor *t);
 bool kiln_tensor_same_shape(const kiln_tensor *a, const kiln_tensor *b);
 /* "[2, 3, 4] f32" into buf */
 const char *kiln_shape_str(const kiln_tensor *t, char *buf, size_t n);
+/* "[2, 3, 4]" (a shape alone) into buf */
+const char *kiln_dims_str(int ndim, const int64_t *shape, char *buf, size_t n);
 void kiln_tensor_set_name(kiln_tensor *t, const char *name);
+/* Host access through the seam. Offsets and sizes are in bytes and checked
+ * against the tensor (KILN_ERR_RANGE naming it). _copy moves bytes between
+ * two tensors of any buffer types (through the host when they differ). */
+kiln_status kiln_tensor_set(kiln_tensor *t, size_t off, const void *src, size_t n);
+kiln_status kiln_tensor_get(const kiln_tensor *t, size_t off, void *dst, size_t n);
+kiln_status kiln_tensor_copy(kiln_tensor *dst, size_t doff, const kiln_tensor *src, size_t soff, size_t n);
+kiln_status kiln_tensor_zero(kiln_tensor *t);
+/* Element i of an f32 / i32 tensor, read through the seam (NaN / 0 with the
+ * error set when out of range). */
+float kiln_tensor_item_f32(const kiln_tensor *t, int64_t i);
+/* The tensor's memory for host code when its buffer type is host-mappable;
+ * NULL with an error naming the tensor and the device otherwise. */
+void *kiln_tensor_map(const kiln_tensor *t);
+/* The buffer type of a tensor's memory (tensors that wrap host memory: the
+ * host's). */
+const kiln_buffer_type *kiln_tensor_buft(const kiln_tensor *t);
+/* Raw element pointers: for kernels and backends, which run where the
+ * memory is (scripts/storage.sh keeps them out of every other file). */
 static inline float *kiln_f32(const kiln_tensor *t) { return (float *)t->data; }
 static inline int32_t *kiln_i32(const kiln_tensor *t) { return (int32_t *)t->data; }
 
@@ -238,6 +293,8 @@ void kiln_strbuf_printf(kiln_strbuf *b, const char *fmt, ...) __attribute__((for
 kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t n);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *n excludes it). */
 kiln_status kiln_read_file(const char *path, char **data, size_t *n);
+/* Copies the file src to dst atomically (read whole, written as above). */
+kiln_status kiln_copy_file_atomic(const char *src, const char *dst);
 /* The same guarantees for a file written piece by piece (large exports that
  * must never be held whole in memory): _open creates a uniquely named temp
  * file beside `path` (O_EXCL); _write appends through a small buffer (the

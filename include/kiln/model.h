@@ -69,9 +69,12 @@ bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id);
 /* Field by field (padding bytes are not part of a config). */
 bool kiln_llama_config_equal(const kiln_llama_config *a, const kiln_llama_config *b);
 /* Parses config.json text (path only names the source in errors). Every
- * field must be one kiln implements for the model_type, or one of a short
- * list it ignores on purpose (torch_dtype, transformers_version, use_cache,
- * ...); anything else is refused naming the file and the field. */
+ * field must be one kiln implements for the model_type, one the family has
+ * fixed, given at that value (qwen2's mlp_bias false; another value would
+ * change the network and is refused by name), or one of a short list it
+ * ignores on purpose (torch_dtype, transformers_version, use_cache, ...);
+ * anything else is refused naming the file and the field. hidden_act is
+ * SiLU by either of transformers' names ("silu", "swish"). */
 kiln_status kiln_llama_config_parse(const char *json, const char *source, kiln_llama_config *c);
 kiln_status kiln_llama_config_load(const char *path, kiln_llama_config *c);
 /* JSON text (malloc'd) with HF field names; written atomically by _save. */
@@ -87,7 +90,8 @@ typedef struct {
 } kiln_llama_layer;
 
 /* LoRA (low-rank adapters, as PEFT defines them): each targeted linear
- * y = W x becomes y = W x + (alpha / rank) * B (A x), A [rank, in] drawn as
+ * y = W x becomes y = W x + scaling * B (A x), scaling = alpha / rank (or
+ * alpha / sqrt(rank) with rslora, PEFT's use_rslora), A [rank, in] drawn as
  * PEFT draws it (Kaiming-uniform, a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))),
  * B [out, rank] zero, W frozen. */
 typedef enum {
@@ -95,10 +99,15 @@ typedef enum {
 } kiln_lora_target;
 typedef struct {
     int rank;          /* 0: no adapters */
-    double alpha;      /* scaling = alpha / rank */
+    double alpha;      /* scaling = alpha / rank, or alpha / sqrt(rank) with rslora */
     double dropout;    /* on the adapter's input, in training only (lora_key set) */
     unsigned targets;  /* bit (1 << kiln_lora_target) per targeted linear */
+    bool rslora;       /* PEFT's use_rslora (rank-stabilised scaling) */
 } kiln_lora_config;
+/* The sane range of a scaling: outside it a run overflows (1e300 trains to
+ * a NaN loss) or its adapters do nothing; kiln_lora_config_validate refuses. */
+#define KILN_LORA_MIN_SCALING 1e-6
+#define KILN_LORA_MAX_SCALING 1e4
 
 typedef struct {
     kiln_llama_config cfg;
@@ -137,6 +146,12 @@ const char *kiln_lora_target_name(int target);
 /* A comma list of those names (or "all") into a target mask; an unknown
  * name is an error naming it. */
 kiln_status kiln_lora_targets_parse(const char *list, unsigned *mask);
+/* The one place the adapters' factor is computed (forward and merge):
+ * alpha / rank, or alpha / sqrt(rank) with rslora. */
+double kiln_lora_scaling(const kiln_lora_config *lc);
+/* rank, alpha (finite, > 0, and a scaling in [KILN_LORA_MIN_SCALING,
+ * KILN_LORA_MAX_SCALING]), dropout, targets; errors name the field
+ * (lora_alpha, r) and the values. */
 kiln_status kiln_lora_config_validate(const kiln_lora_config *lc);
 /* Adds adapters (params named model.layers.L.self_attn.q_proj.lora_A.weight,
  * ...lora_B.weight, after the base parameters) and freezes every base
@@ -149,9 +164,12 @@ kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint6
  * one); embeddings, norms, biases, the head and the adapters stay fp32.
  * bf16 needs adapters (a frozen base). */
 kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt);
-/* W += (alpha / rank) B A for every adapter (in double), then removes the
+/* W += scaling B A for every adapter (in double), then removes the
  * adapters: the model is a plain one, every parameter trainable again. A
- * bf16 base weight is widened to fp32 first (the merged model is fp32). */
+ * bf16 base weight is widened to fp32 first (the merged model is fp32).
+ * A merged weight that is not finite (or an adapter that is not) is an
+ * error naming the tensor and the element; the model is then partly merged
+ * and only fit to be freed. */
 kiln_status kiln_llama_lora_merge(kiln_llama *m);
 
 /* Key/value cache for generation: keys and values of every layer for up to

@@ -66,15 +66,9 @@ int kiln_tokenizer_n_merges(const kiln_tokenizer *tok);
 int kiln_tokenizer_bos(const kiln_tokenizer *tok); /* -1 when absent */
 int kiln_tokenizer_eos(const kiln_tokenizer *tok);
 int kiln_tokenizer_pad(const kiln_tokenizer *tok);
-/* Overrides bos/eos/pad (e.g. from tokenizer_config.json); -1 = none. */
-kiln_status kiln_tokenizer_set_special(kiln_tokenizer *tok, int bos, int eos, int pad);
 /* Token `id` as stored: its bytes for byte-level vocabularies, otherwise
  * (and for added tokens) its tokenizer.json string; NULL if id is unused. */
 const char *kiln_tokenizer_token(const kiln_tokenizer *tok, int id, size_t *len);
-/* The id of an added token with this content, else of the vocabulary
- * entry with these bytes (as kiln_tokenizer_token gives them); -1. */
-int kiln_tokenizer_find(const kiln_tokenizer *tok, const char *text, size_t len);
-bool kiln_tokenizer_is_special(const kiln_tokenizer *tok, int id); /* a special added token */
 
 /* Encodes any byte string (invalid UTF-8 included) as HF's
  * encode(text, add_special_tokens=False): special tokens typed in the text

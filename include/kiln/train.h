@@ -50,7 +50,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
  * ARG NULL: no flag of its own (beta1 and beta2 come from --betas B1,B2). */
 #define KILN_TRAIN_SETTINGS(X)                                                                                             \
     X(data, STR, 512, "data/kjv", "DIR", "directory with train.bin (and val.bin)")                                         \
-    X(run_dir, STR, 512, "runs/demo", "DIR", "where checkpoints, metrics.jsonl and loss.svg go")                           \
+    X(run_dir, STR, 512, "runs/demo", "DIR", "where checkpoints, metrics.jsonl, TensorBoard events and loss.svg go")       \
     X(model, STR, 512, "demo", "NAME|FILE", "preset (tiny, small, demo, 124m) or a config.json")                              \
     X(tokenizer, STR, 512, "", "FILE", "tokenizer.json of the shards, copied into the run (required; --init: its run's)")  \
     X(init, STR, 512, "", "RUN_DIR", "start from the weights of another run (fine-tuning)")                                \
@@ -91,6 +91,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(lora_rank, INT, 0, 0, "R", "train LoRA adapters of rank R on a frozen base (0: full fine-tuning)")                   \
     X(lora_alpha, F64, POS, 8.0, "A", "LoRA scaling alpha / R (PEFT's default 8)")                                         \
     X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
+    X(use_rslora, FLAG, 1, false, "", "with --lora-rank: scale the adapters by alpha / sqrt(R) (PEFT's use_rslora), not alpha / R") \
     X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all") \
     X(base_dtype, ENUM, precision, KILN_F32, "fp32|bf16", "with --lora-rank: hold the frozen base's linears in bf16 (half their memory)")
 
@@ -373,19 +374,27 @@ kiln_status kiln_adamw_load(const char *path, kiln_adamw *o);
 kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o);
 kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st);
 /* LoRA adapters in PEFT's files (lora_io.c): dir/adapter_config.json (r,
- * lora_alpha, lora_dropout, target_modules, peft_type "LORA", task_type
+ * lora_alpha, lora_dropout, use_rslora, target_modules, peft_type "LORA", task_type
  * "CAUSAL_LM", base_model_name_or_path = base) and dir/adapter_model.safetensors
  * (base_model.model.model.layers.L.self_attn.q_proj.lora_A.weight, ...).
  * _load adds the adapters to a model without any (kiln_llama_lora_add) and
- * fills them; a config PEFT would read differently (use_rslora, use_dora,
- * bias, fan_in_fan_out, per-layer patterns) is an error naming the field. */
+ * fills them; a config PEFT would read differently (use_dora, bias,
+ * lora_bias, exclude_modules, fan_in_fan_out, per-layer patterns) or a
+ * scaling outside kiln_lora_config_validate's range is an error naming the
+ * field and the file. */
 kiln_status kiln_lora_save(const char *dir, const kiln_llama *m, const char *base);
 kiln_status kiln_lora_load(const char *dir, kiln_llama *m);
 /* `kiln export RUN --merge-lora -o OUT`: the model of a LoRA run (its newest
  * checkpoint) with the adapters merged into the base, written as a plain
  * model directory: config.json, model.safetensors (F32, or shards + index),
- * and tokenizer.json, tokenizer_config.json, generation_config.json copied
- * when the checkpoint has them. A directory without adapters is an error. */
+ * and tokenizer.json, tokenizer_config.json, generation_config.json,
+ * chat_template.jinja copied when the checkpoint has them; nothing else (no
+ * adapter files). Written whole beside OUT and swapped in with one rename,
+ * so OUT is the old complete directory or the new one at every instant;
+ * leftovers of killed exports are removed. Refused: a directory without
+ * adapters; OUT inside a run directory or checkpoint, inside the directory
+ * exported, or its base model; an existing OUT that is not a model
+ * directory kiln could have written. */
 kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *out_dir);
 kiln_status kiln_trainer_state_load(const char *path, kiln_trainer_state *st);
 
@@ -477,9 +486,11 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * shorter than max_position_embeddings as context_length. The byte-level
  * BPE tokenizer goes in as tokenizer.ggml.* (model "gpt2"; pre "gpt-2",
  * "llama-bpe" or "qwen2" by the exact regex and options of its
- * pre-tokenizer; tokens, token types, merges, bos/eos/pad and a second eos
- * as eot (kiln_model_meta), add_bos_token as kiln generate does it, the
- * chat template when the directory has one). Matrices are written as
+ * pre-tokenizer; tokens, token types, merges, bos/eos/pad (kiln_model_meta:
+ * the first of an eos list as eos, the ids whose text is <|eot_id|> /
+ * <|eom_id|> as eot / eom, another second one as eot), add_bos_token as
+ * kiln generate does it, the chat template when the directory has one,
+ * after rendering it once: one that fails is refused). Matrices are written as
  * `type`, norms and biases as F32 (a Q8_0 matrix whose rows are not whole
  * blocks of 32 as F16). Refused with the file, field and reason, before any
  * weight is read: what the target architecture cannot hold (qwen3 attention

@@ -235,10 +235,15 @@ static int build_config(int argc, char **argv, train_args *a, kiln_train_config 
 /* ---- progress --------------------------------------------------------------- */
 
 typedef struct {
-    bool tty, bar_shown;
+    bool tty, bar_shown, estimated;
     int64_t log_every, first_step;
-    double t0, last_draw;
+    double t0, t1, last_draw; /* t1: when the first step of this process ended */
 } progress;
+
+/* Steps timed before the run says how long it will take (the first one
+ * includes building the compiled step, so it is left out when there are
+ * more). */
+enum { ESTIMATE_AFTER = 4 };
 
 static void fmt_duration(double s, char *out, size_t n) {
     if (!(s >= 0) || s > 1e8) {
@@ -263,9 +268,26 @@ static void clear_bar(progress *p) {
     p->bar_shown = false;
 }
 
+/* One line after the first steps of this process: the expected duration of
+ * the rest at their speed (evaluations and saves come on top). */
+static void estimate(progress *p, const kiln_trainer_state *st) {
+    int64_t done = st->step - p->first_step, left = st->total_steps - st->step;
+    if (p->estimated || done < ESTIMATE_AFTER || left <= 0) return;
+    p->estimated = true;
+    double per_step = (kiln_time_now() - p->t1) / (double)(done - 1);
+    char d[32], e[32];
+    fmt_duration(per_step, d, sizeof d);
+    fmt_duration(per_step * (double)left, e, sizeof e);
+    clear_bar(p);
+    fprintf(stderr, "kiln train: %s a step over steps %lld-%lld: expect about %s for the %lld steps left (evaluations and "
+            "saves take longer)\n", d, (long long)(p->first_step + 2), (long long)st->step, e, (long long)left);
+}
+
 static void on_step(progress *p, const kiln_event *e) {
     const kiln_trainer_state *st = e->state;
     const kiln_step_result *r = e->step;
+    if (st->step - p->first_step == 1) p->t1 = kiln_time_now();
+    estimate(p, st);
     char eta[32];
     fmt_duration(eta_s(p, st), eta, sizeof eta);
     if (p->tty) {
@@ -389,6 +411,16 @@ static int fail_job(kiln_status s) {
     return 1;
 }
 
+/* What the run trains, as it is: --init's directory or --model (a preset or
+ * a config.json), with the family and sizes of the model loaded (the
+ * preset's default name would call an --init model "demo"). */
+static void describe_model(const kiln_train_config *c, const kiln_llama *m, char *out, size_t n) {
+    const kiln_llama_config *mc = &m->cfg;
+    snprintf(out, n, "%s%.600s (%s, vocab %lld, hidden %lld, layers %lld, heads %lld, kv heads %lld)", c->init[0] ? "--init " : "",
+             c->init[0] ? c->init : c->model, kiln_family_name(mc->family), (long long)mc->vocab_size, (long long)mc->hidden_size,
+             (long long)mc->num_hidden_layers, (long long)mc->num_attention_heads, (long long)mc->num_key_value_heads);
+}
+
 static int train(int argc, char **argv) {
     train_args a = {0};
     kiln_train_config c;
@@ -404,9 +436,12 @@ static int train(int argc, char **argv) {
     kiln_status s = kiln_trainer_open(&c, a.resume != NULL, &t);
     if (s) return fail_job(s);
     const kiln_trainer_state *st0 = kiln_trainer_get_state(t);
-    progress p = {isatty(STDERR_FILENO) != 0, false, c.log_every > 0 ? c.log_every : 1, st0->step, kiln_time_now(), 0};
+    progress p = {.tty = isatty(STDERR_FILENO) != 0, .log_every = c.log_every > 0 ? c.log_every : 1,
+                  .first_step = st0->step, .t0 = kiln_time_now()};
     if (rank0) {
-        fprintf(stderr, "kiln train: %s, %lld parameters, %lld steps from step %lld, run dir %s\n", c.model,
+        char what[900];
+        describe_model(&c, kiln_trainer_model(t), what, sizeof what);
+        fprintf(stderr, "kiln train: model %s, %lld parameters, %lld steps from step %lld, run dir %s\n", what,
                 (long long)kiln_llama_num_params(kiln_trainer_model(t)), (long long)st0->total_steps, (long long)st0->step,
                 c.run_dir);
         if (kiln_dist_size() > 1)

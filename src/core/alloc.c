@@ -136,3 +136,16 @@ static size_t status_kb(const char *key) {
     return v * 1024;
 }
 size_t kiln_peak_rss(void) { return status_kb("VmHWM:"); }
+
+bool kiln_array_grow(void **p, int *cap, int need, size_t elem, int first) {
+    if (need <= *cap) return true;
+    int64_t c = *cap ? *cap : first;
+    while (c < need) c *= 2;
+    if (c > INT32_MAX || (uint64_t)c > SIZE_MAX / elem) return false;
+    char *np = realloc(*p, elem * (size_t)c);
+    if (!np) return false;
+    memset(np + elem * (size_t)*cap, 0, elem * (size_t)(c - *cap));
+    *p = np;
+    *cap = (int)c;
+    return true;
+}

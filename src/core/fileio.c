@@ -93,3 +93,12 @@ double kiln_time_now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+kiln_status kiln_copy_file_atomic(const char *src, const char *dst) {
+    char *data = NULL;
+    size_t n = 0;
+    kiln_status st = kiln_read_file(src, &data, &n);
+    if (!st) st = kiln_write_file_atomic(dst, data, n);
+    free(data);
+    return st;
+}

@@ -1,4 +1,5 @@
 /* Reference-counted tensors over shared, refcounted storage. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,33 @@ struct kiln_storage {
     void *data;
     size_t nbytes;
     int refcount;
+    const kiln_buffer_type *buft;
 };
+
+/* ---- the host buffer type: the caching allocator and memcpy ---- */
+static void *host_alloc(size_t n) { return kiln_alloc(n); }
+static void host_free(void *p, size_t n) {
+    (void)n;
+    kiln_dealloc(p);
+}
+static void host_move(void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+}
+static void host_zero(void *dst, size_t n) {
+    if (n) memset(dst, 0, n);
+}
+const kiln_buffer_type kiln_buft_host = {
+    .name = "cpu", .alignment = 64, .host_mappable = true, .alloc = host_alloc, .free = host_free,
+    .write = host_move, .read = host_move, .copy = host_move, .zero = host_zero,
+};
+
+static _Thread_local const kiln_buffer_type *current_buft;
+const kiln_buffer_type *kiln_buft_current(void) { return current_buft ? current_buft : &kiln_buft_host; }
+const kiln_buffer_type *kiln_buft_use(const kiln_buffer_type *b) {
+    const kiln_buffer_type *was = kiln_buft_current();
+    current_buft = b;
+    return was;
+}
 
 size_t kiln_dtype_size(kiln_dtype dt) {
     switch (dt) {
@@ -78,30 +105,40 @@ static kiln_tensor *tensor_header(kiln_dtype dt, int ndim, const int64_t *shape)
     return t;
 }
 
-kiln_tensor *kiln_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
+kiln_tensor *kiln_tensor_new_on(const kiln_buffer_type *b, kiln_dtype dt, int ndim, const int64_t *shape) {
+    if (!b) b = &kiln_buft_host;
     kiln_tensor *t = tensor_header(dt, ndim, shape);
     if (!t) return NULL;
     size_t nb = kiln_tensor_nbytes(t);
     kiln_storage *s = malloc(sizeof *s);
-    void *d = s ? kiln_alloc(nb ? nb : 1) : NULL;
+    void *d = s ? b->alloc(nb ? nb : 1) : NULL;
     if (!s || !d) {
         free(s);
         free(t);
-        kiln_error(KILN_ERR_OOM, "out of memory allocating a %zu-byte tensor", nb);
+        kiln_error(KILN_ERR_OOM, "out of memory allocating a %zu-byte tensor on %s", nb, b->name);
         return NULL;
     }
     s->data = d;
     s->nbytes = nb;
     s->refcount = 1;
+    s->buft = b;
     t->storage = s;
     t->data = d;
     return t;
 }
 
-kiln_tensor *kiln_tensor_zeros(kiln_dtype dt, int ndim, const int64_t *shape) {
-    kiln_tensor *t = kiln_tensor_new(dt, ndim, shape);
-    if (t) memset(t->data, 0, kiln_tensor_nbytes(t));
+kiln_tensor *kiln_tensor_zeros_on(const kiln_buffer_type *b, kiln_dtype dt, int ndim, const int64_t *shape) {
+    kiln_tensor *t = kiln_tensor_new_on(b, dt, ndim, shape);
+    if (t) kiln_tensor_buft(t)->zero(t->data, kiln_tensor_nbytes(t));
     return t;
+}
+
+kiln_tensor *kiln_tensor_new(kiln_dtype dt, int ndim, const int64_t *shape) {
+    return kiln_tensor_new_on(kiln_buft_current(), dt, ndim, shape);
+}
+
+kiln_tensor *kiln_tensor_zeros(kiln_dtype dt, int ndim, const int64_t *shape) {
+    return kiln_tensor_zeros_on(kiln_buft_current(), dt, ndim, shape);
 }
 
 kiln_tensor *kiln_tensor_wrap(void *data, kiln_dtype dt, int ndim, const int64_t *shape) {
@@ -136,7 +173,7 @@ void kiln_tensor_release(kiln_tensor *t) {
     if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) > 0) return;
     kiln_storage *s = t->storage;
     if (s && __atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) == 0) {
-        kiln_dealloc(s->data);
+        s->buft->free(s->data, s->nbytes);
         free(s);
     }
     kiln_tensor_release(t->grad);
@@ -161,12 +198,18 @@ bool kiln_tensor_same_shape(const kiln_tensor *a, const kiln_tensor *b) {
     return true;
 }
 
+const char *kiln_dims_str(int ndim, const int64_t *shape, char *buf, size_t n) {
+    size_t o = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && o < n; i++)
+        o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (o < n) snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
 const char *kiln_shape_str(const kiln_tensor *t, char *buf, size_t n) {
-    size_t o = 0;
-    o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int i = 0; i < t->ndim && o < n; i++)
-        o += (size_t)snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-    if (o < n) snprintf(buf + o, n - o, "] %s", kiln_dtype_name(t->dtype));
+    kiln_dims_str(t->ndim, t->shape, buf, n);
+    size_t o = strlen(buf);
+    if (o + 1 < n) snprintf(buf + o, n - o, " %s", kiln_dtype_name(t->dtype));
     return buf;
 }
 
@@ -176,4 +219,75 @@ void kiln_tensor_set_name(kiln_tensor *t, const char *name) {
 
 void kiln_node_release(kiln_node_base *n) {
     if (n && __atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) == 0) n->destroy(n);
+}
+
+/* ---- host access through the seam ---- */
+const kiln_buffer_type *kiln_tensor_buft(const kiln_tensor *t) {
+    return t->storage ? t->storage->buft : &kiln_buft_host;
+}
+
+static kiln_status check_range(const kiln_tensor *t, size_t off, size_t n, const char *what) {
+    size_t nb = kiln_tensor_nbytes(t);
+    if (off > nb || n > nb - off)
+        return kiln_error(KILN_ERR_RANGE, "%s: bytes [%zu, %zu + %zu) outside tensor '%s' of %zu bytes", what, off, off, n,
+                          t->name, nb);
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_set(kiln_tensor *t, size_t off, const void *src, size_t n) {
+    kiln_status st = check_range(t, off, n, "tensor set");
+    if (!st) kiln_tensor_buft(t)->write((char *)t->data + off, src, n);
+    return st;
+}
+
+kiln_status kiln_tensor_get(const kiln_tensor *t, size_t off, void *dst, size_t n) {
+    kiln_status st = check_range(t, off, n, "tensor get");
+    if (!st) kiln_tensor_buft(t)->read(dst, (const char *)t->data + off, n);
+    return st;
+}
+
+kiln_status kiln_tensor_copy(kiln_tensor *dst, size_t doff, const kiln_tensor *src, size_t soff, size_t n) {
+    kiln_status st = check_range(dst, doff, n, "tensor copy (destination)");
+    if (!st) st = check_range(src, soff, n, "tensor copy (source)");
+    if (st || !n) return st;
+    const kiln_buffer_type *a = kiln_tensor_buft(dst), *b = kiln_tensor_buft(src);
+    char *d = (char *)dst->data + doff;
+    const char *s = (const char *)src->data + soff;
+    if (a == b) {
+        a->copy(d, s, n);
+        return KILN_OK;
+    }
+    enum { CHUNK = 1 << 20 }; /* between two types: through a host buffer */
+    char *tmp = malloc(n < CHUNK ? n : CHUNK);
+    if (!tmp) return kiln_error(KILN_ERR_OOM, "out of memory copying %s -> %s", b->name, a->name);
+    for (size_t o = 0; o < n; o += CHUNK) {
+        size_t k = n - o < CHUNK ? n - o : CHUNK;
+        b->read(tmp, s + o, k);
+        a->write(d + o, tmp, k);
+    }
+    free(tmp);
+    return KILN_OK;
+}
+
+kiln_status kiln_tensor_zero(kiln_tensor *t) {
+    kiln_tensor_buft(t)->zero(t->data, kiln_tensor_nbytes(t));
+    return KILN_OK;
+}
+
+float kiln_tensor_item_f32(const kiln_tensor *t, int64_t i) {
+    float v = NAN;
+    if (t->dtype != KILN_F32) {
+        kiln_error(KILN_ERR_INVALID, "item: tensor '%s' is %s, not f32", t->name, kiln_dtype_name(t->dtype));
+        return v;
+    }
+    if (i < 0 || kiln_tensor_get(t, (size_t)i * sizeof v, &v, sizeof v)) return NAN;
+    return v;
+}
+
+void *kiln_tensor_map(const kiln_tensor *t) {
+    const kiln_buffer_type *b = kiln_tensor_buft(t);
+    if (b->host_mappable) return t->data;
+    kiln_error(KILN_ERR_INVALID, "tensor '%s' lives on %s, whose memory the host cannot map (use kiln_tensor_get/set)",
+               t->name, b->name);
+    return NULL;
 }

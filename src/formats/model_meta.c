@@ -62,6 +62,9 @@ static kiln_status read_ids(const char *path, json_t *o, kiln_model_meta *m) {
     if (!st && m->n_eos == 0 && (v = json_object_get(o, "eos_token_id")) && !json_is_null(v)) {
         if (json_is_array(v)) {
             size_t n = json_array_size(v);
+            if (n == 0) /* no stop token at all: refused, not read as "none given" */
+                return kiln_error(KILN_ERR_FORMAT, "%s: eos_token_id is an empty list (give an id, a list of ids, or null)",
+                                  path);
             if (n > KILN_MAX_EOS)
                 return kiln_error(KILN_ERR_UNSUPPORTED, "%s: eos_token_id lists %zu ids (kiln keeps at most %d)", path,
                                   n, KILN_MAX_EOS);

@@ -7,15 +7,9 @@
 #include "internal.h"
 
 int kiln_graph_add(kiln_graph *g, kiln_value v) {
-    if (g->n == g->cap) {
-        int cap = g->cap ? g->cap * 2 : 256;
-        kiln_value *nv = realloc(g->v, sizeof *nv * (size_t)cap);
-        if (!nv) {
-            kiln_error(KILN_ERR_OOM, "out of memory growing the graph");
-            return -1;
-        }
-        g->v = nv;
-        g->cap = cap;
+    if (!kiln_array_grow((void **)&g->v, &g->cap, g->n + 1, sizeof *g->v, 256)) {
+        kiln_error(KILN_ERR_OOM, "out of memory growing the graph");
+        return -1;
     }
     v.offset = -1;
     v.alias = -1;

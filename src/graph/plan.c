@@ -44,13 +44,8 @@ static int64_t fl_alloc(freelist *f, int64_t size) {
 }
 
 static kiln_status fl_free(freelist *f, int64_t off, int64_t size) {
-    if (f->n == f->cap) {
-        int cap = f->cap ? f->cap * 2 : 64;
-        block *nb = realloc(f->b, sizeof *nb * (size_t)cap);
-        if (!nb) return kiln_error(KILN_ERR_OOM, "out of memory planning");
-        f->b = nb;
-        f->cap = cap;
-    }
+    if (!kiln_array_grow((void **)&f->b, &f->cap, f->n + 1, sizeof *f->b, 64))
+        return kiln_error(KILN_ERR_OOM, "out of memory planning");
     int i = 0;
     while (i < f->n && f->b[i].off < off) i++;
     memmove(&f->b[i + 1], &f->b[i], sizeof(block) * (size_t)(f->n - i));

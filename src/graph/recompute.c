@@ -24,13 +24,7 @@ typedef struct {
 } varr;
 
 static int push(varr *a, kiln_value x) {
-    if (a->n == a->cap) {
-        int cap = a->cap ? a->cap * 2 : 1024;
-        kiln_value *nv = realloc(a->v, sizeof *nv * (size_t)cap);
-        if (!nv) return -1;
-        a->v = nv;
-        a->cap = cap;
-    }
+    if (!kiln_array_grow((void **)&a->v, &a->cap, a->n + 1, sizeof *a->v, 1024)) return -1;
     a->v[a->n] = x;
     return a->n++;
 }

@@ -68,15 +68,8 @@ static int map_get(const tracer *t, const kiln_tensor *k) {
 
 /* Records tensor `x` as standing for value `id` (the tracer keeps a ref). */
 static kiln_status bind(tracer *t, int id, kiln_tensor *x) {
-    if (id >= t->sym_cap) {
-        int cap = t->sym_cap ? t->sym_cap * 2 : 512;
-        while (cap <= id) cap *= 2;
-        kiln_tensor **ns = realloc(t->sym, sizeof *ns * (size_t)cap);
-        if (!ns) return kiln_error(KILN_ERR_OOM, "out of memory tracing");
-        memset(ns + t->sym_cap, 0, sizeof *ns * (size_t)(cap - t->sym_cap));
-        t->sym = ns;
-        t->sym_cap = cap;
-    }
+    if (!kiln_array_grow((void **)&t->sym, &t->sym_cap, id + 1, sizeof *t->sym, 512))
+        return kiln_error(KILN_ERR_OOM, "out of memory tracing");
     t->sym[id] = kiln_tensor_retain(x);
     return map_put(t, x, id);
 }

@@ -1,8 +1,10 @@
 /* config.json -> kiln_llama_config for the families kiln builds, with
  * Hugging Face's defaults for each model_type. Every key is accounted for:
- * implemented for this family, or ignored on purpose (it describes storage
- * or the Python runtime, not what the model computes); anything else is
- * refused naming the file and the field, never silently dropped. */
+ * implemented for this family, fixed in it (its one value is accepted, any
+ * other would change the network and is refused), or ignored on purpose (it
+ * describes storage or the Python runtime, not what the model computes);
+ * anything else is refused naming the file and the field, never silently
+ * dropped. */
 #include <float.h>
 #include <jansson.h>
 #include <math.h>
@@ -14,7 +16,8 @@
 enum { LL = 1 << KILN_FAMILY_LLAMA, MI = 1 << KILN_FAMILY_MISTRAL, Q2 = 1 << KILN_FAMILY_QWEN2, Q3 = 1 << KILN_FAMILY_QWEN3 };
 #define ALL (LL | MI | Q2 | Q3)
 
-/* Fields kiln implements, and the families whose HF config has them. */
+/* Fields kiln implements, and the families whose HF config has them: any
+ * valid value is read. */
 static const struct {
     const char *key;
     unsigned families;
@@ -22,11 +25,41 @@ static const struct {
     {"model_type", ALL}, {"architectures", ALL}, {"vocab_size", ALL}, {"hidden_size", ALL}, {"intermediate_size", ALL},
     {"num_hidden_layers", ALL}, {"num_attention_heads", ALL}, {"num_key_value_heads", ALL},
     {"max_position_embeddings", ALL}, {"head_dim", ALL}, {"hidden_act", ALL}, {"rms_norm_eps", ALL}, {"rope_theta", ALL},
-    {"rope_scaling", ALL}, {"initializer_range", ALL}, {"tie_word_embeddings", ALL}, {"attention_dropout", ALL},
+    {"rope_scaling", ALL}, {"initializer_range", ALL}, {"tie_word_embeddings", ALL},
     {"bos_token_id", ALL}, {"eos_token_id", ALL}, {"pad_token_id", ALL}, {"attention_bias", LL | Q3},
     {"mlp_bias", LL}, {"pretraining_tp", LL}, {"sliding_window", MI | Q2 | Q3}, {"use_sliding_window", Q2 | Q3},
-    {"max_window_layers", Q2 | Q3}, {"layer_types", Q2 | Q3}, {"rope_interleaved", LL},
+    {"max_window_layers", Q2 | Q3}, {"layer_types", Q2 | Q3},
 };
+
+/* Fields whose value is fixed in these families (the network has that
+ * behaviour built in, or kiln implements only it): the fixed value is
+ * accepted, as it changes nothing; any other is refused by name, as it
+ * would change the network. A field implemented for a family is not fixed
+ * there. */
+static const struct {
+    const char *key;
+    unsigned families;
+    const char *value; /* JSON text: numbers compare by value (0 == 0.0) */
+    const char *why;
+} fixed[] = {
+    {"attention_bias", MI, "false", "Mistral's attention projections have no biases"},
+    {"attention_bias", Q2, "true", "Qwen2's q/k/v projections always have biases"},
+    {"mlp_bias", MI | Q2 | Q3, "false", "the family's MLP has no biases"},
+    {"attention_dropout", ALL, "0", "kiln implements no attention dropout"},
+    {"rope_interleaved", ALL, "false", "kiln implements the rotate-half RoPE of Hugging Face's Llama"},
+    {"pretraining_tp", MI | Q2 | Q3, "1", "the family does not split its matmuls"},
+    {"sliding_window", LL, "null", "Llama attends to every earlier position"},
+    {"use_sliding_window", LL, "false", "Llama attends to every earlier position"},
+};
+
+/* What transformers' ACT2FN maps to SiLU: the activation kiln implements. */
+static const char *const silu_names[] = {"silu", "swish"};
+
+static bool implemented_for(const char *key, kiln_family f) {
+    for (size_t i = 0; i < sizeof implemented / sizeof implemented[0]; i++)
+        if (!strcmp(key, implemented[i].key) && (implemented[i].families & (1u << f))) return true;
+    return false;
+}
 
 /* Known and ignored on purpose: how the weights are stored (torch_dtype:
  * kiln converts on load) and settings of the transformers runtime or of
@@ -150,6 +183,8 @@ static kiln_status get_eos(json_t *root, const char *src, kiln_llama_config *c) 
     json_t *v = json_object_get(root, "eos_token_id");
     if (!v || !json_is_array(v)) return get_id(root, src, "eos_token_id", &c->eos_token_id);
     size_t n = json_array_size(v);
+    if (n == 0) /* transformers would stop at no token: say so rather than generate forever */
+        return kiln_error(KILN_ERR_INVALID, "%s: field eos_token_id is an empty list (give an id, a list of ids, or null)", src);
     if (n > KILN_CONFIG_MAX_EOS)
         return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field eos_token_id lists %zu ids (kiln keeps at most %d)", src, n, KILN_CONFIG_MAX_EOS);
     c->eos_is_list = true;
@@ -254,35 +289,46 @@ static kiln_status check_layer_types(json_t *root, const char *src, const kiln_l
     return KILN_OK;
 }
 
-/* Keys that are neither implemented for this family nor ignored on purpose,
- * and values of accepted-but-inert keys that would change the model. */
+/* v holds the fixed value `want` (JSON text): numbers by value, the rest
+ * by JSON equality. */
+static bool same_value(json_t *v, const char *want) {
+    json_t *w = json_loads(want, JSON_DECODE_ANY, NULL);
+    bool same = w && (json_is_number(v) && json_is_number(w) ? json_number_value(v) == json_number_value(w) : json_equal(v, w));
+    json_decref(w);
+    return same;
+}
+
+/* Keys that are neither implemented for this family, nor fixed at the value
+ * given, nor ignored on purpose; and values of accepted keys that would
+ * change the model. */
 static kiln_status check_keys(json_t *root, const char *src, kiln_family f) {
     const char *key;
     json_t *v;
     char b[80];
     json_object_foreach(root, key, v) {
-        bool known = false;
+        bool known = implemented_for(key, f);
         for (size_t i = 0; i < sizeof ignored / sizeof ignored[0] && !known; i++) known = !strcmp(key, ignored[i]);
-        for (size_t i = 0; i < sizeof implemented / sizeof implemented[0] && !known; i++)
-            known = !strcmp(key, implemented[i].key) && (implemented[i].families & (1u << f));
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0] && !known; i++) {
+            if (strcmp(key, fixed[i].key) || !(fixed[i].families & (1u << f))) continue;
+            if (!json_is_null(v) && !same_value(v, fixed[i].value)) /* null: not set, the family's value */
+                return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field %s is %s, which would change the network: for model_type %s it is %s (%s)",
+                                  src, key, num_str(v, b, sizeof b), kiln_family_name(f), fixed[i].value, fixed[i].why);
+            known = true;
+        }
         if (!known)
             return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field %s (= %s) is not implemented by kiln for model_type %s", src, key,
                               num_str(v, b, sizeof b), kiln_family_name(f));
     }
-    json_t *x = json_object_get(root, "attention_dropout");
-    if (x && !json_is_null(x) && !(json_is_number(x) && json_number_value(x) == 0))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field attention_dropout is %s: kiln implements no dropout (0 only)", src,
-                          num_str(x, b, sizeof b));
-    x = json_object_get(root, "hidden_act");
-    if (x && (!json_is_string(x) || strcmp(json_string_value(x), "silu")))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field hidden_act is %s: kiln implements \"silu\"", src, num_str(x, b, sizeof b));
-    x = json_object_get(root, "rope_interleaved"); /* SmolLM's nanotron flag; HF's Llama rotates halves */
-    if (x && !json_is_false(x))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field rope_interleaved is %s: kiln implements the rotate-half RoPE (false)", src,
-                          num_str(x, b, sizeof b));
+    json_t *x = json_object_get(root, "hidden_act");
+    bool silu = false;
+    for (size_t i = 0; x && json_is_string(x) && i < sizeof silu_names / sizeof silu_names[0]; i++)
+        silu = silu || !strcmp(json_string_value(x), silu_names[i]);
+    if (x && !silu)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: field hidden_act is %s: kiln implements SiLU (\"silu\" or its alias \"swish\")",
+                          src, num_str(x, b, sizeof b));
     x = json_object_get(root, "pretraining_tp"); /* only splits HF's matmuls: same numbers */
     int64_t tp = 1;
-    if (x && !json_is_null(x)) {
+    if (x && !json_is_null(x) && implemented_for("pretraining_tp", f)) {
         kiln_status st = json_int(x, src, "pretraining_tp", &tp);
         if (st) return st;
         if (tp < 1) return kiln_error(KILN_ERR_INVALID, "%s: field pretraining_tp must be >= 1, got %lld", src, (long long)tp);
@@ -316,10 +362,12 @@ kiln_status kiln_llama_config_parse(const char *text, const char *src, kiln_llam
         {"max_position_embeddings", &c->max_position_embeddings, false}, {"head_dim", &c->head_dim, false},
         {"max_window_layers", &c->max_window_layers, false},
     };
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !st; i++) st = get_int(root, src, ints[i].k, ints[i].req, ints[i].v);
-    json_t *sw = json_object_get(root, "sliding_window");
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && !st; i++)
+        if (implemented_for(ints[i].k, c->family)) st = get_int(root, src, ints[i].k, ints[i].req, ints[i].v);
+    /* a fixed field keeps the family's value: never read into the config */
+    json_t *sw = implemented_for("sliding_window", c->family) ? json_object_get(root, "sliding_window") : NULL;
     if (!st && sw && json_is_null(sw)) c->sliding_window = 0; /* null: no window */
-    else if (!st) st = get_int(root, src, "sliding_window", false, &c->sliding_window);
+    else if (!st && sw) st = get_int(root, src, "sliding_window", false, &c->sliding_window);
     if (!st && sw && !json_is_null(sw) && c->sliding_window <= 0)
         st = kiln_error(KILN_ERR_INVALID, "%s: field sliding_window must be a positive integer or null, got %lld", src,
                         (long long)c->sliding_window);
@@ -330,9 +378,10 @@ kiln_status kiln_llama_config_parse(const char *text, const char *src, kiln_llam
     if (!st) st = get_num(root, src, "rope_theta", &c->rope_theta);
     if (!st) st = get_num(root, src, "initializer_range", &c->initializer_range);
     if (!st) st = get_bool(root, src, "tie_word_embeddings", &c->tie_word_embeddings);
-    if (!st) st = get_bool(root, src, "attention_bias", &c->attention_bias);
-    if (!st) st = get_bool(root, src, "mlp_bias", &c->mlp_bias);
-    if (!st) st = get_bool(root, src, "use_sliding_window", &c->use_sliding_window);
+    struct { const char *k; bool *v; } bools[] = {{"attention_bias", &c->attention_bias}, {"mlp_bias", &c->mlp_bias},
+                                                  {"use_sliding_window", &c->use_sliding_window}};
+    for (size_t i = 0; i < sizeof bools / sizeof bools[0] && !st; i++)
+        if (implemented_for(bools[i].k, c->family)) st = get_bool(root, src, bools[i].k, bools[i].v);
     if (!st) st = get_rope_scaling(root, src, &c->rope_scaling);
     if (st) goto done;
     json_t *kv = json_object_get(root, "num_key_value_heads"); /* null: one per query head (every family) */

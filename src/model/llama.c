@@ -306,7 +306,7 @@ static kiln_tensor *lproj(kiln_llama *m, int64_t l, int which, kiln_tensor *x, k
     kiln_tensor *t = kiln_linear(xd, A);
     if (drop) kiln_tensor_release(xd);
     NEXT(t, kiln_linear(t, m->lora_b[l * KILN_LORA_N + which]));
-    NEXT(t, kiln_scale(t, m->lora.alpha / m->lora.rank));
+    NEXT(t, kiln_scale(t, kiln_lora_scaling(&m->lora)));
     NEXT(y, kiln_add(y, t));
     kiln_tensor_release(t);
     return y;

@@ -1,6 +1,7 @@
 /* LoRA adapters on the Llama model: creation (PEFT's initialisation),
  * target names, merging into the base. The forward path is in llama.c
  * (proj), built from ordinary ops. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,9 +44,21 @@ kiln_status kiln_lora_targets_parse(const char *list, unsigned *mask) {
     return KILN_OK;
 }
 
+double kiln_lora_scaling(const kiln_lora_config *lc) {
+    return lc->rslora ? lc->alpha / sqrt((double)lc->rank) : lc->alpha / lc->rank;
+}
+
 kiln_status kiln_lora_config_validate(const kiln_lora_config *lc) {
-    if (lc->rank < 1 || lc->rank > 65536) return kiln_error(KILN_ERR_INVALID, "lora rank must be in [1, 65536], got %d", lc->rank);
-    if (!isfinite(lc->alpha) || lc->alpha <= 0) return kiln_error(KILN_ERR_INVALID, "lora alpha must be > 0, got %g", lc->alpha);
+    if (lc->rank < 1 || lc->rank > 65536) return kiln_error(KILN_ERR_INVALID, "lora rank r must be in [1, 65536], got %d", lc->rank);
+    if (!isfinite(lc->alpha) || lc->alpha <= 0)
+        return kiln_error(KILN_ERR_INVALID, "lora_alpha must be a finite number > 0, got %g", lc->alpha);
+    double s = kiln_lora_scaling(lc);
+    if (!(s >= KILN_LORA_MIN_SCALING && s <= KILN_LORA_MAX_SCALING))
+        return kiln_error(KILN_ERR_INVALID,
+                          "lora_alpha %g with r %d gives the scaling %s = %g, outside the sane range [%g, %g] (it would "
+                          "overflow or do nothing)",
+                          lc->alpha, lc->rank, lc->rslora ? "alpha/sqrt(r)" : "alpha/r", s, KILN_LORA_MIN_SCALING,
+                          KILN_LORA_MAX_SCALING);
     if (!(lc->dropout >= 0 && lc->dropout < 1))
         return kiln_error(KILN_ERR_INVALID, "lora dropout must be in [0, 1), got %g", lc->dropout);
     if (!lc->targets || lc->targets >> KILN_LORA_N)
@@ -171,7 +184,7 @@ kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt) {
 
 kiln_status kiln_llama_lora_merge(kiln_llama *m) {
     if (!m->lora_a) return kiln_error(KILN_ERR_INVALID, "the model has no LoRA adapters to merge");
-    double scale = m->lora.alpha / m->lora.rank;
+    double scale = kiln_lora_scaling(&m->lora);
     int64_t R = m->lora.rank;
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
         for (int t = 0; t < KILN_LORA_N; t++) {
@@ -193,7 +206,14 @@ kiln_status kiln_llama_lora_merge(kiln_llama *m) {
                 for (int64_t i = 0; i < in; i++) {
                     double s = 0;
                     for (int64_t r = 0; r < R; r++) s += (double)b[o * R + r] * a[r * in + i];
-                    w[o * in + i] = (float)((double)w[o * in + i] + scale * s);
+                    double v = (double)w[o * in + i] + scale * s;
+                    /* a weight file of inf/NaN would load everywhere and compute nothing */
+                    if (!isfinite(v) || fabs(v) > FLT_MAX)
+                        return kiln_error(KILN_ERR_NUMERIC,
+                                          "merging the LoRA adapters into %s gives a non-finite weight at [%lld, %lld] "
+                                          "(%g; scaling %g): refusing to merge",
+                                          W->name, (long long)o, (long long)i, v, scale);
+                    w[o * in + i] = (float)v;
                 }
         }
     for (int i = m->n_base; i < m->n_params; i++) kiln_tensor_release(m->params[i]);

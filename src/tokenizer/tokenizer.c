@@ -187,21 +187,6 @@ const char *kiln_tokenizer_token(const kiln_tokenizer *t, int id, size_t *len) {
     return t->blob + t->tok_off[id];
 }
 
-bool kiln_tokenizer_is_special(const kiln_tokenizer *t, int id) {
-    return id >= 0 && id < t->vocab_size && (t->tok_flags[id] & KD_TOK_SPECIAL);
-}
-
-kiln_status kiln_tokenizer_set_special(kiln_tokenizer *t, int bos, int eos, int pad) {
-    int v[3] = {bos, eos, pad};
-    for (int i = 0; i < 3; i++)
-        if (v[i] < -1 || v[i] >= t->vocab_size || (v[i] >= 0 && t->tok_off[v[i]] == UNUSED_TOK))
-            return kiln_error(KILN_ERR_RANGE, "special token id %d is not in the vocabulary (size %d)", v[i], t->vocab_size);
-    t->bos = bos;
-    t->eos = eos;
-    t->pad = pad;
-    return KILN_OK;
-}
-
 /* ---- BPE on one word ---- */
 
 static inline uint64_t merge_of(const kiln_tokenizer *t, int32_t a, int32_t b) {
@@ -676,11 +661,3 @@ kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text
     return run_parts(t, n, docs_part, &c, ids, n_ids);
 }
 
-int kiln_tokenizer_find(const kiln_tokenizer *t, const char *text, size_t len) {
-    for (int id = 0; id < t->vocab_size; id++) {
-        if (!(t->tok_flags[id] & KD_TOK_ADDED) || t->tok_off[id] == UNUSED_TOK) continue;
-        /* added tokens keep their content as text unless it is also a byte-level vocabulary entry */
-        if (t->tok_len[id] == len && !memcmp(t->blob + t->tok_off[id], text, len)) return id;
-    }
-    return kd_tok_vocab_get(t, text, len);
-}

@@ -31,14 +31,6 @@ static kiln_status join(char *out, const char *dir, const char *name) {
     return KILN_OK;
 }
 
-static const char *fmt_shape(int ndim, const int64_t *shape, char *buf, size_t n) {
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < n) snprintf(buf + k, n - k, "]");
-    return buf;
-}
-
 static bool is_dir(const char *path) {
     struct stat s;
     return stat(path, &s) == 0 && S_ISDIR(s.st_mode);
@@ -89,15 +81,6 @@ static kiln_status fsync_dir(const char *path) {
     return KILN_OK;
 }
 
-static kiln_status copy_file(const char *src, const char *dst) {
-    char *data = NULL;
-    size_t n = 0;
-    kiln_status st = kiln_read_file(src, &data, &n);
-    if (!st) st = kiln_write_file_atomic(dst, data, n);
-    free(data);
-    return st;
-}
-
 /* Parses "checkpoint-<digits>" exactly; -1 for anything else (.tmp, .old). */
 static int64_t ckpt_step(const char *name) {
     size_t lp = strlen(CKPT_PREFIX);
@@ -128,7 +111,7 @@ static kiln_status check_tensor(const char *path, const char *name, const kiln_s
     for (int i = 0; same && i < s->ndim; i++) same = s->shape[i] == dst->shape[i];
     if (!same)
         return kiln_error(KILN_ERR_SHAPE, "%s: tensor '%s' has shape %s but the model expects %s", path, name,
-                          fmt_shape(s->ndim, s->shape, a, sizeof a), fmt_shape(dst->ndim, dst->shape, b, sizeof b));
+                          kiln_dims_str(s->ndim, s->shape, a, sizeof a), kiln_dims_str(dst->ndim, dst->shape, b, sizeof b));
     if (s->dtype != KILN_F32 && s->dtype != KILN_BF16)
         return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s' has dtype %s; expected F32 (or BF16)", path, name,
                           kiln_dtype_name(s->dtype));
@@ -480,7 +463,7 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     if (!st && c && c->tokenizer[0]) {
         if (is_file(c->tokenizer)) {
             st = join(path, dir, "tokenizer.json");
-            if (!st) st = copy_file(c->tokenizer, path);
+            if (!st) st = kiln_copy_file_atomic(c->tokenizer, path);
         } else {
             kiln_log(KILN_LOG_WARN, "tokenizer %s not found; the checkpoint in %s has no tokenizer.json", c->tokenizer,
                      dir);

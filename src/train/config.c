@@ -219,8 +219,10 @@ kiln_status kiln_train_lora_config(const kiln_train_config *c, kiln_lora_config 
     lc->rank = c->lora_rank;
     lc->alpha = c->lora_alpha;
     lc->dropout = c->lora_dropout;
+    lc->rslora = c->use_rslora;
     kiln_status st = kiln_lora_targets_parse(c->lora_targets, &lc->targets);
-    if (!st) st = kiln_lora_config_validate(lc);
+    if (!st && (st = kiln_lora_config_validate(lc)))
+        kiln_error_context(st, "--lora-alpha %g --lora-rank %d%s", c->lora_alpha, c->lora_rank, c->use_rslora ? " --use-rslora" : "");
     return st;
 }
 

@@ -40,7 +40,7 @@ kiln_status kiln_lora_save(const char *dir, const kiln_llama *m, const char *bas
     json_object_set_new(o, "target_modules", targets);
     json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(o, "use_dora", json_false());
-    json_object_set_new(o, "use_rslora", json_false());
+    json_object_set_new(o, "use_rslora", json_boolean(m->lora.rslora));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
     if (!text) return kiln_error(KILN_ERR_OOM, "out of memory");
@@ -136,9 +136,20 @@ static kiln_status parse_config(const char *path, kiln_lora_config *lc) {
             }
         }
     }
+    if (!st && (v = json_object_get(o, "use_rslora")) && !json_is_null(v)) { /* PEFT: scaling alpha / sqrt(r) */
+        if (!json_is_boolean(v)) st = kiln_error(KILN_ERR_FORMAT, "%s: field 'use_rslora' must be true or false", path);
+        else lc->rslora = json_is_true(v);
+    }
     if (!st) st = must_be(o, path, "bias", json_string("none"));
+    if (!st) st = must_be(o, path, "lora_bias", json_false()); /* PEFT: a bias on lora_B, which kiln has not */
+    if (!st && (v = json_object_get(o, "exclude_modules")) && !json_is_null(v) &&
+        !((json_is_array(v) && !json_array_size(v)) || (json_is_string(v) && !*json_string_value(v)))) {
+        char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: field 'exclude_modules' is %.200s; kiln does not implement excluding modules "
+                        "(only null or empty)", path, got ? got : "?");
+        free(got);
+    }
     if (!st) st = must_be(o, path, "fan_in_fan_out", json_false());
-    if (!st) st = must_be(o, path, "use_rslora", json_false());
     if (!st) st = must_be(o, path, "use_dora", json_false());
     if (!st) st = must_be(o, path, "rank_pattern", json_object());
     if (!st) st = must_be(o, path, "alpha_pattern", json_object());
@@ -190,41 +201,5 @@ kiln_status kiln_lora_load(const char *dir, kiln_llama *m) {
     return st;
 }
 
-static kiln_status copy_if_present(const char *from_dir, const char *to_dir, const char *name) {
-    char src[4400], dst[4400];
-    snprintf(src, sizeof src, "%s/%s", from_dir, name);
-    snprintf(dst, sizeof dst, "%s/%s", to_dir, name);
-    FILE *f = fopen(src, "rb");
-    if (!f) return KILN_OK;
-    fclose(f);
-    char *text = NULL;
-    size_t n = 0;
-    kiln_status st = kiln_read_file(src, &text, &n);
-    if (!st) st = kiln_write_file_atomic(dst, text, n);
-    free(text);
-    return st;
-}
-
-kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *out_dir) {
-    char dir[4200], path[4300];
-    kiln_status st = kiln_model_dir_resolve(run_or_model_dir, dir, sizeof dir);
-    if (st) return st;
-    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return kiln_error(KILN_ERR_INVALID, "%s has no LoRA adapters (%s is missing): nothing to merge", dir, path);
-    fclose(f);
-    kiln_llama *m = NULL;
-    if ((st = kiln_load_model_dir(dir, &m))) return st;
-    st = kiln_llama_lora_merge(m);
-    if (!st && mkdir(out_dir, 0777) != 0 && errno != EEXIST)
-        st = kiln_error(KILN_ERR_IO, "cannot create %s: %s", out_dir, strerror(errno));
-    snprintf(path, sizeof path, "%s/config.json", out_dir);
-    if (!st) st = kiln_llama_config_save(path, &m->cfg);
-    kiln_weights_options wo = {KILN_F32, KILN_DEFAULT_SHARD_BYTES};
-    if (!st) st = kiln_save_model_weights(out_dir, m, &wo);
-    static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                                        "chat_template.jinja"};
-    for (int i = 0; i < 4 && !st; i++) st = copy_if_present(dir, out_dir, extra[i]);
-    kiln_llama_free(m);
-    return st ? kiln_error_context(st, "exporting %s merged into %s", dir, out_dir) : KILN_OK;
-}
+/* kiln_lora_export_merged (the merged model directory) is in export_dir.c,
+ * with the other export targets. */

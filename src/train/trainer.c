@@ -16,7 +16,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "kiln/eager.h"
+#include "kiln/model_meta.h"
 #include "kiln/train.h"
+#include "tfevents.h"
 
 struct kiln_trainer {
     kiln_train_config cfg;
@@ -30,7 +32,10 @@ struct kiln_trainer {
     kiln_mem_choice mem;               /* --global-batch: the micro-batch choice (membudget.c) */
     bool has_mem;
     FILE *metrics;
+    kiln_tfevents *events; /* TensorBoard's copy of metrics.jsonl's numbers (rank 0) */
     volatile sig_atomic_t stop;
+    char model_src[1200]; /* where the model's vocab_size comes from, for messages */
+    char init_dir[1100];  /* --init's model directory ("" without --init) */
 };
 
 static bool is_file(const char *p) {
@@ -59,12 +64,15 @@ static kiln_status build_model(kiln_trainer *t, const kiln_shard_info *info) {
         char dir[1100];
         kiln_status st = kiln_model_dir_resolve(c->init, dir, sizeof dir);
         if (!st) st = kiln_load_model_dir(dir, &t->model);
+        snprintf(t->init_dir, sizeof t->init_dir, "%s", dir);
+        snprintf(t->model_src, sizeof t->model_src, "%s/config.json", dir);
         return st ? kiln_error_context(st, "--init %s", c->init) : KILN_OK;
     }
     kiln_llama_config mc;
     bool preset = !strchr(c->model, '/') && !strstr(c->model, ".json");
     kiln_status st = preset ? kiln_llama_config_preset(c->model, &mc) : kiln_llama_config_load(c->model, &mc);
     if (st) return kiln_error_context(st, "--model %s", c->model);
+    snprintf(t->model_src, sizeof t->model_src, preset ? "--model %s" : "%s", c->model);
     if (preset) {
         mc.vocab_size = (int64_t)info->vocab_size;
         mc.eos_token_id = info->eos_id < info->vocab_size ? (int64_t)info->eos_id : -1;
@@ -121,6 +129,17 @@ static kiln_status open_loaders(kiln_trainer *t) {
     return KILN_OK;
 }
 
+/* The loaders and their batches (opened by open_loaders), freed and cleared. */
+static void close_loaders(kiln_trainer *t) {
+    for (int i = 0; t->mb && i < t->cfg.accum; i++) kiln_batch_free(t->mb[i]);
+    for (int i = 0; t->vb && i < t->n_val; i++) kiln_batch_free(t->vb[i]);
+    free(t->mb);
+    free(t->vb);
+    kiln_loader_close(t->train);
+    kiln_loader_close(t->val);
+    t->mb = t->vb = NULL, t->train = t->val = NULL, t->n_val = 0;
+}
+
 /* --global-batch: the micro-batch the memory budget allows; the loaders
  * reopen with it. A resumed run keeps the batch and accum it saved. */
 static kiln_status choose_micro_batch(kiln_trainer *t) {
@@ -133,13 +152,7 @@ static kiln_status choose_micro_batch(kiln_trainer *t) {
     if (st) return st;
     t->has_mem = true;
     if (t->mem.micro_batch == t->cfg.batch && t->mem.accum == t->cfg.accum) return KILN_OK;
-    for (int i = 0; t->mb && i < t->cfg.accum; i++) kiln_batch_free(t->mb[i]);
-    for (int i = 0; t->vb && i < t->n_val; i++) kiln_batch_free(t->vb[i]);
-    free(t->mb);
-    free(t->vb);
-    kiln_loader_close(t->train);
-    kiln_loader_close(t->val);
-    t->mb = t->vb = NULL, t->train = t->val = NULL, t->n_val = 0;
+    close_loaders(t);
     t->cfg.batch = t->mem.micro_batch, t->cfg.accum = t->mem.accum;
     return open_loaders(t);
 }
@@ -148,13 +161,14 @@ static kiln_status choose_micro_batch(kiln_trainer *t) {
  * found at the first evaluation or save could be hours in. */
 static kiln_status check_fit(kiln_trainer *t, const kiln_shard_info *info) {
     const kiln_llama_config *mc = &t->model->cfg;
+    const char *src = t->model_src[0] ? t->model_src : t->cfg.model;
     if ((int64_t)info->vocab_size > mc->vocab_size)
-        return kiln_error(KILN_ERR_INVALID, "%s/train.bin has vocabulary %llu but the model only %lld", t->cfg.data,
-                          (unsigned long long)info->vocab_size, (long long)mc->vocab_size);
+        return kiln_error(KILN_ERR_INVALID, "%s/train.bin has vocabulary %llu but the model (%s) only vocab_size %lld", t->cfg.data,
+                          (unsigned long long)info->vocab_size, src, (long long)mc->vocab_size);
     const kiln_shard_info *vi = t->val ? kiln_loader_info(t->val) : NULL;
     if (vi && (int64_t)vi->vocab_size > mc->vocab_size)
-        return kiln_error(KILN_ERR_INVALID, "%s/val.bin has vocabulary %llu but the model only %lld", t->cfg.data,
-                          (unsigned long long)vi->vocab_size, (long long)mc->vocab_size);
+        return kiln_error(KILN_ERR_INVALID, "%s/val.bin has vocabulary %llu but the model (%s) only vocab_size %lld", t->cfg.data,
+                          (unsigned long long)vi->vocab_size, src, (long long)mc->vocab_size);
     if (t->cfg.seq_len > mc->max_position_embeddings)
         return kiln_error(KILN_ERR_INVALID, "--seq-len %d exceeds the model's max_position_embeddings %lld", t->cfg.seq_len,
                           (long long)mc->max_position_embeddings);
@@ -197,12 +211,41 @@ static kiln_status open_metrics(kiln_trainer *t, bool resume) {
     }
     t->metrics = fopen(path, resume ? "a" : "w");
     if (!t->metrics) return kiln_error(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    /* a new events file per process; TensorBoard drops the older files'
+     * steps after t->st.step, as metrics.jsonl dropped them above */
+    return kiln_tfevents_open(t->cfg.run_dir, t->st.step + 1, &t->events);
+}
+
+/* A failed write of the events file warns once and ends it; metrics.jsonl goes on. */
+static void log_events(kiln_trainer *t, const char *const *tags, const double *v, int n) {
+    if (!t->events || !kiln_tfevents_scalars(t->events, t->st.step, tags, v, n)) return;
+    kiln_log(KILN_LOG_WARN, "%s: TensorBoard events stop at step %lld", kiln_last_error(), (long long)t->st.step);
+    kiln_tfevents_close(t->events);
+    t->events = NULL;
+}
+
+/* The shards against the tokenizer: `kiln tokenize` records its tokenizer's
+ * id count and eos id in each shard's header, so a different count or eos
+ * means the shards were made with another tokenizer. */
+static kiln_status check_shard_tokenizer(const kiln_tokenizer *tok, const char *tok_path, const char *shard,
+                                         const kiln_shard_info *info) {
+    int64_t n = kiln_tokenizer_vocab_size(tok), eos = kiln_tokenizer_eos(tok);
+    if (n != (int64_t)info->vocab_size)
+        return kiln_error(KILN_ERR_INVALID, "--tokenizer %s has %lld token ids but %s was made with a tokenizer of %u: not the "
+                          "tokenizer the shards were made with", tok_path, (long long)n, shard, info->vocab_size);
+    if (eos >= 0 && info->eos_id < info->vocab_size && (int64_t)info->eos_id != eos)
+        return kiln_error(KILN_ERR_INVALID, "--tokenizer %s has eos id %lld but %s ends its documents with id %u: not the "
+                          "tokenizer the shards were made with", tok_path, (long long)eos, shard, info->eos_id);
     return KILN_OK;
 }
 
-/* The tokenizer copied into every checkpoint: it must load, and know every
- * id of the data (or `kiln generate` could not decode the model's output).
- * A resumed run whose tokenizer file has gone keeps the run's own copy. */
+/* The tokenizer copied into every checkpoint: it must load, fit the
+ * model's vocabulary (`kiln generate` refuses a tokenizer with ids past
+ * vocab_size; a smaller tokenizer is fine, as HF pads embeddings), be the
+ * shards' tokenizer, and agree with --init's generation_config.json /
+ * tokenizer_config.json as `kiln generate` will read them. All before step
+ * 1, so a run never trains to a model nothing can use. A resumed run whose
+ * tokenizer file has gone keeps the run's own copy. */
 static kiln_status check_tokenizer(kiln_trainer *t, bool resume, const kiln_shard_info *info) {
     kiln_train_config *c = &t->cfg;
     char own[1100];
@@ -213,12 +256,23 @@ static kiln_status check_tokenizer(kiln_trainer *t, bool resume, const kiln_shar
     kiln_tokenizer *tok = NULL;
     kiln_status st = kiln_tokenizer_load(c->tokenizer, &tok);
     if (st) return kiln_error_context(st, "--tokenizer %s", c->tokenizer);
-    int64_t n = kiln_tokenizer_vocab_size(tok);
+    int64_t n = kiln_tokenizer_vocab_size(tok), V = t->model->cfg.vocab_size;
+    char shard[1100];
+    if (n > V)
+        st = kiln_error(KILN_ERR_INVALID, "--tokenizer %s has %lld token ids but the model (%s) has vocab_size %lld: ids %lld "
+                        "and above have no embedding (a tokenizer may be smaller than the model, never larger)",
+                        c->tokenizer, (long long)n, t->model_src[0] ? t->model_src : c->model, (long long)V, (long long)V);
+    snprintf(shard, sizeof shard, "%s/train.bin", c->data);
+    if (!st) st = check_shard_tokenizer(tok, c->tokenizer, shard, info);
+    snprintf(shard, sizeof shard, "%s/val.bin", c->data);
+    if (!st && t->val) st = check_shard_tokenizer(tok, c->tokenizer, shard, kiln_loader_info(t->val));
+    kiln_model_meta meta;
+    if (!st && t->init_dir[0]) { /* what generate reads from the run's copies of these files */
+        if ((st = kiln_model_meta_load(t->init_dir, tok, &meta))) kiln_error_context(st, "--init %s with --tokenizer %s", c->init, c->tokenizer);
+        else kiln_model_meta_free(&meta);
+    }
     kiln_tokenizer_free(tok);
-    if (n < (int64_t)info->vocab_size)
-        return kiln_error(KILN_ERR_INVALID, "--tokenizer %s has %lld tokens but %s/train.bin uses a vocabulary of %u: not the "
-                          "tokenizer the shards were made with", c->tokenizer, (long long)n, c->data, info->vocab_size);
-    return KILN_OK;
+    return st;
 }
 
 kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out) {
@@ -234,6 +288,7 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
     if (resume) {
         if ((st = kiln_checkpoint_latest(c->run_dir, ck, sizeof ck))) goto fail;
         if ((st = kiln_load_model_dir(ck, &t->model))) goto fail;
+        snprintf(t->model_src, sizeof t->model_src, "%s/config.json", ck);
     } else if ((st = build_model(t, info))) {
         goto fail;
     } else {
@@ -304,17 +359,13 @@ fail:
 
 void kiln_trainer_free(kiln_trainer *t) {
     if (!t) return;
-    for (int i = 0; t->mb && i < t->cfg.accum; i++) kiln_batch_free(t->mb[i]);
-    for (int i = 0; t->vb && i < t->n_val; i++) kiln_batch_free(t->vb[i]);
-    free(t->mb);
-    free(t->vb);
-    kiln_loader_close(t->train);
-    kiln_loader_close(t->val);
+    close_loaders(t);
     kiln_compiled_free(t->cs_train);
     kiln_compiled_free(t->cs_eval);
     kiln_adamw_free(t->opt);
     kiln_llama_free(t->model);
     if (t->metrics) fclose(t->metrics);
+    kiln_tfevents_close(t->events);
     free(t);
 }
 
@@ -336,6 +387,7 @@ static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
     t->st.last_val_loss = loss;
     fprintf(t->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)t->st.step, loss, exp(loss));
     fflush(t->metrics);
+    log_events(t, (const char *const[]){"val_loss", "val_ppl"}, (const double[]){loss, exp(loss)}, 2);
     emit(fn, user, (kiln_event){.kind = KILN_EVENT_EVAL, .state = &t->st, .val_loss = loss});
     return KILN_OK;
 }
@@ -421,6 +473,8 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
                 (long long)t->st.step, (long long)t->st.epoch, res.loss, res.lr, res.grad_norm, (long long)res.tokens,
                 positions / dt, t->st.elapsed_s);
         if (t->metrics) fflush(t->metrics);
+        log_events(t, (const char *const[]){"loss", "lr", "grad_norm", "tokens_per_s"},
+                   (const double[]){res.loss, res.lr, res.grad_norm, positions / dt}, 4);
         emit(fn, user, (kiln_event){.kind = KILN_EVENT_STEP, .state = &t->st, .step = &res, .tokens_per_s = positions / dt});
         if (t->cfg.eval_every && t->st.step % t->cfg.eval_every == 0 && (st = evaluate(t, fn, user))) break;
         if (t->cfg.save_every && t->st.step % t->cfg.save_every == 0) {

@@ -34,14 +34,6 @@ static bool is_file(const char *path) {
     return stat(path, &s) == 0 && S_ISREG(s.st_mode);
 }
 
-static const char *fmt_shape(int ndim, const int64_t *shape, char *buf, size_t n) {
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < n) snprintf(buf + k, n - k, "]");
-    return buf;
-}
-
 /* ---- options ---------------------------------------------------------------- */
 
 kiln_status kiln_weights_options_parse(const char *dtype, const char *shard_size, kiln_weights_options *o) {
@@ -232,7 +224,7 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
         const kiln_tensor *q = m->params[i];
         int k = find_name(w, q->name);
         if (k < 0) {
-            add_problem(p, "missing tensor '%s' (the model expects %s)", q->name, fmt_shape(q->ndim, q->shape, a, sizeof a));
+            add_problem(p, "missing tensor '%s' (the model expects %s)", q->name, kiln_dims_str(q->ndim, q->shape, a, sizeof a));
             continue;
         }
         const kiln_st_tensor *s = w->src[k];
@@ -240,7 +232,7 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
         for (int d = 0; same && d < s->ndim; d++) same = s->shape[d] == q->shape[d];
         if (!same)
             add_problem(p, "tensor '%s' has shape %s but the model expects %s", q->name,
-                        fmt_shape(s->ndim, s->shape, a, sizeof a), fmt_shape(q->ndim, q->shape, b, sizeof b));
+                        kiln_dims_str(s->ndim, s->shape, a, sizeof a), kiln_dims_str(q->ndim, q->shape, b, sizeof b));
         else if (s->dtype != KILN_F32 && s->dtype != KILN_BF16 && s->dtype != KILN_F16)
             add_problem(p, "tensor '%s' has dtype %s; weights must be F32, BF16 or F16", q->name, kiln_dtype_name(s->dtype));
         else if (q->dtype != KILN_F32 && q->dtype != KILN_BF16)
