@@ -22,7 +22,7 @@ LDLIBS   += $(MPI_LIB)
 endif
 endif
 
-LIB_SRC   := $(sort $(wildcard src/core/*.c src/kernels/*.c src/ops/*.c src/eager/*.c src/graph/*.c src/compile/*.c src/model/*.c src/tokenizer/*.c src/template/*.c src/formats/*.c src/data/*.c src/train/*.c))
+LIB_SRC   := $(sort $(wildcard src/core/*.c src/kernels/*.c src/ops/*.c src/eager/*.c src/graph/*.c src/compile/*.c src/model/*.c src/backend/*.c src/backend/*/*.c src/tokenizer/*.c src/template/*.c src/formats/*.c src/data/*.c src/train/*.c))
 CLI_SRC   := $(sort $(wildcard src/cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))

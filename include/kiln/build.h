@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-typedef struct {
+typedef struct kiln_build_options {
     const char *cc;        /* NULL: $KILN_CC, else "cc" */
     const char *cflags;    /* NULL: $KILN_CFLAGS, else KILN_DEFAULT_CFLAGS */
     const char *cache_dir; /* NULL: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln */
@@ -50,7 +50,7 @@ typedef struct {
 
 typedef struct kiln_module kiln_module;
 
-typedef struct {
+typedef struct kiln_build_info {
     bool from_cache;    /* loaded without compiling */
     double seconds;     /* whole call: key, compile (if any), load */
     char key[65];       /* hex SHA-256 cache key */

@@ -243,6 +243,13 @@ float kiln_tensor_item_f32(const kiln_tensor *t, int64_t i);
 /* The tensor's memory for host code when its buffer type is host-mappable;
  * NULL with an error naming the tensor and the device otherwise. */
 void *kiln_tensor_map(const kiln_tensor *t);
+/* The device address of a tensor's first element, to hand to code that
+ * runs on its device (a backend's kernels, generated modules inside
+ * kiln_backend_exec): an address, never to be dereferenced by host code. */
+static inline void *kiln_tensor_ptr(const kiln_tensor *t) { return t->data; }
+/* A tensor of the given meta sharing base's storage from byte offset off
+ * (checked to fit): the interpreter's planned buffers in its arena. */
+kiln_tensor *kiln_tensor_view_bytes(kiln_tensor *base, size_t off, kiln_dtype dt, int ndim, const int64_t *shape);
 /* The buffer type of a tensor's memory (tensors that wrap host memory: the
  * host's). */
 const kiln_buffer_type *kiln_tensor_buft(const kiln_tensor *t);

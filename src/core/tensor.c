@@ -163,6 +163,23 @@ kiln_tensor *kiln_tensor_view(kiln_tensor *src, int ndim, const int64_t *shape) 
     return t;
 }
 
+kiln_tensor *kiln_tensor_view_bytes(kiln_tensor *base, size_t off, kiln_dtype dt, int ndim, const int64_t *shape) {
+    kiln_tensor *t = tensor_header(dt, ndim, shape);
+    if (!t) return NULL;
+    size_t nb = kiln_tensor_nbytes(base);
+    if (off > nb || kiln_tensor_nbytes(t) > nb - off) {
+        char b[96];
+        kiln_error(KILN_ERR_RANGE, "view: %zu bytes at offset %zu do not fit in %s", kiln_tensor_nbytes(t), off,
+                   kiln_shape_str(base, b, sizeof b));
+        free(t);
+        return NULL;
+    }
+    t->data = (char *)base->data + off;
+    t->storage = base->storage;
+    if (t->storage) __atomic_add_fetch(&t->storage->refcount, 1, __ATOMIC_RELAXED);
+    return t;
+}
+
 kiln_tensor *kiln_tensor_retain(kiln_tensor *t) {
     if (t) __atomic_add_fetch(&t->refcount, 1, __ATOMIC_RELAXED);
     return t;

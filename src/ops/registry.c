@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include "internal.h"
+#include "kiln/backend.h"
 
 static const kiln_op_def *const registry[KILN_OP_COUNT] = {
 #define KILN_OP_ENTRY_(id, sym) [KILN_OP_##id] = &kiln_opdef_##sym,
@@ -96,28 +97,27 @@ kiln_dispatcher kiln_op_get_dispatcher(void) { return current; }
 kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out,
                              kiln_tensor **aux) {
     const kiln_op_def *d = registry[op];
+    /* outputs on the device of the inputs (checked one device by kiln_op_call_aux) */
+    const kiln_backend *be = d->n_in ? kiln_backend_of(in[0]) : kiln_backend_current();
     kiln_tensor *t = d->is_view ? kiln_tensor_view(in[0], out->ndim, out->shape)
-                                : kiln_tensor_new(out->dtype, out->ndim, out->shape);
+                                : kiln_tensor_new_on(be->buft, out->dtype, out->ndim, out->shape);
     if (!t) return NULL;
     if (d->is_view) return t;
-    kiln_status st;
+    kiln_status st = KILN_OK;
     if (d->n_aux) {
         kiln_meta am[KILN_OP_MAX_AUX];
         kiln_meta im[KILN_OP_MAX_IN];
         for (int i = 0; i < d->n_in; i++) im[i] = kiln_meta_of(in[i]);
         st = d->aux_shape(im, attrs, am);
         for (int i = 0; i < d->n_aux && !st; i++)
-            if (!(aux[i] = kiln_tensor_new(am[i].dtype, am[i].ndim, am[i].shape))) st = kiln_last_status();
-        if (!st) st = d->forward_aux(in, attrs, t, aux);
-        if (st)
-            for (int i = 0; i < d->n_aux; i++) {
-                kiln_tensor_release(aux[i]);
-                aux[i] = NULL;
-            }
-    } else {
-        st = d->forward(in, attrs, t);
+            if (!(aux[i] = kiln_tensor_new_on(be->buft, am[i].dtype, am[i].ndim, am[i].shape))) st = kiln_last_status();
     }
+    if (!st) st = kiln_backend_run_op(be, op, in, attrs, t, d->n_aux ? aux : NULL);
     if (st != KILN_OK) {
+        for (int i = 0; i < d->n_aux; i++) {
+            kiln_tensor_release(aux[i]);
+            aux[i] = NULL;
+        }
         kiln_tensor_release(t);
         return NULL;
     }
@@ -140,6 +140,7 @@ kiln_tensor *kiln_op_call_aux(int op, kiln_tensor *const *in, int n_in, const ki
         if (!in[i]) return NULL; /* propagate the earlier error */
         m[i] = kiln_meta_of(in[i]);
     }
+    if (!kiln_backend_of_inputs(d->name, in, n_in)) return NULL;
     kiln_attrs a = attrs ? *attrs : (kiln_attrs){0};
     kiln_meta out;
     if (d->shape(m, &a, &out) != KILN_OK) return NULL;
