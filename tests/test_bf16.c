@@ -122,7 +122,7 @@ typedef struct {
     int64_t count;
 } fixture;
 
-static kiln_tensor *wrap_st(const kiln_st_tensor *t) { return kiln_tensor_wrap((void *)t->data, t->dtype, t->ndim, t->shape); }
+static kiln_tensor *wrap_st(const kiln_st_tensor *t) { return kiln_tensor_wrap((void *)t->bytes, t->dtype, t->ndim, t->shape); }
 
 static bool fixture_open(fixture *x) {
     memset(x, 0, sizeof *x);

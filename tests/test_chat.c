@@ -86,8 +86,8 @@ static void masked_gradient(void) {
     int32_t *tok = malloc(n * sizeof *tok);
     uint8_t *m = malloc(n);
     for (size_t i = 0; i < n; i++) {
-        tok[i] = ((const int32_t *)stream->data)[i];
-        m[i] = (uint8_t)((const int32_t *)lmask->data)[i];
+        tok[i] = ((const int32_t *)stream->bytes)[i];
+        m[i] = (uint8_t)((const int32_t *)lmask->bytes)[i];
     }
     char path[256];
     snprintf(path, sizeof path, "%s/masked.bin", tmpdir);
@@ -104,8 +104,8 @@ static void masked_gradient(void) {
     int64_t count = 0;
     bool same = true;
     for (int i = 0; i < B * T; i++) {
-        same &= b->targets[i] == ((const int32_t *)labels->data)[i];
-        count += ((const int32_t *)labels->data)[i] != KILN_IGNORE_INDEX;
+        same &= b->targets[i] == ((const int32_t *)labels->bytes)[i];
+        count += ((const int32_t *)labels->bytes)[i] != KILN_IGNORE_INDEX;
     }
     CHECK(same, "the loader's targets equal the fixture's ignore_index labels");
     CHECK(b->n_targets == count && count < B * T, "n_targets %lld counts only unmasked targets (%lld of %d)",
@@ -113,7 +113,7 @@ static void masked_gradient(void) {
     kiln_llama *model = kiln_llama_new(&cfg, 1);
     for (int i = 0; model && i < model->n_params; i++) {
         const kiln_st_tensor *t = kiln_st_find(f, model->params[i]->name);
-        if (t && t->nbytes == kiln_tensor_nbytes(model->params[i])) memcpy(model->params[i]->data, t->data, t->nbytes);
+        if (t && t->nbytes == kiln_tensor_nbytes(model->params[i])) memcpy(model->params[i]->data, t->bytes, t->nbytes);
         else CHECK(0, "fixture parameter %s", model->params[i]->name);
     }
     int64_t s[2] = {B, T}, one = 1;
@@ -124,8 +124,8 @@ static void masked_gradient(void) {
     kiln_tensor *loss = sum ? kiln_scale_by(sum, inv) : NULL;
     CHECK(loss != NULL, "loss: %s", kiln_last_error());
     if (loss) {
-        double e = t_rel(kiln_f32(loss)[0], ((const float *)ref_loss->data)[0]);
-        CHECK(e < 1e-4, "masked loss %.7f vs PyTorch %.7f", kiln_f32(loss)[0], ((const float *)ref_loss->data)[0]);
+        double e = t_rel(kiln_f32(loss)[0], ((const float *)ref_loss->bytes)[0]);
+        CHECK(e < 1e-4, "masked loss %.7f vs PyTorch %.7f", kiln_f32(loss)[0], ((const float *)ref_loss->bytes)[0]);
         CHECK_OK(kiln_backward(loss));
         double worst = 0;
         for (int i = 0; i < model->n_params; i++) {
@@ -134,12 +134,12 @@ static void masked_gradient(void) {
             const kiln_st_tensor *rg = kiln_st_find(f, g);
             CHECK(rg && model->params[i]->grad, "gradient %s", g);
             if (!rg || !model->params[i]->grad) continue;
-            double ge = rel_err(kiln_f32(model->params[i]->grad), (const float *)rg->data, kiln_tensor_numel(model->params[i]));
+            double ge = rel_err(kiln_f32(model->params[i]->grad), (const float *)rg->bytes, kiln_tensor_numel(model->params[i]));
             worst = fmax(worst, ge);
             CHECK(ge < 1e-4, "gradient of %s differs from PyTorch by %.3g", model->params[i]->name, ge);
         }
         printf("masked batch (%lld of %d targets): loss %.7f (PyTorch %.7f), worst gradient rel error %.3g\n",
-               (long long)count, B * T, kiln_f32(loss)[0], ((const float *)ref_loss->data)[0], worst);
+               (long long)count, B * T, kiln_f32(loss)[0], ((const float *)ref_loss->bytes)[0], worst);
     }
     kiln_tensor_release(loss);
     kiln_tensor_release(sum);

@@ -108,12 +108,12 @@ static void test_bf16_and_tied_head(void) {
         int64_t k = kiln_tensor_numel(p);
         bufs[i] = malloc((size_t)k * 2);
         for (int64_t j = 0; j < k; j++) bufs[i][j] = kiln_f32_to_bf16(kiln_f32(p)[j]);
-        ts[i] = (kiln_st_tensor){.name = p->name, .dtype = KILN_BF16, .ndim = p->ndim, .data = bufs[i],
+        ts[i] = (kiln_st_tensor){.name = p->name, .dtype = KILN_BF16, .ndim = p->ndim, .bytes = bufs[i],
                                  .nbytes = (size_t)k * 2};
         memcpy(ts[i].shape, p->shape, sizeof ts[i].shape);
     }
     ts[n] = (kiln_st_tensor){.name = "lm_head.weight", .dtype = KILN_BF16, .ndim = 2,
-                             .shape = {c.vocab_size, c.hidden_size}, .data = bufs[0], .nbytes = ts[0].nbytes};
+                             .shape = {c.vocab_size, c.hidden_size}, .bytes = bufs[0], .nbytes = ts[0].nbytes};
     CHECK_OK(kiln_st_save(at("bf16.safetensors"), ts, n + 1, NULL));
     CHECK_OK(kiln_load_weights(at("bf16.safetensors"), b));
     bool ok = true;
@@ -136,7 +136,7 @@ static void save_altered(const char *path, const kiln_llama *m, const char *vict
     int k = 0;
     for (int i = 0; i < n; i++) {
         kiln_tensor *p = m->params[i];
-        kiln_st_tensor t = {.name = p->name, .dtype = p->dtype, .ndim = p->ndim, .data = p->data,
+        kiln_st_tensor t = {.name = p->name, .dtype = p->dtype, .ndim = p->ndim, .bytes = p->data,
                             .nbytes = kiln_tensor_nbytes(p)};
         memcpy(t.shape, p->shape, sizeof t.shape);
         if (!strcmp(p->name, victim)) {
@@ -147,7 +147,7 @@ static void save_altered(const char *path, const kiln_llama *m, const char *vict
         ts[k++] = t;
     }
     if (alt == ALT_EXTRA) ts[k++] = (kiln_st_tensor){.name = victim, .dtype = KILN_F32, .ndim = 1, .shape = {4},
-                                                     .data = m->params[0]->data, .nbytes = 16};
+                                                     .bytes = m->params[0]->data, .nbytes = 16};
     CHECK_OK(kiln_st_save(path, ts, k, NULL));
     free(ts);
 }

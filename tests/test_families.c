@@ -31,7 +31,7 @@ static struct {
 static int n_saved;
 
 static kiln_tensor *wrap_st(const kiln_st_tensor *t) {
-    return kiln_tensor_wrap((void *)t->data, t->dtype, t->ndim, t->shape);
+    return kiln_tensor_wrap((void *)t->bytes, t->dtype, t->ndim, t->shape);
 }
 
 /* max |a-b| / max |b| */
@@ -45,7 +45,7 @@ static double grads_err(const char *name, const char *how, kiln_llama *m, kiln_s
         const kiln_st_tensor *g = kiln_st_find(f, gname);
         CHECK(g && p->grad, "%s %s: gradient of %s missing", name, how, p->name);
         if (!g || !p->grad) continue;
-        double e = rel_err(kiln_f32(p->grad), g->data, kiln_tensor_numel(p));
+        double e = rel_err(kiln_f32(p->grad), g->bytes, kiln_tensor_numel(p));
         CHECK(e < 1e-4, "%s %s: gradient of %s differs from PyTorch by %.3g", name, how, p->name, e);
         worst = fmax(worst, e);
     }
@@ -67,7 +67,7 @@ static void save_and_read_back(const char *name, kiln_llama *m, kiln_tensor *ids
     kiln_tensor *logits = kiln_llama_forward(m, ids, mask, NULL);
     CHECK(logits != NULL, "%s: forward after the step: %s", name, kiln_last_error());
     if (!logits) return;
-    kiln_st_tensor lt = {.name = "logits", .dtype = KILN_F32, .ndim = logits->ndim, .data = logits->data,
+    kiln_st_tensor lt = {.name = "logits", .dtype = KILN_F32, .ndim = logits->ndim, .bytes = logits->data,
                          .nbytes = kiln_tensor_nbytes(logits)};
     memcpy(lt.shape, logits->shape, sizeof lt.shape);
     snprintf(path, sizeof path, "%s/kiln_logits.safetensors", dir);
@@ -145,12 +145,12 @@ static void check_family(int fi) {
         kiln_tensor *p = m->params[i];
         const kiln_st_tensor *t = kiln_st_find(f, p->name);
         CHECK(t && t->nbytes == kiln_tensor_nbytes(p), "%s: parameter %s missing or wrong size", name, p->name);
-        if (t && t->nbytes == kiln_tensor_nbytes(p)) memcpy(p->data, t->data, t->nbytes);
+        if (t && t->nbytes == kiln_tensor_nbytes(p)) memcpy(p->data, t->bytes, t->nbytes);
     }
     kiln_tensor *ids = wrap_st(kiln_st_find(f, "input_ids"));
     kiln_tensor *mask = wrap_st(kiln_st_find(f, "attention_mask"));
     kiln_tensor *labels = wrap_st(kiln_st_find(f, "labels"));
-    const float *ref_logits = kiln_st_find(f, "logits")->data, ref_loss = *(const float *)kiln_st_find(f, "loss")->data;
+    const float *ref_logits = kiln_st_find(f, "logits")->bytes, ref_loss = *(const float *)kiln_st_find(f, "loss")->bytes;
     int64_t count = 0;
     for (int64_t i = 0; i < kiln_tensor_numel(labels); i++) count += kiln_i32(labels)[i] != KILN_IGNORE_INDEX;
 

@@ -38,14 +38,14 @@ static bool load(setup *s, const char *name, bool freeze_embed) {
     s->m = kiln_llama_new(&cfg, 1);
     for (int i = 0; i < s->m->n_params; i++) {
         const kiln_st_tensor *t = kiln_st_find(s->f, s->m->params[i]->name);
-        memcpy(s->m->params[i]->data, t->data, t->nbytes);
+        memcpy(s->m->params[i]->data, t->bytes, t->nbytes);
     }
     if (freeze_embed) kiln_llama_set_trainable(s->m, "model.embed_tokens.*", false);
     const kiln_st_tensor *ids = kiln_st_find(s->f, "input_ids"), *lab = kiln_st_find(s->f, "labels"),
                          *mask = kiln_st_find(s->f, "attention_mask");
-    s->ids = kiln_tensor_wrap((void *)ids->data, KILN_I32, 2, ids->shape);
-    s->labels = kiln_tensor_wrap((void *)lab->data, KILN_I32, 2, lab->shape);
-    s->mask = kiln_tensor_wrap((void *)mask->data, KILN_I32, 2, mask->shape);
+    s->ids = kiln_tensor_wrap((void *)ids->bytes, KILN_I32, 2, ids->shape);
+    s->labels = kiln_tensor_wrap((void *)lab->bytes, KILN_I32, 2, lab->shape);
+    s->mask = kiln_tensor_wrap((void *)mask->bytes, KILN_I32, 2, mask->shape);
     int64_t one = 1;
     s->scale = kiln_tensor_new(KILN_F32, 1, &one);
     kiln_f32(s->scale)[0] = 1.0f / 77.0f;

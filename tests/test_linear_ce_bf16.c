@@ -125,11 +125,11 @@ static bool fixture_open(fixture *x) {
     const kiln_st_tensor *ids = kiln_st_find(x->f, "input_ids"), *lab = kiln_st_find(x->f, "labels"),
                          *mask = kiln_st_find(x->f, "attention_mask");
     if (!ids || !lab || !mask) return false;
-    x->ids = kiln_tensor_wrap((void *)ids->data, KILN_I32, 2, ids->shape);
-    x->mask = kiln_tensor_wrap((void *)mask->data, KILN_I32, 2, mask->shape);
+    x->ids = kiln_tensor_wrap((void *)ids->bytes, KILN_I32, 2, ids->shape);
+    x->mask = kiln_tensor_wrap((void *)mask->bytes, KILN_I32, 2, mask->shape);
     /* the fixture's labels with more ignored targets (every 4th) */
     x->labels = kiln_tensor_new(KILN_I32, 2, lab->shape);
-    memcpy(x->labels->data, lab->data, lab->nbytes);
+    memcpy(x->labels->data, lab->bytes, lab->nbytes);
     x->N = kiln_tensor_numel(x->labels);
     x->V = cfg.vocab_size;
     for (int64_t i = 0; i < x->N; i++) {

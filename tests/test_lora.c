@@ -29,7 +29,7 @@ static kiln_tensor *fix_tensor(kiln_st_file *f, const char *name, kiln_dtype wan
     CHECK(s && s->dtype == want, "fixture tensor %s", name);
     if (!s || s->dtype != want) return NULL;
     kiln_tensor *t = kiln_tensor_new(want, s->ndim, s->shape);
-    memcpy(t->data, s->data, s->nbytes);
+    memcpy(t->data, s->bytes, s->nbytes);
     return t;
 }
 
@@ -37,7 +37,7 @@ static bool fill_param(kiln_st_file *f, kiln_tensor *p) {
     const kiln_st_tensor *s = kiln_st_find(f, p->name);
     bool ok = s && s->dtype == KILN_F32 && s->nbytes == kiln_tensor_nbytes(p);
     CHECK(ok, "fixture has %s", p->name);
-    if (ok) memcpy(p->data, s->data, s->nbytes);
+    if (ok) memcpy(p->data, s->bytes, s->nbytes);
     return ok;
 }
 
@@ -106,7 +106,7 @@ static void check_grads(const char *what, fixture *x) {
             missing++;
             continue;
         }
-        worst = fmax(worst, rel_err(kiln_f32(p->grad), g->data, kiln_tensor_numel(p)));
+        worst = fmax(worst, rel_err(kiln_f32(p->grad), g->bytes, kiln_tensor_numel(p)));
     }
     printf("  %s: adapter gradients vs torch: max rel err %.2e\n", what, worst);
     CHECK(missing == 0, "%s: %d adapters without a gradient or a reference", what, missing);
@@ -120,7 +120,7 @@ static void test_torch_reference(void) {
         fixture_close(&x);
         return;
     }
-    float ref = ((const float *)kiln_st_find(x.f, "loss")->data)[0];
+    float ref = ((const float *)kiln_st_find(x.f, "loss")->bytes)[0];
     double l = eager_loss(x.m, &x, true);
     printf("  eager loss %.7f, torch %.7f\n", l, ref);
     CHECK(t_rel(l, ref) < TOL, "eager loss %.7f vs torch %.7f", l, ref);
@@ -198,7 +198,7 @@ static void test_init_and_zero_b(void) {
     CHECK_OK(kiln_llama_lora_add(x.m, &lc, 11));
     const kiln_st_tensor *ta = kiln_st_find(x.f, "init.A");
     double torch_max = 0;
-    for (int64_t i = 0; ta && i < 4 * 48; i++) torch_max = fmax(torch_max, fabs(((const float *)ta->data)[i]));
+    for (int64_t i = 0; ta && i < 4 * 48; i++) torch_max = fmax(torch_max, fabs(((const float *)ta->bytes)[i]));
     kiln_tensor *A = kiln_llama_param(x.m, "model.layers.0.self_attn.q_proj.lora_A.weight");
     kiln_tensor *B = kiln_llama_param(x.m, "model.layers.0.self_attn.q_proj.lora_B.weight");
     CHECK(A && B && A->shape[0] == 4 && A->shape[1] == 48 && B->shape[0] == 48 && B->shape[1] == 4, "adapter shapes");
@@ -376,7 +376,7 @@ static void check_peft_files(const char *run) {
     CHECK(a && a->dtype == KILN_F32 && a->shape[0] == 4 && a->shape[1] == 128, "q_proj.lora_A [4, 128] under PEFT's name");
     CHECK(b && b->shape[0] == 128 && b->shape[1] == 4, "down_proj.lora_B [128, 4] under PEFT's name");
     double bmax = 0;
-    for (int64_t i = 0; b && i < 128 * 4; i++) bmax = fmax(bmax, fabs(((const float *)b->data)[i]));
+    for (int64_t i = 0; b && i < 128 * 4; i++) bmax = fmax(bmax, fabs(((const float *)b->bytes)[i]));
     CHECK(bmax > 0, "B trained away from zero");
     kiln_st_close(f);
 }

@@ -323,7 +323,7 @@ static void trainer(void) {
     const kiln_st_tensor *q = f ? kiln_st_find(f, "model.layers.0.self_attn.q_proj.weight") : NULL;
     bool exact = q && q->dtype == KILN_F32;
     for (size_t j = 0; exact && j < q->nbytes / 4; j++) {
-        float v = ((const float *)q->data)[j];
+        float v = ((const float *)q->bytes)[j];
         exact = kiln_bf16_to_f32(kiln_f32_to_bf16(v)) == v;
     }
     CHECK(exact, "the saved base is F32 holding bf16 values");

@@ -65,7 +65,7 @@ static double weights_diff(const char *fa, const char *fb, int *n_changed, int *
         if (!y || x->dtype != KILN_F32 || y->dtype != KILN_F32 || x->nbytes != y->nbytes) continue;
         (*n_common)++;
         double d = 0;
-        for (size_t k = 0; k < x->nbytes / 4; k++) d = fmax(d, fabs((double)((const float *)x->data)[k] - ((const float *)y->data)[k]));
+        for (size_t k = 0; k < x->nbytes / 4; k++) d = fmax(d, fabs((double)((const float *)x->bytes)[k] - ((const float *)y->bytes)[k]));
         *n_changed += d > 0;
         worst = fmax(worst, d);
     }

@@ -9,7 +9,7 @@
 #define FIX "tests/fixtures/"
 
 static kiln_tensor *wrap_st(const kiln_st_tensor *t) {
-    return kiln_tensor_wrap((void *)t->data, t->dtype, t->ndim, t->shape);
+    return kiln_tensor_wrap((void *)t->bytes, t->dtype, t->ndim, t->shape);
 }
 
 /* max |a-b| / max |b| over the tensor: fair to elements near zero */
@@ -29,7 +29,7 @@ static void check_fixture(const char *name) {
         kiln_tensor *p = m->params[i];
         const kiln_st_tensor *t = kiln_st_find(f, p->name);
         CHECK(t && t->nbytes == kiln_tensor_nbytes(p), "%s: parameter %s missing or wrong size", name, p->name);
-        if (t && t->nbytes == kiln_tensor_nbytes(p)) memcpy(p->data, t->data, t->nbytes);
+        if (t && t->nbytes == kiln_tensor_nbytes(p)) memcpy(p->data, t->bytes, t->nbytes);
     }
     kiln_tensor *ids = wrap_st(kiln_st_find(f, "input_ids"));
     kiln_tensor *mask = wrap_st(kiln_st_find(f, "attention_mask"));
@@ -40,7 +40,7 @@ static void check_fixture(const char *name) {
     kiln_tensor *logits = kiln_llama_forward(m, ids, mask, NULL);
     CHECK(logits != NULL, "%s forward: %s", name, kiln_last_error());
     if (logits) {
-        double e = rel_err(kiln_f32(logits), ref_logits->data, kiln_tensor_numel(logits));
+        double e = rel_err(kiln_f32(logits), ref_logits->bytes, kiln_tensor_numel(logits));
         printf("%s: logits max rel error %.3g\n", name, e);
         CHECK(e < 1e-4, "%s: logits differ from PyTorch by %.3g", name, e);
     }
@@ -56,8 +56,8 @@ static void check_fixture(const char *name) {
     kiln_tensor *loss = kiln_scale_by(sum, inv);
     CHECK(loss != NULL, "%s loss: %s", name, kiln_last_error());
     if (loss) {
-        double e = t_rel(kiln_f32(loss)[0], ((const float *)ref_loss->data)[0]);
-        printf("%s: loss %.7f (PyTorch %.7f), rel error %.3g\n", name, kiln_f32(loss)[0], ((const float *)ref_loss->data)[0], e);
+        double e = t_rel(kiln_f32(loss)[0], ((const float *)ref_loss->bytes)[0]);
+        printf("%s: loss %.7f (PyTorch %.7f), rel error %.3g\n", name, kiln_f32(loss)[0], ((const float *)ref_loss->bytes)[0], e);
         CHECK(e < 1e-4, "%s: loss differs by %.3g", name, e);
         CHECK_OK(kiln_backward(loss));
         double worst = 0;
@@ -68,7 +68,7 @@ static void check_fixture(const char *name) {
             const kiln_st_tensor *g = kiln_st_find(f, gname);
             CHECK(g && p->grad, "%s: gradient of %s missing", name, p->name);
             if (!g || !p->grad) continue;
-            double ge = rel_err(kiln_f32(p->grad), g->data, kiln_tensor_numel(p));
+            double ge = rel_err(kiln_f32(p->grad), g->bytes, kiln_tensor_numel(p));
             worst = fmax(worst, ge);
             CHECK(ge < 1e-4, "%s: gradient of %s differs by %.3g", name, p->name, ge);
         }

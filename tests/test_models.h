@@ -35,7 +35,7 @@ static inline bool test_fixture_model(const char *config_path, const char *st_pa
     for (int i = 0; i < (*m)->n_params; i++) {
         const kiln_st_tensor *t = kiln_st_find(*f, (*m)->params[i]->name);
         if (!t || t->nbytes != kiln_tensor_nbytes((*m)->params[i])) return false;
-        memcpy((*m)->params[i]->data, t->data, t->nbytes);
+        memcpy((*m)->params[i]->data, t->bytes, t->nbytes);
     }
     return true;
 }

@@ -558,7 +558,7 @@ static const int32_t *st_i32(const kiln_st_file *f, const char *name, int64_t n)
     const kiln_st_tensor *t = kiln_st_find(f, name);
     bool ok = t && t->dtype == KILN_I32 && (int64_t)(t->nbytes / 4) == n;
     CHECK(ok, "fixture tensor %s", name);
-    return ok ? t->data : NULL;
+    return ok ? t->bytes : NULL;
 }
 
 static void test_torch(void) {
@@ -579,7 +579,7 @@ static void test_torch(void) {
     snprintf(path, sizeof path, "%s/torch.bin", tmpdir);
     kiln_shard_info info = {.vocab_size = (uint32_t)cfg.vocab_size, .eos_id = (uint32_t)cfg.eos_token_id, .pad_id = 2,
                             .bos_id = 0xffffffffu, .n_docs = 9};
-    CHECK_OK(kiln_shard_write(path, stream->data, (size_t)stream->shape[0], &info));
+    CHECK_OK(kiln_shard_write(path, stream->bytes, (size_t)stream->shape[0], &info));
     kiln_loader_config lc = {.path = path, .batch_size = B, .seq_len = T, .mode = KILN_PACK_DOCUMENTS};
     kiln_loader *l = NULL;
     CHECK_OK(kiln_loader_open(&lc, &l));
@@ -595,7 +595,7 @@ static void test_torch(void) {
     kiln_llama *m = kiln_llama_new(&cfg, 1);
     for (int i = 0; m && i < m->n_params; i++) {
         const kiln_st_tensor *t = kiln_st_find(f, m->params[i]->name);
-        if (t && t->nbytes == kiln_tensor_nbytes(m->params[i])) memcpy(m->params[i]->data, t->data, t->nbytes);
+        if (t && t->nbytes == kiln_tensor_nbytes(m->params[i])) memcpy(m->params[i]->data, t->bytes, t->nbytes);
         else CHECK(0, "fixture parameter %s", m->params[i]->name);
     }
     kiln_compile_options co;
@@ -605,7 +605,7 @@ static void test_torch(void) {
         int64_t np;
         float *g;
         double sum = run_grads(m, b, compiled ? cs : NULL, &g, &np) / (double)b->n_targets;
-        double le = t_rel(sum, ((const float *)ref_loss->data)[0]), worst = 0;
+        double le = t_rel(sum, ((const float *)ref_loss->bytes)[0]), worst = 0;
         /* run_grads differentiates the sum: PyTorch's gradients are of the mean */
         for (int64_t i = 0, o = 0; i < m->n_params; o += kiln_tensor_numel(m->params[i]), i++) {
             char gn[160];
@@ -617,10 +617,10 @@ static void test_torch(void) {
                 continue;
             }
             for (int64_t j = 0; j < k; j++) g[o + j] /= (float)b->n_targets;
-            worst = fmax(worst, rel_diff(g + o, rg->data, k));
+            worst = fmax(worst, rel_diff(g + o, rg->bytes, k));
         }
         printf("  vs PyTorch (%s): %d rows of %d, loss %.7f (PyTorch %.7f, rel %.1e), worst parameter-gradient rel diff "
-               "%.2e (tolerance 1e-4)\n", compiled ? "compiled" : "eager", B, T, sum, ((const float *)ref_loss->data)[0], le,
+               "%.2e (tolerance 1e-4)\n", compiled ? "compiled" : "eager", B, T, sum, ((const float *)ref_loss->bytes)[0], le,
                worst);
         CHECK(le < 1e-5 && worst < 1e-4, "%s packed documents = PyTorch (%.3g, %.3g)", compiled ? "compiled" : "eager", le,
               worst);
@@ -637,8 +637,8 @@ static void test_torch(void) {
         int64_t V = cfg.vocab_size;
         for (int64_t i = 0; lg && i < n; i++)
             for (int64_t v = 0; am[i] && v < V; v++) {
-                worst = fmax(worst, fabs((double)kiln_f32(lg)[i * V + v] - ((const float *)ref_logits->data)[i * V + v]));
-                scale = fmax(scale, fabs((double)((const float *)ref_logits->data)[i * V + v]));
+                worst = fmax(worst, fabs((double)kiln_f32(lg)[i * V + v] - ((const float *)ref_logits->bytes)[i * V + v]));
+                scale = fmax(scale, fabs((double)((const float *)ref_logits->bytes)[i * V + v]));
             }
         printf("  vs PyTorch: logits of the real tokens max rel diff %.2e\n", worst / scale);
         CHECK(lg && worst / scale < 1e-4, "packed logits = PyTorch (%.3g)", worst / scale);

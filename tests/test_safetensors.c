@@ -100,8 +100,8 @@ static void test_round_trip(void) {
               "%s: header differs", ts[i].name);
         for (int d = 0; d < ts[i].ndim; d++) CHECK(t->shape[d] == ts[i].shape[d], "%s dim %d", t->name, d);
         CHECK(t->nbytes == ts[i].nbytes, "%s nbytes %zu", t->name, t->nbytes);
-        CHECK(t->nbytes == 0 || memcmp(t->data, ts[i].data, t->nbytes) == 0, "%s data differs", t->name);
-        CHECK((uintptr_t)t->data % kiln_dtype_size(t->dtype) == 0, "%s misaligned", t->name);
+        CHECK(t->nbytes == 0 || memcmp(t->bytes, ts[i].bytes, t->nbytes) == 0, "%s data differs", t->name);
+        CHECK((uintptr_t)t->bytes % kiln_dtype_size(t->dtype) == 0, "%s misaligned", t->name);
     }
     CHECK(kiln_st_find(f, "nope") == NULL, "found a missing name");
     CHECK(kiln_st_at(f, -1) == NULL && kiln_st_at(f, n) == NULL, "at() out of range");
@@ -123,12 +123,12 @@ static void test_round_trip(void) {
     kiln_st_tensor t2 = mk("model.w", KILN_F32, 2, (int64_t[]){3, 4}, z);
     CHECK_OK(kiln_st_save(p, &t2, 1, NULL));
     const kiln_st_tensor *w = kiln_st_find(f, "model.w");
-    CHECK(w && memcmp(w->data, a, sizeof a) == 0, "open mapping changed by a save");
+    CHECK(w && memcmp(w->bytes, a, sizeof a) == 0, "open mapping changed by a save");
     kiln_st_close(f);
 
     CHECK_OK(kiln_st_open(p, &f));
     CHECK(f && kiln_st_count(f) == 1 && kiln_st_metadata_count(f) == 0, "resaved file");
-    if (f) CHECK(memcmp(kiln_st_at(f, 0)->data, z, sizeof z) == 0, "resaved data");
+    if (f) CHECK(memcmp(kiln_st_at(f, 0)->bytes, z, sizeof z) == 0, "resaved data");
     kiln_st_close(f);
 
     /* No tensors at all is a valid file. */
@@ -179,11 +179,11 @@ static void test_python_interop(void) {
     for (int i = 0; i < 6; i++) {
         const kiln_st_tensor *t = kiln_st_find(f, ts[i].name);
         CHECK(t && t->dtype == ts[i].dtype && t->ndim == ts[i].ndim && t->nbytes == ts[i].nbytes &&
-                  (t->nbytes == 0 || memcmp(t->data, ts[i].data, t->nbytes) == 0),
+                  (t->nbytes == 0 || memcmp(t->bytes, ts[i].bytes, t->nbytes) == 0),
               "python tensor %s differs", ts[i].name);
     }
     const kiln_st_tensor *ct = kiln_st_find(f, "c");
-    if (ct) CHECK(kiln_bf16_to_f32(((const uint16_t *)ct->data)[2]) == 0.15625f, "bf16 value");
+    if (ct) CHECK(kiln_bf16_to_f32(((const uint16_t *)ct->bytes)[2]) == 0.15625f, "bf16 value");
     CHECK(kiln_st_metadata(f, "kiln") && strcmp(kiln_st_metadata(f, "kiln"), "interop") == 0, "meta");
     kiln_st_close(f);
 }
@@ -300,7 +300,7 @@ static void test_corrupt(void) {
                 "\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[2,6]}}  ", 6, -1);
     CHECK_OK(kiln_st_open(p, &f));
     const kiln_st_tensor *x = f ? kiln_st_find(f, "x") : NULL;
-    CHECK(x && (uintptr_t)x->data % 4 == 0 && memcmp(x->data, "\x02\x03\x04\x05", 4) == 0,
+    CHECK(x && (uintptr_t)x->bytes % 4 == 0 && memcmp(x->bytes, "\x02\x03\x04\x05", 4) == 0,
           "misaligned tensor not copied");
     kiln_st_close(f);
     unlink(p);
@@ -479,7 +479,7 @@ static void check_fixture(const char *path, int tied, int H, int I, int nkv, int
     CHECK(lg && lg->ndim == 3 && lg->shape[0] == B && lg->shape[1] == T && lg->shape[2] == V, "%s: logits", path);
     CHECK(loss && loss->ndim == 1 && loss->shape[0] == 1, "%s: loss", path);
     if (ids && mask && lab) {
-        const int32_t *id = ids->data, *m = mask->data, *y = lab->data;
+        const int32_t *id = ids->bytes, *m = mask->bytes, *y = lab->bytes;
         int pads[3] = {0, 0, 0}, bad = 0;
         for (int b = 0; b < B; b++)
             for (int t = 0; t < T; t++) {
@@ -490,7 +490,7 @@ static void check_fixture(const char *path, int tied, int H, int I, int nkv, int
         CHECK(bad == 0 && pads[0] == 0 && pads[1] == 5 && pads[2] == 11, "%s: labels/mask", path);
     }
     if (loss) {
-        float l = *(const float *)loss->data;
+        float l = *(const float *)loss->bytes;
         CHECK(l > 3.5f && l < 4.7f, "%s: loss %g is not near ln(61)", path, (double)l);
     }
     kiln_st_close(f);

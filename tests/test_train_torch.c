@@ -41,7 +41,7 @@ static kiln_llama *load_model(const kiln_st_file *f, const kiln_llama_config *cf
             kiln_llama_free(m);
             return NULL;
         }
-        memcpy(p->data, t->data, t->nbytes);
+        memcpy(p->data, t->bytes, t->nbytes);
     }
     return m;
 }
@@ -58,7 +58,7 @@ static bool load_batches(const kiln_st_file *f, kiln_batch **mb) {
             snprintf(name, sizeof name, "mb.%d.%s", i, keys[k]);
             const kiln_st_tensor *t = find(f, name, KILN_I32, B * T);
             if (!t) return false;
-            memcpy(dst[k], t->data, t->nbytes);
+            memcpy(dst[k], t->bytes, t->nbytes);
         }
         mb[i]->rows = B;
         mb[i]->index = i;
@@ -115,7 +115,7 @@ static void check_steps(const kiln_st_file *f, const kiln_step_result *res, kiln
     const kiln_st_tensor *tr = find(f, "step_lr", KILN_F32, STEPS);
     const kiln_st_tensor *tn = find(f, "step_grad_norm", KILN_F32, STEPS);
     if (!tl || !tr || !tn) return;
-    const float *loss = tl->data, *lr = tr->data, *norm = tn->data;
+    const float *loss = tl->bytes, *lr = tr->bytes, *norm = tn->bytes;
     double worst[3] = {0, 0, 0};
     int clipped = 0;
     printf("step  loss kiln / torch              lr kiln / torch          grad norm kiln / torch\n");
@@ -148,7 +148,7 @@ static double final_err(const kiln_st_file *f, const kiln_llama *m, const char *
         snprintf(key, sizeof key, "final.%s", p->name);
         const kiln_st_tensor *t = find(f, key, KILN_F32, kiln_tensor_numel(p));
         if (!t) return INFINITY;
-        double e = rel_err(kiln_f32(p), t->data, kiln_tensor_numel(p));
+        double e = rel_err(kiln_f32(p), t->bytes, kiln_tensor_numel(p));
         if (e >= worst) {
             worst = e;
             *name = p->name;
@@ -179,7 +179,7 @@ int main(void) {
             char key[160];
             snprintf(key, sizeof key, "final.%s", p->name);
             const kiln_st_tensor *t = kiln_st_find(f, key);
-            double ei = t ? rel_err(kiln_f32(p), t->data, kiln_tensor_numel(p)) : INFINITY;
+            double ei = t ? rel_err(kiln_f32(p), t->bytes, kiln_tensor_numel(p)) : INFINITY;
             CHECK(ei < TOL, "final %s differs from torch by %.3g", p->name, ei);
         }
     }

@@ -83,7 +83,7 @@ typedef struct {
     int64_t count;
 } batch_fx;
 
-static kiln_tensor *wrap_st(const kiln_st_tensor *t) { return kiln_tensor_wrap((void *)t->data, t->dtype, t->ndim, t->shape); }
+static kiln_tensor *wrap_st(const kiln_st_tensor *t) { return kiln_tensor_wrap((void *)t->bytes, t->dtype, t->ndim, t->shape); }
 
 static void batch_open(batch_fx *b) {
     CHECK_OK(kiln_st_open(FIX "tiny_gqa.safetensors", &b->f));
@@ -118,7 +118,7 @@ static kiln_llama *f32_model(batch_fx *b) {
     for (int i = 0; m && i < m->n_params; i++) {
         const kiln_st_tensor *t = kiln_st_find(b->f, m->params[i]->name);
         CHECK(t && t->nbytes == kiln_tensor_nbytes(m->params[i]), "fixture has %s", m->params[i]->name);
-        if (t) memcpy(m->params[i]->data, t->data, t->nbytes);
+        if (t) memcpy(m->params[i]->data, t->bytes, t->nbytes);
     }
     return m;
 }
@@ -146,7 +146,7 @@ static int tensors_differ(const char *a, const char *b) {
     int bad = fa && fb ? 0 : 1;
     for (int i = 0; fa && fb && i < kiln_st_count(fa); i++) {
         const kiln_st_tensor *x = kiln_st_at(fa, i), *y = kiln_st_find(fb, x->name);
-        bad += !y || y->dtype != x->dtype || y->nbytes != x->nbytes || memcmp(x->data, y->data, x->nbytes);
+        bad += !y || y->dtype != x->dtype || y->nbytes != x->nbytes || memcmp(x->bytes, y->bytes, x->nbytes);
     }
     if (fa && fb && kiln_st_count(fa) != kiln_st_count(fb)) bad++;
     kiln_st_close(fa);
@@ -309,7 +309,7 @@ static void rewrite_shard(const char *path, const char *drop, const char *reshap
         }
         ts[k++] = t;
     }
-    if (add) ts[k++] = (kiln_st_tensor){.name = add, .dtype = KILN_F32, .ndim = 1, .shape = {4}, .data = four, .nbytes = 16};
+    if (add) ts[k++] = (kiln_st_tensor){.name = add, .dtype = KILN_F32, .ndim = 1, .shape = {4}, .bytes = four, .nbytes = 16};
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.new", path);
     CHECK_OK(kiln_st_save(tmp, ts, k, NULL));

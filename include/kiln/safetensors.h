@@ -7,7 +7,7 @@
  *
  * Reading maps the file read-only; the tensors point into the mapping (or,
  * for a tensor whose offset is not a multiple of its element size, into an
- * aligned private copy), so `data` may be cast to float / uint16_t / int32_t.
+ * aligned private copy), so `bytes` may be cast to float / uint16_t / int32_t.
  * Everything returned by kiln_st_* belongs to the kiln_st_file and lives until
  * kiln_st_close(). Every bound and size in the header is checked; errors name
  * the file and the tensor and come back as a kiln_status plus
@@ -45,7 +45,7 @@ typedef struct {
     kiln_dtype dtype;
     int ndim;                       /* 0..KILN_MAX_DIMS; 0 is a scalar */
     int64_t shape[KILN_MAX_DIMS];
-    const void *data;               /* may be NULL when nbytes == 0 */
+    const void *bytes;              /* may be NULL when nbytes == 0 */
     size_t nbytes;                  /* numel * dtype size */
 } kiln_st_tensor;
 

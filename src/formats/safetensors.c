@@ -81,7 +81,7 @@ static int shape_nbytes(int ndim, const int64_t *shape, size_t elem, size_t *out
 
 static int cmp_by_offset(const void *a, const void *b) {
     const kiln_st_tensor *x = a, *y = b;
-    if (x->data != y->data) return (const char *)x->data < (const char *)y->data ? -1 : 1;
+    if (x->bytes != y->bytes) return (const char *)x->bytes < (const char *)y->bytes ? -1 : 1;
     if (x->nbytes != y->nbytes) return x->nbytes < y->nbytes ? -1 : 1;
     return strcmp(x->name, y->name);
 }
@@ -172,7 +172,7 @@ static kiln_status parse_tensor(kiln_st_file *f, const char *name, json_t *v, co
                           "%s: tensor '%s': data_offsets span %llu bytes but shape and dtype %s need %zu",
                           path, name, (unsigned long long)(end - begin),
                           st_dtypes[st_dtype_index(t->dtype)].name, want);
-    t->data = base + begin;
+    t->bytes = base + begin;
     t->nbytes = want;
     return KILN_OK;
 }
@@ -183,7 +183,7 @@ static kiln_status check_layout(const kiln_st_file *f, const char *base, uint64_
     uint64_t pos = 0;
     for (int i = 0; i < f->n; i++) {
         const kiln_st_tensor *t = &f->tensors[i];
-        uint64_t b = (uint64_t)((const char *)t->data - base);
+        uint64_t b = (uint64_t)((const char *)t->bytes - base);
         if (b < pos)
             return kiln_error(KILN_ERR_FORMAT, "%s: tensor '%s' at bytes [%llu, %llu) overlaps tensor '%s'",
                               f->path, t->name, (unsigned long long)b,
@@ -281,12 +281,12 @@ static kiln_status align_tensors(kiln_st_file *f) {
     for (int i = 0; i < f->n; i++) {
         kiln_st_tensor *t = &f->tensors[i];
         size_t es = st_elem_size(t->dtype);
-        if (t->nbytes == 0 || (uintptr_t)t->data % es == 0) continue;
+        if (t->nbytes == 0 || (uintptr_t)t->bytes % es == 0) continue;
         void *p = malloc(t->nbytes);
         if (!p) return kiln_error(KILN_ERR_OOM, "%s: out of memory copying tensor '%s'", f->path, t->name);
-        memcpy(p, t->data, t->nbytes);
+        memcpy(p, t->bytes, t->nbytes);
         f->copies[i] = p;
-        t->data = p;
+        t->bytes = p;
     }
     return KILN_OK;
 }
@@ -547,7 +547,7 @@ static kiln_status check_save_tensor(const char *path, const kiln_st_tensor *t, 
     if (want != t->nbytes)
         return kiln_error(KILN_ERR_INVALID, "cannot save %s: tensor '%s' has %zu bytes, its shape needs %zu",
                           path, t->name, t->nbytes, want);
-    if (want > 0 && !t->data)
+    if (want > 0 && !t->bytes)
         return kiln_error(KILN_ERR_INVALID, "cannot save %s: tensor '%s' has no data", path, t->name);
     return KILN_OK;
 }
@@ -670,7 +670,7 @@ static kiln_status write_all(st_writer *w, const char *header, const st_item *it
     if (!st) st = aw_write(w, header, hl);
     if (!st) st = aw_write(w, spaces, padded - hl);
     for (int i = 0; i < n && !st; i++)
-        if (it[i].t->nbytes) st = aw_write(w, it[i].t->data, it[i].t->nbytes);
+        if (it[i].t->nbytes) st = aw_write(w, it[i].t->bytes, it[i].t->nbytes);
     return st;
 }
 

@@ -98,7 +98,7 @@ static int64_t ckpt_step(const char *name) {
 /* ---- tensors in, tensors out ------------------------------------------------ */
 
 static kiln_st_tensor st_of(const kiln_tensor *t, const char *name) {
-    kiln_st_tensor s = {.name = name, .dtype = t->dtype, .ndim = t->ndim, .data = t->data,
+    kiln_st_tensor s = {.name = name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->data,
                         .nbytes = kiln_tensor_nbytes(t)};
     memcpy(s.shape, t->shape, sizeof s.shape);
     return s;
@@ -124,10 +124,10 @@ static kiln_status check_tensor(const char *path, const char *name, const kiln_s
 static void fill_tensor(const kiln_st_tensor *s, kiln_tensor *dst) {
     int64_t n = kiln_tensor_numel(dst);
     if (s->dtype == KILN_F32) {
-        if (n) memcpy(dst->data, s->data, (size_t)n * sizeof(float));
+        if (n) memcpy(dst->data, s->bytes, (size_t)n * sizeof(float));
         return;
     }
-    const uint16_t *h = s->data;
+    const uint16_t *h = s->bytes;
     float *d = kiln_f32(dst);
     for (int64_t i = 0; i < n; i++) d[i] = kiln_bf16_to_f32(h[i]);
 }

@@ -60,7 +60,7 @@ kiln_status kiln_lora_save(const char *dir, const kiln_llama *m, const char *bas
     for (int i = 0; i < n; i++) {
         const kiln_tensor *p = m->params[m->n_base + i];
         peft_name(names[i], sizeof names[i], p->name);
-        ts[i] = (kiln_st_tensor){.name = names[i], .dtype = p->dtype, .ndim = p->ndim, .data = p->data,
+        ts[i] = (kiln_st_tensor){.name = names[i], .dtype = p->dtype, .ndim = p->ndim, .bytes = p->data,
                                  .nbytes = kiln_tensor_nbytes(p)};
         memcpy(ts[i].shape, p->shape, sizeof p->shape[0] * (size_t)p->ndim);
     }
@@ -195,7 +195,7 @@ kiln_status kiln_lora_load(const char *dir, kiln_llama *m) {
     }
     for (int i = m->n_base; i < m->n_params && !st; i++) {
         peft_name(name, sizeof name, m->params[i]->name);
-        memcpy(m->params[i]->data, kiln_st_find(f, name)->data, kiln_tensor_nbytes(m->params[i]));
+        memcpy(m->params[i]->data, kiln_st_find(f, name)->bytes, kiln_tensor_nbytes(m->params[i]));
     }
     kiln_st_close(f);
     return st;

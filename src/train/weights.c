@@ -252,11 +252,11 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
 static void fill_bf16(const kiln_st_tensor *s, kiln_tensor *dst) {
     int64_t n = kiln_tensor_numel(dst);
     uint16_t *d = dst->data;
-    const uint16_t *h = s->data;
+    const uint16_t *h = s->bytes;
     if (s->dtype == KILN_BF16) {
-        if (n) memcpy(d, s->data, (size_t)n * 2);
+        if (n) memcpy(d, s->bytes, (size_t)n * 2);
     } else if (s->dtype == KILN_F32) {
-        for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(((const float *)s->data)[i]);
+        for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(((const float *)s->bytes)[i]);
     } else {
         for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(kiln_f16_to_f32(h[i]));
     }
@@ -270,12 +270,12 @@ static void fill(const kiln_st_tensor *s, kiln_tensor *dst) {
     }
     float *d = kiln_f32(dst);
     if (s->dtype == KILN_F32) {
-        if (n) memcpy(d, s->data, (size_t)n * sizeof(float));
+        if (n) memcpy(d, s->bytes, (size_t)n * sizeof(float));
     } else if (s->dtype == KILN_BF16) {
-        const uint16_t *h = s->data;
+        const uint16_t *h = s->bytes;
         for (int64_t i = 0; i < n; i++) d[i] = kiln_bf16_to_f32(h[i]);
     } else {
-        const uint16_t *h = s->data;
+        const uint16_t *h = s->bytes;
         for (int64_t i = 0; i < n; i++) d[i] = kiln_f16_to_f32(h[i]);
     }
 }
@@ -345,7 +345,7 @@ static kiln_status file_tensors(const kiln_llama *m, kiln_dtype dtype, kiln_st_t
         const kiln_tensor *q = m->params[i];
         int64_t n = kiln_tensor_numel(q);
         kiln_st_tensor *t = &ts[i - from];
-        *t = (kiln_st_tensor){.name = q->name, .dtype = dtype, .ndim = q->ndim, .data = q->data,
+        *t = (kiln_st_tensor){.name = q->name, .dtype = dtype, .ndim = q->ndim, .bytes = q->data,
                               .nbytes = (size_t)n * kiln_dtype_size(dtype)};
         memcpy(t->shape, q->shape, sizeof t->shape);
         if (q->dtype == dtype) continue;
@@ -355,7 +355,7 @@ static kiln_status file_tensors(const kiln_llama *m, kiln_dtype dtype, kiln_st_t
         void *h = malloc(t->nbytes ? t->nbytes : 1);
         if (!h) return kiln_error(KILN_ERR_OOM, "out of memory converting '%s' to save %s", q->name, path);
         bufs[i - from] = h;
-        t->data = h;
+        t->bytes = h;
         if (q->dtype == KILN_BF16) { /* a bf16 base: widened exactly (F32), or through f32 (F16) */
             const uint16_t *x = q->data;
             if (dtype == KILN_F32)
