@@ -9,7 +9,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         volatile uint8_t sink = 0;
         for (int i = 0; i < kiln_st_count(f); i++) {
             const kiln_st_tensor *t = kiln_st_at(f, i);
-            if (t->nbytes) sink ^= ((const uint8_t *)t->data)[0] ^ ((const uint8_t *)t->data)[t->nbytes - 1];
+            if (t->nbytes) sink ^= ((const uint8_t *)t->bytes)[0] ^ ((const uint8_t *)t->bytes)[t->nbytes - 1];
             if (kiln_st_find(f, t->name) == NULL) abort(); /* every listed tensor can be found */
         }
         for (int i = 0; i < kiln_st_metadata_count(f); i++) {
