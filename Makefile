@@ -1,6 +1,7 @@
 # kiln build. `make` builds build/libkiln.a, build/kiln, tests and benchmarks.
 # `make test` runs the suite; `make asan` builds it with ASan+UBSan into build-asan/
-# (where every graph pass is followed by kiln_graph_verify).
+# (where every graph pass is followed by kiln_graph_verify, and cpu-isolated
+# memory is PROT_NONE outside its backend calls: -DKILN_STRICT_DEVICE).
 BUILD    ?= build
 CC       ?= cc
 OPT      ?= -O3 -march=native
@@ -72,7 +73,7 @@ test: all
 # so it is named. asan-clang is the same suite built with clang (-Wno-pass-failed:
 # clang reports `omp simd` loops it leaves scalar at -O1 as warnings).
 # -DKILN_GRAPH_VERIFY: every graph pass is followed by kiln_graph_verify there.
-SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -DKILN_GRAPH_VERIFY
+SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -DKILN_GRAPH_VERIFY -DKILN_STRICT_DEVICE
 SAN_OPT   := -O1 -g -march=native -fno-omit-frame-pointer
 asan:
 	$(MAKE) BUILD=build-asan OPT="$(SAN_OPT)" SAN="$(SAN_FLAGS)"
