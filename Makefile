@@ -46,8 +46,8 @@ $(BUILD)/gen/opmath_text.h: include/kiln/opmath.h
 	@mkdir -p $(dir $@)
 	sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $< > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/src/compile/codegen.o: $(BUILD)/gen/opmath_text.h
-$(BUILD)/src/compile/codegen.o: CFLAGS += -I$(BUILD)/gen
+$(BUILD)/src/backend/cpu/render_c.o: $(BUILD)/gen/opmath_text.h
+$(BUILD)/src/backend/cpu/render_c.o: CFLAGS += -I$(BUILD)/gen
 
 $(BUILD)/libkiln.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)

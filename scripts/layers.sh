@@ -5,23 +5,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A allowed=(
-  [core]="core"
-  [kernels]="core kernels"
-  [ops]="core kernels ops"
+  [core]="core opmath"
+  [kernels]="core kernels opmath"
+  [ops]="core kernels ops backend"
   [eager]="core ops eager"
-  [graph]="core kernels ops graph"
-  [compile]="core kernels ops graph compile build"
+  [graph]="core kernels ops graph backend"
+  [compile]="core kernels ops graph compile build backend"
+  [backend]="core kernels ops graph compile build backend opmath"
   [model]="core ops model"
   [tokenizer]="core tokenizer"
   [template]="core template"
   [formats]="core tokenizer safetensors gguf model_meta"
   [data]="core tokenizer template data"
-  [train]="core kernels ops eager graph compile build model tokenizer template data safetensors gguf model_meta train"
-  [cli]="core kernels ops eager graph compile build model tokenizer template data safetensors gguf model_meta train"
+  [train]="core kernels ops eager graph compile build model tokenizer template data safetensors gguf model_meta train backend"
+  [cli]="core kernels ops eager graph compile build model tokenizer template data safetensors gguf model_meta train backend"
 )
 bad=0
-for layer in core kernels ops eager graph compile model tokenizer template formats data train cli; do
-  used=$(grep -ho '#include "kiln/[a-z_]*\.h"' src/$layer/*.[ch] 2>/dev/null | sed 's/#include "kiln\///; s/\.h"//' | sort -u | tr '\n' ' ')
+for layer in core kernels ops eager graph compile backend model tokenizer template formats data train cli; do
+  used=$(grep -rho '#include "kiln/[a-z_]*\.h"' --include='*.[ch]' src/$layer 2>/dev/null | sed 's/#include "kiln\///; s/\.h"//' | sort -u | tr '\n' ' ')
   extra=""
   for h in $used; do [[ " ${allowed[$layer]} " == *" $h "* ]] || extra+="$h "; done
   printf '%-8s includes: %s\n' "$layer" "$used"

@@ -18,8 +18,10 @@ make -j"$jobs" all asan asan-clang fuzz-build
 echo "builds: $((SECONDS - t0))s"
 status=0
 summary=()
-# the layering of docs/DESIGN.md, checked against the includes
+# the layering of docs/DESIGN.md, checked against the includes, and the
+# device seam (no tensor storage touched outside the backends and kernels)
 bash scripts/layers.sh || status=1
+bash scripts/storage.sh || status=1
 run() { # NAME COMMAND...: runs it, keeps its closing "N passed, N failed" line
   local out; out=$(mktemp)
   local t=$SECONDS

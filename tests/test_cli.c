@@ -39,10 +39,22 @@ static void write_corpus(const char *path) {
 static void help_and_usage(void) {
     CHECK(cli_kiln_run((const char *[]){"--help", NULL}) == 0 && cli_output_has("commands:"), "kiln --help");
     CHECK(cli_kiln_run((const char *[]){"frobnicate", NULL}) == 2 && cli_output_has("unknown command"), "unknown command");
-    const char *cmds[] = {"tokenizer", "tokenize", "train", "eval", "generate", "plot", "bench", "compile"};
-    for (int i = 0; i < 8; i++)
+    const char *cmds[] = {"tokenizer", "tokenize", "train", "eval", "generate", "plot", "bench", "compile", "devices"};
+    for (int i = 0; i < 9; i++)
         CHECK(cli_kiln_run((const char *[]){cmds[i], "--help", NULL}) == 0 && cli_output_has("usage"), "kiln %s --help", cmds[i]);
     CHECK(cli_kiln_run((const char *[]){"train", "--lr", "abc", NULL}) == 2 && cli_output_has("--lr"), "bad flag value named");
+    /* the devices, listed; an unknown --device names the known ones */
+    CHECK(cli_kiln_run((const char *[]){"devices", NULL}) == 0 && cli_output_has("cpu\n") && cli_output_has("cpu-isolated\n") &&
+              cli_output_has("not host-mappable") && cli_output_has("kernels:"),
+          "kiln devices lists cpu and cpu-isolated");
+    const char *devcmd[][3] = {{"generate", "run", NULL}, {"eval", "run", NULL}, {"bench", NULL, NULL}};
+    for (int i = 0; i < 3; i++) {
+        const char *args[6] = {devcmd[i][0], devcmd[i][1] ? devcmd[i][1] : "--device", devcmd[i][1] ? "--device" : "tpu0",
+                               devcmd[i][1] ? "tpu0" : NULL, NULL};
+        CHECK(cli_kiln_run(args) == 2 && cli_output_has("--device") && cli_output_has("'tpu0'") && cli_output_has("cpu") &&
+                  cli_output_has("cpu-isolated"),
+              "kiln %s --device tpu0 names the known devices", devcmd[i][0]);
+    }
     /* the error text names the flag once (it was formatted into itself: "compile: compile: ompile ...") */
     CHECK(cli_kiln_run((const char *[]){"train", "--compile", "bogus", "--data", dir, NULL}) == 2 &&
               output_is("kiln train: --compile: bad value 'bogus' (expected off, default, reduce-overhead, max-autotune, "
@@ -223,6 +235,29 @@ static void pipeline(void) {
                   0 && cli_output_has("the lord"),
           "generate echoes the prompt and continues");
     CHECK(cli_kiln_run((const char *[]){"plot", run, NULL}) == 0 && cli_output_has("loss.svg"), "plot");
+    /* the model, its key/value cache and the work on cpu-isolated: the
+     * same greedy text, the same loss */
+    char *on[2] = {NULL, NULL};
+    const char *devs[2] = {"cpu", "cpu-isolated"};
+    for (int d = 0; d < 2; d++) {
+        rc = cli_kiln_run((const char *[]){"generate", run, "--prompt", "the lord", "--max-tokens", "12", "--temperature", "0",
+                                       "--device", devs[d], NULL});
+        on[d] = output_text();
+        CHECK(rc == 0, "generate --device %s (rc %d)", devs[d], rc);
+    }
+    CHECK(on[0] && on[1] && strlen(on[0]) > strlen("the lord") && !strcmp(on[0], on[1]),
+          "generate --device cpu-isolated gives --device cpu's text: '%s' vs '%s'", on[0] ? on[0] : "", on[1] ? on[1] : "");
+    for (int d = 0; d < 2; d++) {
+        free(on[d]);
+        rc = cli_kiln_run((const char *[]){"eval", run, "--batches", "2", "--device", devs[d], NULL});
+        on[d] = cli_output();
+        char *cut = strstr(on[d], "  (");
+        if (cut) *cut = 0; /* the loss and perplexity, without the timing */
+        CHECK(rc == 0 && cut, "eval --device %s (rc %d)", devs[d], rc);
+    }
+    CHECK(!strcmp(on[0], on[1]), "eval --device cpu-isolated gives --device cpu's loss: '%s' vs '%s'", on[0], on[1]);
+    free(on[0]);
+    free(on[1]);
     chat_generate(run, tok);
     /* a truncated model file is refused with its name, and nothing crashes */
     char target[600];

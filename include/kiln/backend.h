@@ -52,6 +52,15 @@ enum {
 typedef kiln_status (*kiln_op_kernel)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out,
                                       kiln_tensor *const *aux);
 
+/* A backend's kernel table is indexed by op id (KILN_OP_*), then by the
+ * seam's own kernels, which are no op of the registry:
+ *  KILN_KERNEL_ACCUMULATE: out += s·in[0], f32, same element count (a
+ *    gradient: kiln_op_accumulate, the interpreter's gradient sinks); in[1]
+ *    is NULL (s = 1) or a one-element f32 tensor holding s.
+ * The MATMUL kernel reads attribute f0 as beta (out = a·b + beta·out): 0 for
+ * an op call (its shape rule refuses others), 1 for kiln_matmul_into. */
+enum { KILN_KERNEL_ACCUMULATE = KILN_OP_COUNT, KILN_N_KERNELS };
+
 struct kiln_graph;
 struct kiln_module;
 struct kiln_build_options;
@@ -83,7 +92,7 @@ typedef struct kiln_backend {
     unsigned caps; /* KILN_BACKEND_* */
     const kiln_buffer_type *buft;
     /* the op's kernel, NULL where the backend does not run it */
-    const kiln_op_kernel *kernels; /* [KILN_OP_COUNT] */
+    const kiln_op_kernel *kernels; /* [KILN_N_KERNELS] */
     /* whether it runs this op on these inputs (dtype checks beyond the op's own) */
     bool (*supports_op)(int op, const kiln_meta *in, int n_in);
     /* Runs fn(ctx) where this backend's memory may be touched (the CPU:
@@ -107,17 +116,19 @@ const kiln_backend *kiln_backend_current(void);
  * previous one. */
 const kiln_backend *kiln_backend_use(const kiln_backend *b);
 /* Every input on one device, returned; otherwise NULL with an error naming
- * the op and both devices. No input: the current device. */
+ * the op and both devices. Tensors without memory (a tracer's symbolic
+ * values) are on no device and fit any. No input: the current device. */
 const kiln_backend *kiln_backend_of_inputs(const char *op, kiln_tensor *const *in, int n_in);
 /* Runs fn(ctx) through b->exec. */
 kiln_status kiln_backend_exec(const kiln_backend *b, kiln_status (*fn)(void *ctx), void *ctx);
-/* Runs op's kernel on b (inputs and outputs already on b). */
+/* Runs op's kernel (an op id or a KILN_KERNEL_*) on b, inside b's exec
+ * (inputs and outputs already on b). */
 kiln_status kiln_backend_run_op(const kiln_backend *b, int op, kiln_tensor *const *in, const kiln_attrs *a,
                                 kiln_tensor *out, kiln_tensor *const *aux);
 
 /* The CPU backend's kernel table, renderer and compiler (src/backend/cpu/),
  * which cpu-isolated shares. */
-extern const kiln_op_kernel kiln_cpu_kernels[KILN_OP_COUNT];
+extern const kiln_op_kernel kiln_cpu_kernels[KILN_N_KERNELS];
 extern const kiln_renderer kiln_cpu_renderer;
 extern const kiln_compiler_desc kiln_cpu_compiler;
 

@@ -9,7 +9,8 @@
  *   <key>.c       the parts, concatenated with the commands that built them
  *                 (for reading and --explain; the parts compile separately)
  * The key is the SHA-256 of the parts, the compiler's resolved path and its
- * `--version` output, the flags, the CPU's feature flags and KILN_VERSION.
+ * `--version` output, the flags, the device's compiler and target when given
+ * (kiln_build_options.target), the CPU's feature flags and KILN_VERSION.
  * A cache directory that cannot be created or written, or that is not owned
  * by the user or is group/world-writable, is not used: kiln warns and builds
  * in a private temporary directory instead (removed by kiln_module_free).
@@ -42,6 +43,10 @@ typedef struct kiln_build_options {
      * that was hashed, opened once, dlopen()ed as /proc/self/fd/N). */
     void (*checked_hook)(const char *so_path, void *user);
     void *hook_user;
+    /* The device's compiler and target ("cc/host": kiln_compiler_desc's name
+     * and target, set by kiln_compile from the parameters' backend), hashed
+     * into the key when not NULL; passes no flag to the compiler. */
+    const char *target;
 } kiln_build_options;
 
 /* -ffp-contract=off: no a*b+c fused on the compiler's own initiative, as in

@@ -1,8 +1,11 @@
 /* kiln ops: the op registry and the op API the model is written against.
  *
- * Every op is one registry entry (kiln_op_def): its name, shape rule, eager
- * forward kernel, backward rule written with ops (so eager autograd and the
- * graph compiler share one source of truth), and FLOP/byte counts.
+ * Every op is one registry entry (kiln_op_def), device-neutral: its name,
+ * shape rule, backward rule written with ops (so eager autograd and the
+ * graph compiler share one source of truth), FLOP counts and the C
+ * expression or row epilogue fusion uses. Its kernels belong to the
+ * backends (include/kiln/backend.h: each backend's table, by op id; the
+ * CPU's in src/backend/cpu/).
  *
  * Calling an op (kiln_linear, kiln_add, ...) checks shapes, then hands the
  * call to the current thread's dispatcher: none installed runs the kernel
@@ -29,12 +32,13 @@ extern "C" {
 /* The op list, once: X(ID, sym) for every op, in id order. It generates the
  * enum (KILN_OP_<ID>), the declarations of the registry entries
  * (kiln_opdef_<sym>, defined in src/ops/) and the registry itself. A new op
- * is one line here, its kiln_op_def and its kernels; tests/test_ops_grad.c
- * then demands a finite-difference check of it or a stated exemption. */
+ * is one line here, its kiln_op_def and its kernels (one per backend);
+ * tests/test_ops_grad.c then demands a finite-difference check of it or a
+ * stated exemption, and tests/test_backend_ops.c a run on every backend. */
 #define KILN_OP_LIST(X)                                                                              \
     X(EMBEDDING, embedding)             /* (W[V,C], ids[...] i32) -> [..., C] */                     \
     X(EMBEDDING_BWD, embedding_bwd)     /* (g[...,C], ids[...]) i0=V -> [V, C] */                    \
-    X(MATMUL, matmul)                   /* see kiln_matmul modes */                                  \
+    X(MATMUL, matmul)                   /* see kiln_matmul modes; f0 = beta, kernels only */         \
     X(ADD, add)                         /* (a, b broadcast to a) -> a's shape */                     \
     X(MUL, mul)                         /* (a, b) same shape */                                      \
     X(SCALE, scale)                     /* (x) f0=c -> c*x */                                        \
@@ -115,7 +119,7 @@ typedef kiln_status (*kiln_backward_fn)(const kiln_bw_ctx *c, kiln_tensor *gout,
  * row, and `out` gives each output element. $1.. are the other inputs'
  * element j (each read whole, [n]); $n the row length; $f0 attribute f[0].
  * Fusion, the interpreter and the code generator know such an op only by
- * this property, and its own forward kernel must compute the same. */
+ * this property, and its kernels must compute the same. */
 typedef struct {
     const char *acc; /* "$x * $x" */
     const char *fin; /* from $s and $n */
@@ -134,7 +138,6 @@ typedef struct {
     bool is_view;          /* output aliases input 0's storage */
     unsigned nondiff_in;   /* bitmask: inputs that never get a gradient (ids, masks) */
     kiln_status (*shape)(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out);
-    kiln_status (*forward)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out);
     kiln_backward_fn backward; /* NULL: not differentiable */
     double (*flops)(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out);
     /* Element-wise ops: the C expression of one output element, with $0, $1
@@ -144,14 +147,13 @@ typedef struct {
     /* Row reductions that can end a fused group (NULL: not one). */
     const kiln_row_epilogue *row;
     /* Multi-output ops: n_aux extra outputs, never differentiated, whose
-     * shapes come from aux_shape; forward_aux replaces forward. */
+     * shapes come from aux_shape (the kernel gets them as its aux). */
     int n_aux;
     bool save_aux; /* the backward rule reads the extra outputs */
     kiln_status (*aux_shape)(const kiln_meta *in, const kiln_attrs *a, kiln_meta *aux);
-    kiln_status (*forward_aux)(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux);
     /* Element-wise ops whose value depends on the element's flat index
      * (dropout's mask): the C expression reads it as $e, and whoever runs
-     * the forward kernel on a slice of the tensor (the interpreter's chunks)
+     * the kernel on a slice of the tensor (the interpreter's chunks)
      * passes the slice's first index in attribute i[5] (0 for a whole
      * tensor). */
     bool indexed;
@@ -169,7 +171,8 @@ kiln_tensor *kiln_op_call(int op, kiln_tensor *const *in, int n_in, const kiln_a
 /* Same for multi-output ops: aux[i] receives new references to the extra
  * outputs (aux may be NULL to drop them). */
 kiln_tensor *kiln_op_call_aux(int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs, kiln_tensor **aux);
-/* Runs the forward kernel now (allocates the outputs). For dispatchers. */
+/* Runs the op's kernel now on its inputs' device, through that backend
+ * (allocates the outputs there). For dispatchers. */
 kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *attrs, const kiln_meta *out,
                              kiln_tensor **aux);
 
@@ -200,7 +203,8 @@ void kiln_set_grad_ready_hook(kiln_grad_ready_fn fn, void *user);
 void kiln_grad_ready(kiln_tensor *param); /* calls the hook, if any */
 bool kiln_grad_ready_hooked(void);
 
-/* dst += src (same numel, f32), used to accumulate gradients. */
+/* dst += src (same numel, f32, one device), used to accumulate gradients:
+ * the backend's KILN_KERNEL_ACCUMULATE. */
 kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src);
 
 /* ---- the op API -------------------------------------------------------- */
@@ -209,11 +213,23 @@ kiln_tensor *kiln_embedding_backward(kiln_tensor *g, kiln_tensor *ids, int64_t v
 /* y = x·Wᵀ, x [..., K], W [N, K] -> [..., N] (a MATMUL, mode rows) */
 kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W);
 /* Runs a MATMUL (attrs as kiln_matmul's: i0 mode, i1 ta, i2 tb) into an
- * existing c with beta 0 or 1 (1 accumulates: gradients straight into .grad). */
+ * existing c with beta 0 or 1 (1 accumulates: gradients straight into .grad),
+ * through the backend of a, b and c (one device). */
 kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta);
-/* Times this MATMUL's product with each GEMM implementation (into scratch:
- * nothing is written) and returns the faster one's id for attribute i4. */
+/* Times this MATMUL's product with each GEMM implementation (through the
+ * operands' backend, into scratch on it: nothing is written) and returns the
+ * faster one's id for attribute i4. */
 int kiln_matmul_fastest(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs);
+/* A MATMUL as one (batched) row-major GEMM, C = op(A)·op(B) with op(A)
+ * M×K, op(B) K×N: leading dims and batch strides in elements (stride 0:
+ * not batched). The shape rule checks through it and every backend's
+ * kernel runs it. */
+typedef struct {
+    bool ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    int64_t batch, stride_a, stride_b, stride_c;
+} kiln_matmul_geom;
+kiln_status kiln_matmul_geometry(const kiln_meta *in, const kiln_attrs *a, kiln_matmul_geom *g, kiln_meta *out);
 /* MATMUL modes:
  *  KILN_MM_BATCHED: a [P..., M, K], b [P..., K, N] (last two dims transposed
  *                   by ta/tb), same leading dims -> [P..., M, N]

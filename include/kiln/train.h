@@ -10,6 +10,7 @@
 #ifndef KILN_TRAIN_H
 #define KILN_TRAIN_H
 
+#include "kiln/backend.h"
 #include "kiln/compile.h"
 #include "kiln/data.h"
 #include "kiln/gguf.h"
@@ -79,6 +80,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(keep, INT, 0, 3, "N", "checkpoints to keep (0: all)")                                                                \
     X(on_nan, ENUM, on_nan, KILN_ON_NAN_SKIP, "skip|stop", "on a non-finite loss: skip the step or stop")                  \
     X(seed, U64, 0, 1234, "N", "seed for initialisation and shuffling")                                                    \
+    X(device, ENUM, device, KILN_DEVICE_CPU, "NAME", "where tensors live and kernels run: one of" KILN_DEVICE_NAMES) \
     X(compile, ENUM, compile, KILN_RUN_EAGER, "MODE", "one of" KILN_COMPILE_MODE_NAMES " (off: eager)") \
     X(precision, ENUM, precision, KILN_F32, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)") \
     X(recompute, ENUM, recompute, KILN_RECOMPUTE_NONE, "none|attention|layer", "recompute activations in backward (with --compile)") \
@@ -108,8 +110,8 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
 
 /* Every setting of a run, one field per line of KILN_TRAIN_SETTINGS;
  * serialised as train_config.json. The ENUM fields hold kiln_pack_mode,
- * kiln_loss_norm, kiln_on_nan, kiln_run_compile, kiln_dtype and
- * KILN_RECOMPUTE_* values. */
+ * kiln_loss_norm, kiln_on_nan, kiln_device_id (kiln/backend.h),
+ * kiln_run_compile, kiln_dtype and KILN_RECOMPUTE_* values. */
 typedef struct {
     KILN_TRAIN_SETTINGS(KILN_SETTING_FIELD)
 } kiln_train_config;
@@ -347,8 +349,13 @@ kiln_status kiln_save_weights(const char *safetensors_path, const kiln_llama *m)
  * as above (a tensor in the wrong shard, or in a shard but not the index,
  * is a problem too). */
 kiln_status kiln_load_model_weights(const char *dir, kiln_llama *m);
-/* A model from a directory holding config.json and its weights. */
+/* A model from a directory holding config.json and its weights, made on
+ * the thread's current device (kiln_backend_use). */
 kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out);
+/* The same on device KILN_DEVICE_* (what `kiln eval/generate --device`
+ * load with): the model, its LoRA adapters and everything made while
+ * loading live there; the thread's device is restored after. */
+kiln_status kiln_load_model_dir_on(const char *dir, int device, kiln_llama **out);
 
 #define KILN_DEFAULT_SHARD_BYTES ((uint64_t)5000000000) /* "5GB", as Hugging Face */
 typedef struct {

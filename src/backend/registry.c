@@ -39,7 +39,7 @@ const kiln_backend *kiln_backend_of_inputs(const char *op, kiln_tensor *const *i
     const kiln_backend *b = NULL;
     int first = -1;
     for (int i = 0; i < n_in; i++) {
-        if (!in[i]) continue;
+        if (!in[i] || (!in[i]->storage && !kiln_tensor_ptr(in[i]))) continue; /* no memory: a tracer's symbol */
         const kiln_backend *x = kiln_backend_of(in[i]);
         if (!b) {
             b = x, first = i;
@@ -72,8 +72,10 @@ static kiln_status run_kernel(void *ctx) {
 
 kiln_status kiln_backend_run_op(const kiln_backend *b, int op, kiln_tensor *const *in, const kiln_attrs *a,
                                 kiln_tensor *out, kiln_tensor *const *aux) {
-    kiln_op_kernel k = op >= 0 && op < KILN_OP_COUNT ? b->kernels[op] : NULL;
-    if (!k) return kiln_error(KILN_ERR_UNSUPPORTED, "op %s has no kernel on device %s", kiln_op_name(op), b->name);
+    kiln_op_kernel k = op >= 0 && op < KILN_N_KERNELS ? b->kernels[op] : NULL;
+    if (!k)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "op %s has no kernel on device %s",
+                          op == KILN_KERNEL_ACCUMULATE ? "accumulate" : kiln_op_name(op), b->name);
     op_call c = {k, in, a, out, aux};
     return b->exec(run_kernel, &c);
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli.h"
+#include "kiln/backend.h"
 #include "kiln/kernels.h"
 #include "kiln/train.h"
 
@@ -76,6 +77,18 @@ bool kiln_cli_threads(const char *cmd, const char *v) {
     return true;
 }
 
+bool kiln_cli_device(const char *cmd, const char *v, const kiln_backend **out) {
+    const kiln_setting *s = kiln_setting_find("device");
+    if (s && s->kind == KILN_SETTING_ENUM) { /* the run setting's names (KILN_DEVICE_* values) */
+        int d;
+        if (!kiln_cli_choice(cmd, "--device", v, s->choices, &d)) return false;
+        *out = kiln_backend_at(d);
+    } else {
+        *out = kiln_backend_find(v);
+    }
+    return *out ? true : bad(cmd, "--device");
+}
+
 static bool opt_value(const char *cmd, const kiln_cli_opt *o, const char *v) {
     int64_t x;
     switch (o->kind) {
@@ -90,6 +103,7 @@ static bool opt_value(const char *cmd, const kiln_cli_opt *o, const char *v) {
     case KILN_OPT_CHOICE: return kiln_cli_choice(cmd, o->name, v, kiln_setting_find(o->setting)->choices, o->out);
     case KILN_OPT_TRUE: *(bool *)o->out = true; return true;
     case KILN_OPT_THREADS: return kiln_cli_threads(cmd, v);
+    case KILN_OPT_DEVICE: return kiln_cli_device(cmd, v, o->out);
     }
     return false;
 }

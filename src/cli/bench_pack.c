@@ -37,21 +37,35 @@ int kiln_bench_pack(void *model, int64_t B, int64_t T, int64_t doc_len, int step
         fprintf(stderr, "kiln bench: --doc-len %lld: must be in [2, --seq %lld]\n", (long long)doc_len, (long long)T);
         return 2;
     }
-    int64_t shape[2] = {B, T}, one = 1;
+    int64_t shape[2] = {B, T}, one = 1, n = B * T;
     kiln_tensor *in[6];
     for (int i = 0; i < 6; i++) in[i] = i == 3 ? kiln_tensor_new(KILN_F32, 1, &one) : kiln_tensor_new(KILN_I32, 2, shape);
     /* the same tokens both ways; documents of doc_len tokens (the last one
-     * of a row may be shorter), each its own segment from position 0 */
+     * of a row may be shorter), each its own segment from position 0; made
+     * on the host (rows of n values: ids, targets, mask, -, positions,
+     * segments) and set on the model's device */
+    int32_t *host = malloc((size_t)(6 * n) * sizeof *host);
     kiln_rng rng = {99, 0};
-    for (int64_t i = 0; i < B * T; i++) {
+    for (int64_t i = 0; host && i < n; i++) {
         int64_t t = i % T;
-        kiln_i32(in[0])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)m->cfg.vocab_size);
-        kiln_i32(in[1])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)m->cfg.vocab_size);
-        kiln_i32(in[2])[i] = 1;
-        kiln_i32(in[4])[i] = (int32_t)(t % doc_len);
-        kiln_i32(in[5])[i] = (int32_t)(t / doc_len + 1);
+        host[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)m->cfg.vocab_size);
+        host[n + i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)m->cfg.vocab_size);
+        host[2 * n + i] = 1;
+        host[4 * n + i] = (int32_t)(t % doc_len);
+        host[5 * n + i] = (int32_t)(t / doc_len + 1);
     }
-    kiln_f32(in[3])[0] = 1.0f / (float)(B * T);
+    float norm = 1.0f / (float)(B * T);
+    kiln_status st = host ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory making the inputs");
+    for (int i = 0; i < 6 && !st; i++)
+        st = !in[i] ? kiln_last_status()
+             : i == 3 ? kiln_tensor_set(in[i], 0, &norm, sizeof norm)
+                      : kiln_tensor_set(in[i], 0, host + i * n, (size_t)n * sizeof *host);
+    free(host);
+    if (st) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+        for (int i = 0; i < 6; i++) kiln_tensor_release(in[i]);
+        return 1;
+    }
     kiln_compiled *cs[2] = {kiln_train_compile(m, &co, true), kiln_train_compile_ex(m, &co, true, true)};
     double *ms[2] = {calloc((size_t)steps, sizeof(double)), calloc((size_t)steps, sizeof(double))};
     int rc = 0;

@@ -18,6 +18,7 @@ int kiln_cmd_eval(int argc, char **argv);
 int kiln_cmd_generate(int argc, char **argv);
 int kiln_cmd_plot(int argc, char **argv);
 int kiln_cmd_export(int argc, char **argv);
+int kiln_cmd_devices(int argc, char **argv);
 /* Writes the loss/lr SVG of a run (out_path NULL: RUN_DIR/loss.svg).
  * Returns 0 or a kiln_status with kiln_last_error() set; prints nothing. */
 int kiln_cli_write_plot(const char *run_dir, const char *out_path);
@@ -58,6 +59,7 @@ typedef enum {
     KILN_OPT_CHOICE,  /* int *out, one of the names of the run setting `setting` */
     KILN_OPT_TRUE,    /* bool *out = true; takes no value */
     KILN_OPT_THREADS, /* --threads N: sets the compute threads; out unused */
+    KILN_OPT_DEVICE,  /* const kiln_backend **out: a name of KILN_BACKENDS (the run setting "device") */
 } kiln_opt_kind;
 typedef struct {
     const char *name;
@@ -81,4 +83,9 @@ int kiln_cli_compete_start(int n, int *pids);
 void kiln_cli_compete_stop(int n, const int *pids);
 /* --threads N (1..4096): sets the compute threads. */
 bool kiln_cli_threads(const char *cmd, const char *v);
+/* --device NAME: the backend of that name (the choices of the run setting
+ * "device", i.e. KILN_BACKENDS); false after printing "kiln CMD: --device:
+ * ..." naming the known devices. */
+struct kiln_backend;
+bool kiln_cli_device(const char *cmd, const char *v, const struct kiln_backend **out);
 #endif

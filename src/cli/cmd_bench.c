@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "kiln/backend.h"
 #include "kiln/compile.h"
 #include "kiln/eager.h"
 #include "kiln/kernels.h"
@@ -27,6 +28,8 @@ static const char *bench_help =
     "  --modes LIST        comma-separated, of" KILN_COMPILE_MODE_NAMES " (eager = off)\n"
     "                      (default: eager,default,reduce-overhead,max-autotune)\n"
     "  --threads N         OpenMP threads (default: all cores)\n"
+    "  --device NAME       where the model, its inputs and the work live: one of" KILN_DEVICE_NAMES "\n"
+    "                      (default: cpu; `kiln devices`)\n"
     "  --profile           print time per op (eager)\n"
     "  --recompute R       none (default), attention or layer: compiled modes recompute activations\n"
     "  --precision P       fp32 (default) or bf16 (autocast: bf16 matrix products, fp32 accumulate;\n"
@@ -198,7 +201,24 @@ static result run_mode(bench_ctx *b, const char *mode) {
     return r;
 }
 
+/* Fills tensor t of n 4-byte values through the seam from host values. */
+static kiln_status fill_host(kiln_tensor *t, const void *h, int64_t n) {
+    return t ? kiln_tensor_set(t, 0, h, (size_t)n * 4) : kiln_last_status();
+}
+
+static int bench_on_device(int argc, char **argv, const kiln_backend **device);
+
 int kiln_cmd_bench(int argc, char **argv) {
+    const kiln_backend *device = NULL;
+    int rc = bench_on_device(argc, argv, &device);
+    if (device) kiln_backend_use(device); /* the thread's device from before */
+    return rc;
+}
+
+/* The bench; *was gets the thread's previous device once --device is in
+ * effect (the model, its inputs and everything the steps make live there). */
+static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
+    const kiln_backend *dev = NULL;
     const char *model = "small", *modes = "eager,default,reduce-overhead,max-autotune";
     int64_t B = 8, T = 256;
     bench_ctx b = {.steps = 5, .warmup = 1};
@@ -229,9 +249,12 @@ int kiln_cmd_bench(int argc, char **argv) {
         KILN_OPT_RANGE("--lora-rank", KILN_OPT_INT, &lora_rank, 1, 65536),
         KILN_OPT("--lora-targets", KILN_OPT_STR, &lora_targets),
         KILN_OPT_SETTING("--base-dtype", &base_dtype, "base_dtype"),
+        KILN_OPT("--device", KILN_OPT_DEVICE, &dev),
     };
     int pr = kiln_cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), bench_help, NULL, 0, NULL);
     if (pr) return pr == 1 ? 0 : 2;
+    *was = kiln_backend_use(dev ? dev : kiln_backend_current());
+    dev = kiln_backend_current();
     prec = (kiln_dtype)precision;
     kiln_llama_config cfg;
     kiln_status st = bench_config(model, &cfg) ? KILN_OK : kiln_llama_config_resolve(model, &cfg);
@@ -283,12 +306,24 @@ int kiln_cmd_bench(int argc, char **argv) {
     int64_t shape[2] = {B, T}, one = 1;
     for (int i = 0; i < 3; i++) b.in[i] = kiln_tensor_new(KILN_I32, 2, shape);
     b.in[3] = kiln_tensor_new(KILN_F32, 1, &one);
-    kiln_f32(b.in[3])[0] = 1.0f / (float)(B * T);
+    /* the inputs made on the host, then set on the device */
+    int32_t *host = malloc((size_t)(3 * B * T) * sizeof *host);
+    float norm = 1.0f / (float)(B * T);
     kiln_rng rng = {99, 0};
-    for (int64_t i = 0; i < B * T; i++) {
-        kiln_i32(b.in[0])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
-        kiln_i32(b.in[1])[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
-        kiln_i32(b.in[2])[i] = 1;
+    for (int64_t i = 0; host && i < B * T; i++) {
+        host[i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
+        host[B * T + i] = (int32_t)(kiln_rng_next_u64(&rng) % (uint64_t)cfg.vocab_size);
+        host[2 * B * T + i] = 1;
+    }
+    st = host ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory making the inputs");
+    for (int i = 0; i < 3 && !st; i++) st = fill_host(b.in[i], host + i * B * T, B * T);
+    if (!st) st = fill_host(b.in[3], &norm, 1);
+    free(host);
+    if (st) {
+        fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+        for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
+        kiln_llama_free(b.m);
+        return 1;
     }
     kiln_train_config_default(&b.tc);
     if (!no_optim && !(b.opt = kiln_adamw_new(b.m, &b.tc))) {
@@ -303,8 +338,9 @@ int kiln_cmd_bench(int argc, char **argv) {
     }
     if (!(peak > 0)) peak = 445; /* no vector FMA to measure: ../shared/README.md's figure */
     b.flops = kiln_llama_flops_per_token(&cfg, T) * (double)(B * T);
-    printf("model %s: %.2fM parameters, batch %lld x %lld, %d threads, GEMM: %s\n", model,
-           (double)kiln_llama_num_params(b.m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend());
+    printf("model %s: %.2fM parameters, batch %lld x %lld, %d threads, GEMM: %s, device %s\n", model,
+           (double)kiln_llama_num_params(b.m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend(),
+           dev->name);
     printf("model FLOPs per step: %.1f GFLOP (%.1f MFLOP/token); fp32 FMA peak %.0f GFLOP/s\n", b.flops / 1e9,
            b.flops / 1e6 / (double)(B * T), peak);
     /* vdpbf16ps does twice the fp32 FMA's work per instruction; without it a
@@ -369,8 +405,9 @@ int kiln_cmd_bench(int argc, char **argv) {
     for (int i = 0; results && i < n; i++)
         if (res[i].ok)
             printf("RESULT mode=%s precision=%s threads=%d tokens_s=%.1f mfu=%.4f peak_mb=%.0f ms=%.1f optim_ms=%.2f "
-                   "peak_gflops=%.1f mfu_peak_gflops=%.1f\n", res[i].name, prec == KILN_BF16 ? "bf16" : "fp32", kiln_num_threads(),
-                   res[i].tokens_s, res[i].gflops / mfu_peak, res[i].peak_mb, res[i].ms, res[i].opt_ms, peak, mfu_peak);
+                   "peak_gflops=%.1f mfu_peak_gflops=%.1f device=%s\n", res[i].name, prec == KILN_BF16 ? "bf16" : "fp32",
+                   kiln_num_threads(), res[i].tokens_s, res[i].gflops / mfu_peak, res[i].peak_mb, res[i].ms, res[i].opt_ms, peak,
+                   mfu_peak, dev->name);
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
     kiln_adamw_free(b.opt);
     kiln_llama_free(b.m);

@@ -97,7 +97,15 @@ int kiln_cmd_compile(int argc, char **argv) {
     int64_t shape[2] = {B, T}, one = 1;
     kiln_tensor *in[4] = {kiln_tensor_zeros(KILN_I32, 2, shape), kiln_tensor_zeros(KILN_I32, 2, shape),
                           kiln_tensor_new(KILN_I32, 2, shape), kiln_tensor_zeros(KILN_F32, 1, &one)};
-    for (int64_t i = 0; i < B * T; i++) kiln_i32(in[2])[i] = 1;
+    int32_t *ones = malloc((size_t)(B * T) * sizeof *ones); /* the padding mask, set through the seam */
+    st = ones && in[2] ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory making the inputs");
+    for (int64_t i = 0; !st && i < B * T; i++) ones[i] = 1;
+    if (!st) st = kiln_tensor_set(in[2], 0, ones, (size_t)(B * T) * sizeof *ones);
+    free(ones);
+    if (st) {
+        fprintf(stderr, "kiln compile: %s\n", kiln_last_error());
+        return 1;
+    }
     kiln_graph_options go;
     kiln_graph_options_default(&go);
     go.rewrite_attention = go.rewrite_linear_ce = go.fuse = false;

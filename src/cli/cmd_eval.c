@@ -10,11 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "kiln/backend.h"
 #include "kiln/train.h"
 
 static const char *eval_usage =
     "usage: kiln eval RUN_DIR|MODEL_DIR [--data DIR | --text FILE] [--batches N]\n"
-    "                 [--batch B] [--seq-len T] [--docs paragraph|file|line]\n"
+    "                 [--batch B] [--seq-len T] [--docs paragraph|file|line] [--device NAME]\n"
     "\n"
     "Loads the checkpoint `kiln train --resume RUN_DIR` would continue from (the\n"
     "newest complete checkpoint-*/ of RUN_DIR), or MODEL_DIR itself (config.json\n"
@@ -33,6 +34,8 @@ static const char *eval_usage =
     "  --batch B       rows per micro-batch (default: the run's batch, else 8)\n"
     "  --seq-len T     tokens per row (default: the run's seq_len, else 128;\n"
     "                  at most the model's max_position_embeddings)\n"
+    "  --device NAME   where the model and the work live: one of" KILN_DEVICE_NAMES "\n"
+    "                  (default: cpu; `kiln devices`)\n"
     "  --threads N     compute threads (default: all cores)\n"
     "  -h, --help      this text\n";
 
@@ -44,16 +47,18 @@ static bool int_arg(const char *flag, const char *v, long long lo, long long *ou
 }
 
 typedef struct {
-    const char *run_dir, *data, *text;
+    const char *run_dir, *data_dir, *text;
     long long batches, batch, seq_len;
     kiln_doc_split split;
+    const kiln_backend *device;
 } eval_args;
 
 static int parse_args(int argc, char **argv, eval_args *a) {
-    static const char *const names[] = {"--data", "--batches", "--batch", "--seq-len", "--threads", "--text", "--docs"};
+    static const char *const names[] = {"--data", "--batches", "--batch", "--seq-len", "--threads", "--text", "--docs",
+                                        "--device"};
     for (int i = 1; i < argc; i++) {
         const char *v;
-        int k = kiln_cli_arg("eval", argc, argv, &i, names, 7, &v);
+        int k = kiln_cli_arg("eval", argc, argv, &i, names, 8, &v);
         if (k == KILN_ARG_HELP) {
             fputs(eval_usage, stdout);
             return -1;
@@ -68,12 +73,13 @@ static int parse_args(int argc, char **argv, eval_args *a) {
             continue;
         }
         bool ok = true;
-        if (k == 0) a->data = v;
+        if (k == 0) a->data_dir = v;
         else if (k == 1) ok = int_arg(names[k], v, 0, &a->batches);
         else if (k == 2) ok = int_arg(names[k], v, 1, &a->batch);
         else if (k == 3) ok = int_arg(names[k], v, 2, &a->seq_len);
         else if (k == 4) ok = kiln_cli_threads("eval", v);
         else if (k == 5) a->text = v;
+        else if (k == 7) ok = kiln_cli_device("eval", v, &a->device);
         else {
             static const kiln_choice docs[] = {
                 {"paragraph", KILN_DOC_PARAGRAPH}, {"file", KILN_DOC_FILE}, {"line", KILN_DOC_LINE}, {NULL, 0}};
@@ -87,7 +93,7 @@ static int parse_args(int argc, char **argv, eval_args *a) {
         fputs(eval_usage, stderr);
         return 2;
     }
-    if (a->text && a->data) {
+    if (a->text && a->data_dir) {
         fprintf(stderr, "kiln eval: --text and --data exclude each other\n");
         return 2;
     }
@@ -150,10 +156,22 @@ static void remove_tmp(const char *tmpdir) {
     rmdir(tmpdir);
 }
 
+static int eval_on_device(const eval_args *a);
+
 int kiln_cmd_eval(int argc, char **argv) {
     eval_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    /* the model is made on the device, and with it the work of evaluation */
+    const kiln_backend *was = kiln_backend_use(a.device ? a.device : kiln_backend_current());
+    rc = eval_on_device(&a);
+    kiln_backend_use(was);
+    return rc;
+}
+
+static int eval_on_device(const eval_args *ap) {
+    eval_args a = *ap;
+    int rc = 0;
     char dir[1024];
     if (kiln_model_dir_resolve(a.run_dir, dir, sizeof dir)) {
         fprintf(stderr, "kiln eval: %s\n", kiln_last_error());
@@ -161,7 +179,7 @@ int kiln_cmd_eval(int argc, char **argv) {
     }
     kiln_train_config c;
     kiln_status cst = run_config(a.run_dir, dir, &c);
-    if (cst && !a.data && !a.text) {
+    if (cst && !a.data_dir && !a.text) {
         fprintf(stderr, "kiln eval: no --data or --text given and the run's settings are unreadable: %s\n",
                 kiln_last_error());
         return 1;
@@ -182,7 +200,7 @@ int kiln_cmd_eval(int argc, char **argv) {
             goto done;
         }
     } else {
-        snprintf(path, sizeof path, "%s/val.bin", a.data ? a.data : c.data);
+        snprintf(path, sizeof path, "%s/val.bin", a.data_dir ? a.data_dir : c.data);
     }
     const char *what = a.text ? a.text : path;
     int T = a.seq_len ? (int)a.seq_len : c.seq_len;

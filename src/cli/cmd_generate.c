@@ -7,12 +7,13 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "kiln/backend.h"
 #include "kiln/train.h"
 #include "kiln/model_meta.h"
 
 static const char *generate_usage =
     "usage: kiln generate RUN_DIR [--prompt TEXT] [--max-tokens N] [--temperature T]\n"
-    "                     [--top-k K] [--top-p P] [--seed S] [--tokenizer FILE]\n"
+    "                     [--top-k K] [--top-p P] [--seed S] [--tokenizer FILE] [--device NAME]\n"
     "       kiln generate RUN_DIR --chat MESSAGE [--system TEXT] [--chat-template FILE] ...\n"
     "\n"
     "Loads the checkpoint `kiln train --resume RUN_DIR` would continue from\n"
@@ -40,6 +41,8 @@ static const char *generate_usage =
     "  --top-p P           nucleus: the smallest set holding mass P; 1 = off (default: 0.95)\n"
     "  --seed S            sampling seed; the same seed repeats a sample (default: 1)\n"
     "  --tokenizer FILE    tokenizer.json (default: the model's tokenizer.json)\n"
+    "  --device NAME       where the model, its key/value cache and the work live:\n"
+    "                      one of" KILN_DEVICE_NAMES " (default: cpu; `kiln devices`)\n"
     "  --threads N         compute threads (default: all cores)\n"
     "  -h, --help          this text\n";
 
@@ -91,6 +94,7 @@ static void on_token(int32_t id, void *user) {
 typedef struct {
     const char *run_dir, *prompt, *tokenizer, *chat, *system, *chat_template;
     kiln_sample_config sc;
+    const kiln_backend *device;
 } gen_args;
 
 static int parse_args(int argc, char **argv, gen_args *a) {
@@ -107,6 +111,7 @@ static int parse_args(int argc, char **argv, gen_args *a) {
         KILN_OPT("--chat", KILN_OPT_STR, &a->chat),
         KILN_OPT("--system", KILN_OPT_STR, &a->system),
         KILN_OPT("--chat-template", KILN_OPT_STR, &a->chat_template),
+        KILN_OPT("--device", KILN_OPT_DEVICE, &a->device),
     };
     const char *pos[2];
     int n_pos = 0;
@@ -194,10 +199,24 @@ static kiln_status chat_prompt(const gen_args *a, const char *dir, const kiln_to
     return KILN_OK;
 }
 
+static int generate_on_device(gen_args *a);
+
 int kiln_cmd_generate(int argc, char **argv) {
-    gen_args a = {NULL, "", NULL, NULL, NULL, NULL, {.max_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1}};
+    gen_args a = {NULL, "", NULL, NULL, NULL, NULL, {.max_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1},
+                  NULL};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
+    /* the model is made on the device, and with it everything generation
+     * makes (the key/value cache, the inputs of each step) */
+    const kiln_backend *was = kiln_backend_use(a.device ? a.device : kiln_backend_current());
+    rc = generate_on_device(&a);
+    kiln_backend_use(was);
+    return rc;
+}
+
+static int generate_on_device(gen_args *ap) {
+    gen_args a = *ap;
+    int rc = 0;
     char tok_path[4096], dir[3000];
     /* the checkpoint --resume would continue from (or a model directory) */
     if (kiln_model_dir_resolve(a.run_dir, dir, sizeof dir)) {

@@ -42,14 +42,15 @@ static void usage(FILE *f) {
     kiln_train_config c;
     kiln_train_config_default(&c);
     fprintf(f, "usage: kiln train [--config FILE] [flags]\n"
-               "       kiln train --resume RUN_DIR [--steps N]\n\n"
+               "       kiln train --resume RUN_DIR [--steps N] [--device NAME]\n\n"
                "Trains a Llama-style model on token shards (see `kiln tokenize`). The\n"
                "--config file (JSON, keys as the flags with '_' for '-') is applied\n"
                "first, then the flags. Ctrl-C finishes the current step, saves and\n"
                "exits; a second Ctrl-C quits at once.\n\noptions:\n");
     fprintf(f, "  --config FILE              settings as JSON (e.g. a run's train_config.json)\n");
     fprintf(f, "  --resume RUN_DIR           continue a run from its newest checkpoint with its\n"
-               "                             saved settings; only --steps may be raised\n");
+               "                             saved settings; only --steps may be raised\n"
+               "                             (--threads and --device may change)\n");
     for (int i = 0; i < kiln_train_n_settings; i++) {
         const kiln_setting *s = &kiln_train_settings[i];
         char dflt[64] = "";
@@ -144,6 +145,7 @@ static int scan(int argc, char **argv, int pass, train_args *a, kiln_train_confi
             if (e == X_NO_PLOT) a->no_plot = true;
             if (e == X_NO_OVERLAP) a->no_overlap = true;
             if (k >= 0 && !strcmp(kiln_train_settings[k].key, "steps")) a->steps_given = true;
+            else if (k >= 0 && !strcmp(kiln_train_settings[k].key, "device")) continue; /* where, not what: also with --resume */
             else if (k >= 0 || e == X_BETAS) a->others_given = true;
         } else if ((k >= 0 && !apply_flag(k, v, c)) || (e == X_BETAS && !apply_betas(v, c))) {
             return 2;
@@ -202,8 +204,8 @@ static int build_config(int argc, char **argv, train_args *a, kiln_train_config 
     int rc = scan(argc, argv, 0, a, c);
     if (rc || a->help) return rc;
     if (a->resume && (a->config || a->others_given)) {
-        fprintf(stderr, "kiln train: --resume continues with the run's saved settings; only --steps (and --threads)"
-                        " may be given with it\n");
+        fprintf(stderr, "kiln train: --resume continues with the run's saved settings; only --steps (and --threads,"
+                        " --device) may be given with it\n");
         return 2;
     }
     if (a->resume) {

@@ -23,6 +23,7 @@ static const command commands[] = {
     {"bench", kiln_cmd_bench, "time training steps of a model configuration"},
     {"export", kiln_cmd_export, "write a model as GGUF for llama.cpp (--gguf OUT.gguf --type f32|f16|bf16|q8_0)"},
     {"compile", kiln_cmd_compile, "show what the compiler does to a model's training step (--explain)"},
+    {"devices", kiln_cmd_devices, "list the devices (--device NAME) with their buffers, capabilities and kernels"},
 };
 
 static void usage(FILE *f) {

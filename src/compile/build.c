@@ -41,6 +41,7 @@ struct kiln_module {
 typedef struct {
     const char *cc;     /* as given (argv[0]) */
     const char *cflags;
+    const char *target; /* the device's compiler and target, or NULL */
     char dir[PATHN];    /* cache directory */
     int jobs;
 } resolved_opts;
@@ -336,6 +337,7 @@ static const cc_info *compiler_info(const char *cc) {
 static void resolve_options(const kiln_build_options *o, resolved_opts *r) {
     r->cc = o && o->cc ? o->cc : env_or("KILN_CC", "cc");
     r->cflags = o && o->cflags ? o->cflags : env_or("KILN_CFLAGS", KILN_DEFAULT_CFLAGS);
+    r->target = o ? o->target : NULL;
     const char *dir = o && o->cache_dir ? o->cache_dir : getenv("KILN_CACHE_DIR");
     r->dir[0] = '\0';
     if (dir && *dir) sfmt(r->dir, PATHN, "%s", dir);
@@ -390,6 +392,7 @@ static void compute_key(const char *const *parts, int n, const resolved_opts *r,
     hash_field(&c, "cc", ci->real, strlen(ci->real));
     hash_field(&c, "cc-version", ci->version, strlen(ci->version));
     hash_field(&c, "cflags", r->cflags, strlen(r->cflags));
+    if (r->target) hash_field(&c, "target", r->target, strlen(r->target));
     hash_cpu(&c);
     for (int i = 0; i < n; i++) hash_field(&c, "part", parts[i], strlen(parts[i]));
     kiln_sha256_final(&c, dg);

@@ -1,10 +1,12 @@
 /* kiln_compile: shape variants, each a traced + planned graph whose fused
- * kernels (and, in reduce-overhead mode, whole step) are generated C built
- * with the system compiler and loaded; the interpreter when none works. */
+ * kernels (and, in reduce-overhead mode, whole step) are source text from
+ * the parameters' backend's renderer, built and loaded by its compiler
+ * descriptor and run inside its exec; the interpreter when it has none or
+ * none works. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "codegen.h"
+#include "kiln/backend.h"
 #include "kiln/compile.h"
 
 #define MAX_IN 8
@@ -120,9 +122,17 @@ static int find_variant(const kiln_compiled *c, kiln_tensor *const *in) {
     return -1;
 }
 
-/* Generates, builds and binds the code of a planned variant. */
-static kiln_status generate(kiln_compiled *c, variant *v) {
+/* The device the step runs on: its parameters' (the current one without
+ * parameters). */
+static const kiln_backend *step_backend(const kiln_compiled *c) {
+    return c->n_params > 0 ? kiln_backend_of(c->params[0]) : kiln_backend_current();
+}
+
+/* Generates (be's renderer), builds and loads (be's compiler) and binds the
+ * code of a planned variant. */
+static kiln_status generate(kiln_compiled *c, variant *v, const kiln_backend *be) {
     const kiln_graph *g = v->g;
+    const kiln_renderer *rd = be->renderer;
     enum { MAXP = 9 };
     char *parts[MAXP] = {0};
     int n_parts = 0;
@@ -131,15 +141,20 @@ static kiln_status generate(kiln_compiled *c, variant *v) {
     bool tune = c->o.mode == KILN_COMPILE_MAX_AUTOTUNE;
     kiln_status st = KILN_OK;
     for (int p = 0; p < kparts && !st; p++)
-        if (!(parts[n_parts++] = kiln_codegen_groups(g, p, kparts, tune, c->o.dynamic)))
+        if (!(parts[n_parts++] = rd->groups(g, p, kparts, tune, c->o.dynamic)))
             st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
     /* the whole-step function has constant sizes: with dynamic sizes the
      * runtime loop calls the (size-generic) kernels instead */
     bool whole_step = c->o.mode == KILN_COMPILE_REDUCE_OVERHEAD && !c->o.dynamic;
-    if (!st && whole_step && !(parts[n_parts++] = kiln_codegen_step(g)))
+    if (!st && whole_step && !(parts[n_parts++] = rd->step(g)))
         st = kiln_error(KILN_ERR_OOM, "out of memory generating code");
     kiln_build_info info = {0};
-    if (!st) st = kiln_module_build((const char *const *)parts, n_parts, &c->o.build, &v->mod, &info);
+    /* the device's compiler and target go into the cache key */
+    char target[256];
+    snprintf(target, sizeof target, "%s/%s", be->compiler->name, be->compiler->target);
+    kiln_build_options bo = c->o.build;
+    bo.target = target;
+    if (!st) st = be->compiler->build((const char *const *)parts, n_parts, &bo, &v->mod, &info);
     for (int i = 0; i < n_parts; i++) free(parts[i]);
     if (st) return st;
     c->stats.cc_seconds = info.seconds;
@@ -174,7 +189,7 @@ static int tune_gemms(variant *v) {
         kiln_value *x = &g->v[i];
         if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_MATMUL || x->attrs.i[3]) continue;
         const kiln_tensor *a = kiln_interp_tensor(v->r, x->in[0]), *b = kiln_interp_tensor(v->r, x->in[1]);
-        if (!a->data || !b->data) continue;
+        if (!kiln_tensor_ptr(a) || !kiln_tensor_ptr(b)) continue;
         int choice = kiln_matmul_fastest(a, b, &x->attrs);
         changed += choice != x->attrs.i[4];
         x->attrs.i[4] = choice;
@@ -276,6 +291,25 @@ static void autotune(variant *v) {
     kiln_clear_error();
 }
 
+/* autotune and a run of generated code, inside the device's exec: the
+ * module's kernels touch its memory at the device addresses the
+ * interpreter binds (kiln_tensor_ptr). */
+static kiln_status autotune_on_device(void *p) {
+    autotune(p);
+    return KILN_OK;
+}
+
+typedef struct {
+    kiln_interp *r;
+    kiln_tensor *const *in;
+    float *report;
+} run_args;
+
+static kiln_status run_on_device(void *p) {
+    run_args *a = p;
+    return kiln_interp_run(a->r, a->in, a->report);
+}
+
 static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *out) {
     double t0 = kiln_time_now();
     variant *v = &c->v[c->n_v];
@@ -299,11 +333,14 @@ static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *
     c->stats.source_path[0] = 0;
     c->stats.interpreted = true;
     if (!c->o.interpret) {
+        const kiln_backend *be = step_backend(c);
         const char *ver = NULL;
-        if (!kiln_compiler_available(&c->o.build, &ver)) {
+        if (!be->renderer || !be->compiler) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED, "device %s has no renderer and compiler for generated code", be->name);
+        } else if (!kiln_compiler_available(&c->o.build, &ver)) {
             st = kiln_error(KILN_ERR_UNSUPPORTED, "no working C compiler (set KILN_CC)");
         } else {
-            st = generate(c, v);
+            st = generate(c, v, be);
         }
         if (st) {
             if (c->o.strict) {
@@ -416,10 +453,14 @@ kiln_status kiln_compiled_run(kiln_compiled *c, kiln_tensor *const *in, float *r
     }
     c->last = i;
     variant *v = &c->v[i];
-    kiln_status st = kiln_interp_run(v->r, in, report);
+    /* generated code runs inside the device's exec; the interpreter alone
+     * reaches the device through the backend itself */
+    const kiln_backend *be = step_backend(c);
+    run_args ra = {v->r, in, report};
+    kiln_status st = v->mod ? kiln_backend_exec(be, run_on_device, &ra) : kiln_interp_run(v->r, in, report);
     if (!st && c->o.mode == KILN_COMPILE_MAX_AUTOTUNE && v->mod && !v->tuned) {
         v->tuned = true;
-        autotune(v);
+        kiln_backend_exec(be, autotune_on_device, v);
     }
     return st;
 }

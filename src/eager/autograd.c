@@ -44,8 +44,7 @@ static void node_destroy(kiln_node_base *b) {
 /* A header-only alias that shares storage but not the producer link, so a
  * node saving its own output makes no reference cycle. */
 static kiln_tensor *saved_alias(kiln_tensor *t) {
-    kiln_tensor *v = t->storage ? kiln_tensor_view(t, t->ndim, t->shape) : kiln_tensor_wrap(t->data, t->dtype, t->ndim, t->shape);
-    return v;
+    return kiln_tensor_view(t, t->ndim, t->shape); /* a tensor wrapping memory gets a header on the same memory */
 }
 
 static kiln_tensor *eager_dispatch(void *ctx, int op, kiln_tensor *const *in, int n_in, const kiln_attrs *attrs,
@@ -170,7 +169,7 @@ static kiln_status add_into(kiln_tensor **slot, kiln_tensor *g) {
 
 static kiln_status accumulate_leaf(kiln_tensor *p, kiln_tensor *g) {
     if (!p->grad) {
-        p->grad = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
+        p->grad = kiln_tensor_zeros_on(kiln_tensor_buft(p), KILN_F32, p->ndim, p->shape); /* beside the parameter */
         if (!p->grad) return kiln_last_status();
     }
     kiln_status st = kiln_op_accumulate(p->grad, g);
@@ -285,10 +284,11 @@ kiln_status kiln_backward(kiln_tensor *loss) {
     if (kiln_tensor_numel(loss) != 1 || loss->dtype != KILN_F32)
         return kiln_error(KILN_ERR_SHAPE, "backward: the loss must be one f32 value");
     int64_t one = 1;
-    kiln_tensor *seed = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_tensor *seed = kiln_tensor_new_on(kiln_tensor_buft(loss), KILN_F32, 1, &one); /* on the loss's device */
     if (!seed) return kiln_last_status();
-    kiln_f32(seed)[0] = 1.0f;
-    kiln_status st = kiln_backward_with(loss, seed);
+    const float one_f = 1.0f;
+    kiln_status st = kiln_tensor_set(seed, 0, &one_f, sizeof one_f);
+    if (!st) st = kiln_backward_with(loss, seed);
     kiln_tensor_release(seed);
     return st;
 }

@@ -1,28 +1,37 @@
-/* The graph interpreter: runs a planned graph with the registry's kernels,
- * every buffer in one arena. Compiled modules fall back to it when no C
- * compiler is at hand. */
+/* The graph interpreter: runs a planned graph on the device of its
+ * parameters, with that backend's kernel table, inside one kiln_backend_exec
+ * per run; every planned buffer is a view of one arena tensor on that device,
+ * parameters and inputs are their own tensors, and host code here reads
+ * nothing but the reported scalars (kiln_tensor_get). Compiled modules run
+ * in it too (their group kernels and whole step get device addresses);
+ * without a C compiler it runs the plan alone. */
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
-#include "kiln/kernels.h"
+#include "kiln/backend.h"
 
 struct kiln_interp {
     const kiln_graph *g;
-    void *arena;
-    kiln_tensor *t;       /* one header per value, by value: not reference counted */
-    void **ptrs;          /* t[v].data, for generated code */
+    const kiln_backend *be; /* the device of the parameters: the arena and every kernel */
+    kiln_tensor *arena;   /* on be (shared: a reference to the owner's) */
+    kiln_tensor **t;      /* value v: an arena view, a bound input / parameter, a view op's view, or &blank[v] */
+    kiln_tensor *blank;   /* headers (meta, no memory) of values without a buffer */
+    bool *own;            /* t[v] is a reference held here */
+    void **ptrs;          /* t[v]'s device address, for generated code */
     kiln_group_fn *groups; /* generated group kernels (NULL: chunk-wise loop) */
     int **group_args;
     kiln_step_fn step;    /* a generated whole step */
     bool *ready_after;    /* GRAD_ACC sinks that complete their parameter's gradient */
     kiln_status step_status;
     bool dynamic;         /* group kernels take their element count as a last argument */
-    bool shared_arena;    /* the arena belongs to another interpreter */
 };
 
-static void set_data(kiln_interp *r, int v, void *p) {
-    r->t[v].data = p;
-    r->ptrs[v] = p;
+/* Makes t value v's tensor (own: a reference the interpreter now holds). */
+static void set_tensor(kiln_interp *r, int v, kiln_tensor *t, bool own) {
+    if (r->own[v]) kiln_tensor_release(r->t[v]);
+    r->t[v] = t;
+    r->own[v] = own;
+    r->ptrs[v] = kiln_tensor_ptr(t);
 }
 
 void kiln_interp_bind_group(kiln_interp *r, int k, kiln_group_fn fn) {
@@ -39,9 +48,17 @@ int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap) {
     return n;
 }
 
-const kiln_tensor *kiln_interp_tensor(const kiln_interp *r, int v) { return &r->t[v]; }
+const kiln_tensor *kiln_interp_tensor(const kiln_interp *r, int v) { return r->t[v]; }
 
-void kiln_interp_zero_arena(kiln_interp *r) { memset(r->arena, 0, (size_t)(r->g->arena_bytes ? r->g->arena_bytes : 64)); }
+static int64_t arena_bytes(const kiln_graph *g) { return g->arena_bytes ? g->arena_bytes : 64; }
+
+void kiln_interp_zero_arena(kiln_interp *r) {
+    int64_t n = arena_bytes(r->g) / 4;
+    kiln_tensor *v = kiln_tensor_view_bytes(r->arena, 0, KILN_I32, 1, &n);
+    if (v) kiln_tensor_zero(v);
+    kiln_tensor_release(v);
+    kiln_clear_error();
+}
 
 static kiln_status interp_init(const kiln_graph *g, kiln_interp *owner, kiln_interp **out);
 
@@ -56,29 +73,65 @@ kiln_status kiln_interp_new_shared(const kiln_graph *g, kiln_interp *owner, kiln
 
 void kiln_interp_set_dynamic(kiln_interp *r, bool on) { r->dynamic = on; }
 
+/* The device the graph runs on: its parameters' (one for all), else the
+ * thread's current one; every kernel it needs must be there. */
+static kiln_status pick_backend(const kiln_graph *g, const kiln_backend **out) {
+    const kiln_backend *be = kiln_backend_of_inputs("compiled graph (its parameters)", g->params, g->n_params);
+    if (!be) return kiln_last_status();
+    if (!be->kernels[KILN_KERNEL_ACCUMULATE])
+        return kiln_error(KILN_ERR_UNSUPPORTED, "compiled graph: device %s has no accumulate kernel", be->name);
+    for (int i = 0; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (!x->dead && x->kind == KILN_V_OP && !kiln_op_get(x->op)->is_view && !be->kernels[x->op])
+            return kiln_error(KILN_ERR_UNSUPPORTED, "compiled graph: op %s (value %d) has no kernel on device %s",
+                              kiln_op_name(x->op), i, be->name);
+    }
+    *out = be;
+    return KILN_OK;
+}
+
 static kiln_status interp_init(const kiln_graph *g, kiln_interp *owner, kiln_interp **out) {
+    const kiln_backend *be = owner ? owner->be : NULL;
+    kiln_status st = owner ? KILN_OK : pick_backend(g, &be);
+    if (st) return st;
     kiln_interp *r = calloc(1, sizeof *r);
     if (!r) return kiln_error(KILN_ERR_OOM, "out of memory");
     r->g = g;
-    r->shared_arena = owner != NULL;
-    r->t = calloc((size_t)g->n, sizeof *r->t);
-    r->ptrs = calloc((size_t)g->n, sizeof *r->ptrs);
+    r->be = be;
+    r->t = calloc((size_t)g->n + 1, sizeof *r->t);
+    r->blank = calloc((size_t)g->n + 1, sizeof *r->blank);
+    r->own = calloc((size_t)g->n + 1, sizeof *r->own);
+    r->ptrs = calloc((size_t)g->n + 1, sizeof *r->ptrs);
     r->groups = calloc((size_t)g->n_groups + 1, sizeof *r->groups);
     r->group_args = calloc((size_t)g->n_groups + 1, sizeof *r->group_args);
     r->ready_after = calloc((size_t)g->n + 1, sizeof *r->ready_after);
-    r->arena = owner ? owner->arena : kiln_alloc((size_t)(g->arena_bytes ? g->arena_bytes : 64));
-    if (!r->t || !r->ptrs || !r->groups || !r->group_args || !r->ready_after || !r->arena) {
+    if (!r->t || !r->blank || !r->own || !r->ptrs || !r->groups || !r->group_args || !r->ready_after) {
         kiln_interp_free(r);
-        return kiln_error(KILN_ERR_OOM, "out of memory for a %lld-byte arena", (long long)g->arena_bytes);
+        return kiln_error(KILN_ERR_OOM, "out of memory");
+    }
+    /* the arena on the device (the owner's, when shared) */
+    int64_t words = arena_bytes(g) / 4;
+    r->arena = owner ? kiln_tensor_retain(owner->arena) : kiln_tensor_new_on(be->buft, KILN_I32, 1, &words);
+    if (!r->arena) {
+        kiln_interp_free(r);
+        return kiln_error_context(kiln_last_status(), "a %lld-byte arena on %s", (long long)arena_bytes(g), be->name);
     }
     for (int i = 0; i < g->n; i++) {
         const kiln_value *x = &g->v[i];
-        kiln_tensor *t = &r->t[i];
+        kiln_tensor *t = &r->blank[i];
         t->ndim = x->meta.ndim;
         memcpy(t->shape, x->meta.shape, sizeof t->shape);
         t->dtype = x->meta.dtype;
         t->refcount = 1;
-        if (x->offset >= 0) set_data(r, i, (char *)r->arena + x->offset);
+        r->t[i] = t;
+        if (x->offset < 0) continue;
+        kiln_tensor *v = kiln_tensor_view_bytes(r->arena, (size_t)x->offset, x->meta.dtype, x->meta.ndim, x->meta.shape);
+        if (!v) {
+            st = kiln_last_status();
+            kiln_interp_free(r);
+            return kiln_error_context(st, "graph value %d's planned buffer", i);
+        }
+        set_tensor(r, i, v, true);
     }
     /* the last gradient sink of each parameter completes its gradient */
     for (int i = g->n - 1; i >= 0; i--) {
@@ -106,31 +159,42 @@ static kiln_status interp_init(const kiln_graph *g, kiln_interp *owner, kiln_int
 
 void kiln_interp_free(kiln_interp *r) {
     if (!r) return;
-    if (!r->shared_arena) kiln_dealloc(r->arena);
+    for (int i = 0; r->own && i < r->g->n; i++)
+        if (r->own[i]) kiln_tensor_release(r->t[i]);
+    kiln_tensor_release(r->arena);
     for (int k = 0; r->group_args && k < r->g->n_groups; k++) free(r->group_args[k]);
     free(r->group_args);
     free(r->groups);
     free(r->ready_after);
     free(r->ptrs);
+    free(r->own);
+    free(r->blank);
     free(r->t);
     free(r);
 }
 
+/* a parameter's gradient, made (zeros) on the parameter's device */
 static kiln_status grad_buffer(kiln_tensor *p) {
     if (p->grad) return KILN_OK;
-    p->grad = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
+    p->grad = kiln_tensor_zeros_on(kiln_tensor_buft(p), KILN_F32, p->ndim, p->shape);
     return p->grad ? KILN_OK : kiln_last_status();
 }
 
+/* Everything below runs inside the backend's exec (kiln_interp_run): the
+ * kernels come from its table and are handed device addresses only. */
 static kiln_status run_op(kiln_interp *r, int i) {
     const kiln_value *x = &r->g->v[i];
     const kiln_op_def *d = kiln_op_get(x->op);
-    if (d->is_view) {
-        set_data(r, i, r->t[x->in[0]].data);
+    if (d->is_view) { /* the input's memory under this value's shape */
+        kiln_tensor *src = r->t[x->in[0]], *cur = r->t[i];
+        if (r->own[i] && cur->storage == src->storage && kiln_tensor_ptr(cur) == kiln_tensor_ptr(src)) return KILN_OK;
+        kiln_tensor *v = kiln_tensor_view(src, x->meta.ndim, x->meta.shape);
+        if (!v) return kiln_last_status();
+        set_tensor(r, i, v, true);
         return KILN_OK;
     }
     kiln_tensor *in[KILN_OP_MAX_IN];
-    for (int j = 0; j < x->n_in; j++) in[j] = &r->t[x->in[j]];
+    for (int j = 0; j < x->n_in; j++) in[j] = r->t[x->in[j]];
     if (x->acc_into_grad) {
         kiln_tensor *p = r->g->params[x->index];
         kiln_status st = grad_buffer(p);
@@ -138,16 +202,26 @@ static kiln_status run_op(kiln_interp *r, int i) {
     }
     if (d->n_aux) {
         kiln_tensor *aux[KILN_OP_MAX_AUX];
-        for (int a = 0; a < d->n_aux; a++) aux[a] = &r->t[x->aux_of[a]];
-        return d->forward_aux(in, &x->attrs, &r->t[i], aux);
+        for (int a = 0; a < d->n_aux; a++) aux[a] = r->t[x->aux_of[a]];
+        return r->be->kernels[x->op](in, &x->attrs, r->t[i], aux);
     }
-    return d->forward(in, &x->attrs, &r->t[i]);
+    return r->be->kernels[x->op](in, &x->attrs, r->t[i], NULL);
+}
+
+/* A header for len elements of dtype dt in t's memory from byte offset off:
+ * an address for a kernel (nothing is read here), on the stack, sharing t's
+ * storage without a reference. */
+static kiln_tensor slice(const kiln_tensor *t, size_t off, kiln_dtype dt, int64_t len) {
+    kiln_tensor h = {.ndim = 1, .shape = {len}, .dtype = dt, .storage = t->storage, .refcount = 1};
+    char *base = kiln_tensor_ptr(t);
+    h.data = base ? base + off : NULL;
+    return h;
 }
 
 /* A fused group, chunk by chunk: each member's kernel runs on a slice small
- * enough to stay in cache, internal members in per-thread scratch, so the
- * chain makes one pass over memory. (Generated code replaces this loop with
- * one fused expression per element.) */
+ * enough to stay in cache, internal members in per-thread scratch (on the
+ * device), so the chain makes one pass over memory. (Generated code
+ * replaces this loop with one fused expression per element.) */
 #define CHUNK 2048
 static kiln_status run_group(kiln_interp *r, int k) {
     const kiln_graph *g = r->g;
@@ -169,45 +243,54 @@ static kiln_status run_group(kiln_interp *r, int k) {
         if (kiln_op_get(x->op)->row) row = x->meta.shape[x->meta.ndim - 1];
     }
     int64_t ch = row >= CHUNK ? row : (CHUNK / row) * row, nchunks = (N + ch - 1) / ch;
-    kiln_status st = KILN_OK;
+    kiln_status st = KILN_OK, failed = KILN_OK;
+    const kiln_op_kernel *kern = r->be->kernels;
 #pragma omp parallel if (nchunks > 1)
     {
-        float *scratch = kiln_alloc(sizeof(float) * (size_t)ch * (size_t)nm);
+        int64_t scratch_n = ch * nm;
+        kiln_tensor *scratch = kiln_tensor_new_on(r->be->buft, KILN_F32, 1, &scratch_n);
 #pragma omp for schedule(static)
         for (int64_t c = 0; c < nchunks; c++) {
             if (!scratch) continue;
             int64_t off = c * ch, len = N - off < ch ? N - off : ch;
             for (int s = 0; s < nm; s++) {
                 const kiln_value *x = &g->v[mem[s]];
-                kiln_tensor hin[KILN_OP_MAX_IN], hout = {.ndim = 1, .shape = {len}, .dtype = x->meta.dtype, .refcount = 1};
+                kiln_tensor hin[KILN_OP_MAX_IN], hout;
                 kiln_tensor *in[KILN_OP_MAX_IN];
                 for (int j = 0; j < x->n_in; j++) {
                     int src = x->in[j];
                     const kiln_value *xs = &g->v[src];
-                    hin[j] = (kiln_tensor){.ndim = 1, .shape = {len}, .dtype = KILN_F32, .refcount = 1};
                     if (xs->group == k && xs->internal) {
                         int idx = 0;
                         while (mem[idx] != src) idx++;
-                        hin[j].data = scratch + (size_t)idx * (size_t)ch;
+                        hin[j] = slice(scratch, (size_t)idx * (size_t)ch * sizeof(float), KILN_F32, len);
                     } else if (kiln_meta_numel(&xs->meta) != N) { /* a scalar or a norm weight: whole */
-                        hin[j] = r->t[src];
+                        hin[j] = *r->t[src];
                     } else {
-                        hin[j].data = (float *)r->t[src].data + off;
+                        hin[j] = slice(r->t[src], (size_t)off * sizeof(float), KILN_F32, len);
                     }
                     in[j] = &hin[j];
                 }
-                hout.data = x->internal ? (void *)(scratch + (size_t)s * (size_t)ch)
-                                        : (void *)((char *)r->t[mem[s]].data + (size_t)off * kiln_dtype_size(x->meta.dtype));
-                const kiln_op_def *d = kiln_op_get(x->op);
+                hout = x->internal ? slice(scratch, (size_t)s * (size_t)ch * sizeof(float), x->meta.dtype, len)
+                                   : slice(r->t[mem[s]], (size_t)off * kiln_dtype_size(x->meta.dtype), x->meta.dtype, len);
                 kiln_attrs at = x->attrs;
-                if (d->indexed) at.i[5] += off; /* the slice's first element index */
-                d->forward(in, &at, &hout);
+                if (kiln_op_get(x->op)->indexed) at.i[5] += off; /* the slice's first element index */
+                kiln_status ks = kern[x->op](in, &at, &hout, NULL);
+                if (ks) {
+#pragma omp atomic write
+                    failed = ks;
+                }
             }
         }
-        if (!scratch) st = KILN_ERR_OOM;
-        kiln_dealloc(scratch);
+        if (!scratch) {
+#pragma omp atomic write
+            st = KILN_ERR_OOM;
+        }
+        kiln_tensor_release(scratch);
     }
-    return st ? kiln_error(st, "out of memory for fused-group scratch") : KILN_OK;
+    if (st) return kiln_error(st, "out of memory for fused-group scratch on %s", r->be->name);
+    if (failed) return kiln_error(failed, "fused group %d: a member's kernel failed on %s", k, r->be->name);
+    return KILN_OK;
 }
 
 /* Runs schedule position i (a value, or a fused group at its last member). */
@@ -233,13 +316,14 @@ static kiln_status run_position(kiln_interp *r, int i) {
         if (st) break;
         if (x->n_in == 2) { /* grad += scalar * value */
             kiln_tensor *gr = g->params[x->index]->grad;
-            if (kiln_tensor_numel(gr) != kiln_tensor_numel(&r->t[x->in[0]])) {
+            if (kiln_tensor_numel(gr) != kiln_tensor_numel(r->t[x->in[0]])) {
                 st = kiln_error(KILN_ERR_SHAPE, "scaled gradient accumulation: sizes differ");
                 break;
             }
-            kiln_k_axpy(kiln_f32(&r->t[x->in[1]])[0], kiln_f32(&r->t[x->in[0]]), kiln_f32(gr), kiln_tensor_numel(gr));
+            kiln_tensor *in[2] = {r->t[x->in[0]], r->t[x->in[1]]};
+            st = r->be->kernels[KILN_KERNEL_ACCUMULATE](in, NULL, gr, NULL);
         } else {
-            st = kiln_op_accumulate(g->params[x->index]->grad, &r->t[x->in[0]]);
+            st = kiln_op_accumulate(g->params[x->index]->grad, r->t[x->in[0]]);
         }
         if (!st && r->ready_after[i]) kiln_grad_ready(g->params[x->index]);
         break;
@@ -255,37 +339,55 @@ static int step_callback(void *ctx, int v) {
     return r->step_status != KILN_OK;
 }
 
+static kiln_status run_all(void *ctx) {
+    kiln_interp *r = ctx;
+    if (r->step) {
+        r->step_status = KILN_OK;
+        r->step(r->ptrs, step_callback, r);
+        return r->step_status;
+    }
+    for (int i = 0; i < r->g->n; i++) {
+        kiln_status st = run_position(r, i);
+        if (st) return st;
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_interp_run(kiln_interp *r, kiln_tensor *const *inputs, float *report) {
     const kiln_graph *g = r->g;
     for (int i = 0; i < g->n; i++) {
         const kiln_value *x = &g->v[i];
         if (x->dead) continue;
         if (x->kind == KILN_V_INPUT) {
-            const kiln_tensor *in = inputs[x->index];
+            kiln_tensor *in = inputs[x->index];
             kiln_meta m = kiln_meta_of(in);
             if (m.ndim != x->meta.ndim || m.dtype != x->meta.dtype || memcmp(m.shape, x->meta.shape, sizeof(int64_t) * (size_t)m.ndim)) {
                 char a[96], b[96];
                 return kiln_error(KILN_ERR_SHAPE, "compiled graph: input %d is %s, compiled for %s", x->index,
-                                  kiln_shape_str(in, a, sizeof a), kiln_shape_str(&r->t[i], b, sizeof b));
+                                  kiln_shape_str(in, a, sizeof a), kiln_shape_str(&r->blank[i], b, sizeof b));
             }
-            set_data(r, i, in->data);
+            const kiln_backend *d = kiln_backend_of(in);
+            if (d != r->be)
+                return kiln_error(KILN_ERR_INVALID, "compiled graph: input %d ('%s') is on %s but the graph runs on %s "
+                                  "(its parameters' device): move it with kiln_tensor_copy", x->index, in->name, d->name,
+                                  r->be->name);
+            set_tensor(r, i, kiln_tensor_retain(in), true); /* held until the next run */
         } else if (x->kind == KILN_V_PARAM) {
-            set_data(r, i, g->params[x->index]->data);
+            kiln_tensor *p = g->params[x->index];
+            if (kiln_backend_of(p) != r->be)
+                return kiln_error(KILN_ERR_INVALID, "compiled graph: parameter '%s' is on %s but the graph runs on %s",
+                                  p->name, kiln_backend_of(p)->name, r->be->name);
+            set_tensor(r, i, p, false);
         } else if (x->kind == KILN_V_GRAD_ACC) {
             kiln_status st = grad_buffer(g->params[x->index]);
             if (st) return st;
         }
     }
-    if (r->step) {
-        r->step_status = KILN_OK;
-        r->step(r->ptrs, step_callback, r);
-        if (r->step_status) return r->step_status;
-    } else {
-        for (int i = 0; i < g->n; i++) {
-            kiln_status st = run_position(r, i);
-            if (st) return st;
-        }
+    kiln_status st = kiln_backend_exec(r->be, run_all, r);
+    if (st) return st;
+    for (int k = 0; k < g->n_outputs && report; k++) {
+        st = kiln_tensor_get(r->t[g->outputs[k]], 0, &report[k], sizeof report[k]);
+        if (st) return kiln_error_context(st, "compiled graph: output %d", k);
     }
-    for (int k = 0; k < g->n_outputs && report; k++) report[k] = kiln_f32(&r->t[g->outputs[k]])[0];
     return KILN_OK;
 }

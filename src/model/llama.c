@@ -107,20 +107,45 @@ kiln_status kiln_llama_param_bytes(const kiln_llama_config *c, uint64_t *bytes) 
     return KILN_OK;
 }
 
+/* Fills f32 tensor t through the seam, a host buffer of FILL_CHUNK values
+ * at a time: normal(0, std) draws from rng, or the constant v when rng is
+ * NULL. The draws are a function of each element's counter, so chunks give
+ * the values one call gives. */
+enum { FILL_CHUNK = 1 << 20 };
+static kiln_status fill_f32(kiln_tensor *t, kiln_rng *rng, float std, float v) {
+    int64_t n = kiln_tensor_numel(t);
+    int64_t cap = n < FILL_CHUNK ? (n ? n : 1) : FILL_CHUNK;
+    float *h = malloc((size_t)cap * sizeof *h);
+    if (!h) return kiln_error(KILN_ERR_OOM, "out of memory initialising %s", t->name);
+    if (!rng)
+        for (int64_t i = 0; i < cap; i++) h[i] = v;
+    kiln_status st = KILN_OK;
+    for (int64_t o = 0; o < n && !st; o += cap) {
+        int64_t k = n - o < cap ? n - o : cap;
+        if (rng) kiln_rng_normal(rng, h, k, 0.0f, std);
+        st = kiln_tensor_set(t, (size_t)o * sizeof *h, h, (size_t)k * sizeof *h);
+    }
+    free(h);
+    return st;
+}
+
 static kiln_tensor *new_param(kiln_llama *m, const pspec *p, float std, uint64_t seed) {
     kiln_tensor *t = kiln_tensor_new(KILN_F32, p->ndim, p->shape);
     if (!t) return NULL;
     kiln_tensor_set_name(t, p->name);
     t->requires_grad = true;
-    int64_t n = kiln_tensor_numel(t);
+    kiln_status st;
     if (p->init == INIT_NORMAL) {
         /* each parameter draws from its own counter range: adding a layer
          * does not shift the values of the others */
         kiln_rng rng = {seed, (uint64_t)m->n_params << 40};
-        kiln_rng_normal(&rng, kiln_f32(t), n, 0.0f, std);
+        st = fill_f32(t, &rng, std, 0.0f);
     } else {
-        float v = p->init == INIT_ONES ? 1.0f : 0.0f;
-        for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = v;
+        st = p->init == INIT_ONES ? fill_f32(t, NULL, 0.0f, 1.0f) : kiln_tensor_zero(t);
+    }
+    if (st) {
+        kiln_tensor_release(t);
+        return NULL;
     }
     m->params[m->n_params++] = t;
     *p->slot = t;
@@ -212,7 +237,7 @@ int kiln_llama_set_trainable(kiln_llama *m, const char *glob, bool trainable) {
 
 void kiln_llama_zero_grad(kiln_llama *m) {
     for (int i = 0; i < m->n_params; i++)
-        if (m->params[i]->grad) memset(m->params[i]->grad->data, 0, kiln_tensor_nbytes(m->params[i]->grad));
+        if (m->params[i]->grad) kiln_tensor_zero(m->params[i]->grad);
 }
 
 double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t T) {
@@ -236,9 +261,10 @@ kiln_llama_cache *kiln_llama_cache_new(const kiln_llama *m, int64_t B, int64_t m
     kc->v = calloc((size_t)kc->n_layers, sizeof *kc->v);
     if (!kc->k || !kc->v) goto fail;
     int64_t s[4] = {B, c->num_key_value_heads, max_len, c->head_dim};
+    const kiln_buffer_type *bt = kiln_tensor_buft(m->embed_tokens); /* on the model's device */
     for (int64_t l = 0; l < kc->n_layers; l++) {
-        kc->k[l] = kiln_tensor_new(KILN_F32, 4, s);
-        kc->v[l] = kiln_tensor_new(KILN_F32, 4, s);
+        kc->k[l] = kiln_tensor_new_on(bt, KILN_F32, 4, s);
+        kc->v[l] = kiln_tensor_new_on(bt, KILN_F32, 4, s);
         if (!kc->k[l] || !kc->v[l]) goto fail;
     }
     return kc;
@@ -261,19 +287,25 @@ void kiln_llama_cache_free(kiln_llama_cache *kc) {
 int64_t kiln_llama_cache_len(const kiln_llama_cache *kc) { return kc->len; }
 
 /* Appends x [B, Hkv, T, D] at position len of `store` and returns the first
- * len + T positions as a new contiguous [B, Hkv, len+T, D] tensor. Inference
- * only: the cache is plain storage, outside the op graph. */
+ * len + T positions as a new contiguous [B, Hkv, len+T, D] tensor on the
+ * store's device. Inference only: the cache is plain storage, outside the
+ * op graph; its rows move with kiln_tensor_copy (device to device). */
 static kiln_tensor *cache_append(kiln_tensor *store, kiln_tensor *x, int64_t len) {
     if (!x) return NULL;
     int64_t B = x->shape[0], H = x->shape[1], T = x->shape[2], D = x->shape[3], M = store->shape[2];
-    float *s = kiln_f32(store);
-    const float *xs = kiln_f32(x);
-    for (int64_t bh = 0; bh < B * H; bh++) memcpy(s + (bh * M + len) * D, xs + bh * T * D, (size_t)(T * D) * sizeof(float));
+    const size_t f = sizeof(float);
+    for (int64_t bh = 0; bh < B * H; bh++)
+        if (kiln_tensor_copy(store, (size_t)((bh * M + len) * D) * f, x, (size_t)(bh * T * D) * f, (size_t)(T * D) * f))
+            return NULL;
     int64_t shape[4] = {B, H, len + T, D};
-    kiln_tensor *out = kiln_tensor_new(KILN_F32, 4, shape);
+    kiln_tensor *out = kiln_tensor_new_on(kiln_tensor_buft(store), KILN_F32, 4, shape);
     if (!out) return NULL;
     for (int64_t bh = 0; bh < B * H; bh++)
-        memcpy(kiln_f32(out) + bh * (len + T) * D, s + bh * M * D, (size_t)((len + T) * D) * sizeof(float));
+        if (kiln_tensor_copy(out, (size_t)(bh * (len + T) * D) * f, store, (size_t)(bh * M * D) * f,
+                             (size_t)((len + T) * D) * f)) {
+            kiln_tensor_release(out);
+            return NULL;
+        }
     return out;
 }
 
@@ -372,11 +404,21 @@ static kiln_tensor *mlp(kiln_llama *m, int64_t l, kiln_llama_layer *ly, kiln_ten
     return g;
 }
 
-static kiln_tensor *ones_mask(int64_t B, int64_t T) {
+/* An all-ones padding mask [B, T] on the model's device, filled through
+ * the seam from a host buffer. */
+static kiln_tensor *ones_mask(const kiln_llama *m, int64_t B, int64_t T) {
     int64_t s[2] = {B, T};
-    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, s);
-    if (t)
-        for (int64_t i = 0; i < B * T; i++) kiln_i32(t)[i] = 1;
+    int32_t *h = malloc((size_t)(B * T > 0 ? B * T : 1) * sizeof *h);
+    kiln_tensor *t = h ? kiln_tensor_new_on(kiln_tensor_buft(m->embed_tokens), KILN_I32, 2, s) : NULL;
+    if (!h) kiln_error(KILN_ERR_OOM, "out of memory making a padding mask");
+    if (t) {
+        for (int64_t i = 0; i < B * T; i++) h[i] = 1;
+        if (kiln_tensor_set(t, 0, h, (size_t)(B * T) * sizeof *h)) {
+            kiln_tensor_release(t);
+            t = NULL;
+        }
+    }
+    free(h);
     return t;
 }
 
@@ -434,7 +476,7 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
         return NULL;
     }
     if (!seg_ok(ids, positions, "positions", kc) || !seg_ok(ids, segments, "segment ids", kc)) return NULL;
-    kiln_tensor *pm = pad_mask && !kc ? kiln_tensor_retain(pad_mask) : ones_mask(B, pos0 + T);
+    kiln_tensor *pm = pad_mask && !kc ? kiln_tensor_retain(pad_mask) : ones_mask(m, B, pos0 + T);
     /* packed documents: block-diagonal causal (each token sees its own
      * document only), RoPE positions restarting at each document */
     kiln_tensor *mask = kiln_attn_mask_seg(pm, segments, T);

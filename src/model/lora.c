@@ -71,9 +71,10 @@ static kiln_tensor *base_weight(kiln_llama_layer *ly, int t) {
     return w[t];
 }
 
-static kiln_tensor *adapter(const char *name, int64_t d0, int64_t d1) {
+/* An adapter on the device of the base weight it adapts. */
+static kiln_tensor *adapter(const kiln_tensor *W, const char *name, int64_t d0, int64_t d1) {
     int64_t s[2] = {d0, d1};
-    kiln_tensor *t = kiln_tensor_new(KILN_F32, 2, s);
+    kiln_tensor *t = kiln_tensor_new_on(kiln_tensor_buft(W), KILN_F32, 2, s);
     if (!t) return NULL;
     kiln_tensor_set_name(t, name);
     t->requires_grad = true;
@@ -104,9 +105,9 @@ kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint6
             int64_t out = W->shape[0], in = W->shape[1];
             char name[128];
             snprintf(name, sizeof name, "model.layers.%lld.%s.%s.lora_A.weight", (long long)l, target_parent[t], target_names[t]);
-            kiln_tensor *A = adapter(name, lc->rank, in);
+            kiln_tensor *A = adapter(W, name, lc->rank, in);
             name[strlen(name) - strlen("A.weight")] = 'B';
-            kiln_tensor *B = adapter(name, out, lc->rank);
+            kiln_tensor *B = adapter(W, name, out, lc->rank);
             if (!A || !B) {
                 kiln_tensor_release(A);
                 kiln_tensor_release(B);
@@ -117,8 +118,19 @@ kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint6
              * Its own counter range per adapter, after the base's. */
             float bound = (float)(1.0 / sqrt((double)in));
             kiln_rng rng = {seed ^ 0x4c6f5241ull, (uint64_t)m->n_params << 40};
-            kiln_rng_uniform(&rng, kiln_f32(A), kiln_tensor_numel(A), -bound, bound);
-            memset(B->data, 0, kiln_tensor_nbytes(B));
+            int64_t na = kiln_tensor_numel(A);
+            float *h = malloc((size_t)na * sizeof *h); /* A is small: rank x in */
+            bool ok = h != NULL;
+            if (ok) {
+                kiln_rng_uniform(&rng, h, na, -bound, bound);
+                ok = !kiln_tensor_set(A, 0, h, (size_t)na * sizeof *h) && !kiln_tensor_zero(B);
+            }
+            free(h);
+            if (!ok) {
+                kiln_tensor_release(A);
+                kiln_tensor_release(B);
+                goto oom;
+            }
             m->lora_a[l * KILN_LORA_N + t] = A;
             m->lora_b[l * KILN_LORA_N + t] = B;
             m->params[m->n_params++] = A;
@@ -149,18 +161,80 @@ static void replace_base(kiln_llama *m, int64_t l, int t, kiln_tensor *nt) {
 }
 
 /* A copy of W in dtype dt (round to nearest even into bf16, exact back to
- * f32), with W's name and requires_grad. */
+ * f32), with W's name and requires_grad, on W's device: read, converted
+ * and written through host buffers of CONV_CHUNK values at a time. */
+enum { CONV_CHUNK = 1 << 20 };
 static kiln_tensor *converted(const kiln_tensor *W, kiln_dtype dt) {
-    kiln_tensor *t = kiln_tensor_new(dt, W->ndim, W->shape);
+    kiln_tensor *t = kiln_tensor_new_on(kiln_tensor_buft(W), dt, W->ndim, W->shape);
     if (!t) return NULL;
     kiln_tensor_set_name(t, W->name);
     t->requires_grad = W->requires_grad && dt == KILN_F32;
-    int64_t n = kiln_tensor_numel(W);
-    if (dt == KILN_BF16)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)t->data)[i] = kiln_f32_to_bf16(kiln_f32(W)[i]);
-    else
-        for (int64_t i = 0; i < n; i++) kiln_f32(t)[i] = kiln_bf16_to_f32(((const uint16_t *)W->data)[i]);
+    int64_t n = kiln_tensor_numel(W), cap = n < CONV_CHUNK ? (n ? n : 1) : CONV_CHUNK;
+    float *f = malloc((size_t)cap * sizeof *f);
+    uint16_t *h = malloc((size_t)cap * sizeof *h);
+    kiln_status st = f && h ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory converting %s", W->name);
+    for (int64_t o = 0; o < n && !st; o += cap) {
+        int64_t k = n - o < cap ? n - o : cap;
+        if (dt == KILN_BF16) {
+            st = kiln_tensor_get(W, (size_t)o * sizeof *f, f, (size_t)k * sizeof *f);
+            for (int64_t i = 0; i < k && !st; i++) h[i] = kiln_f32_to_bf16(f[i]);
+            if (!st) st = kiln_tensor_set(t, (size_t)o * sizeof *h, h, (size_t)k * sizeof *h);
+        } else {
+            st = kiln_tensor_get(W, (size_t)o * sizeof *h, h, (size_t)k * sizeof *h);
+            for (int64_t i = 0; i < k && !st; i++) f[i] = kiln_bf16_to_f32(h[i]);
+            if (!st) st = kiln_tensor_set(t, (size_t)o * sizeof *f, f, (size_t)k * sizeof *f);
+        }
+    }
+    free(f);
+    free(h);
+    if (st) {
+        kiln_tensor_release(t);
+        return NULL;
+    }
     return t;
+}
+
+/* W += scale * B A for one adapter, in double per element as before, read
+ * and written through host buffers (A and B whole: they are small; W a
+ * block of rows at a time). A non-finite result is refused with the
+ * elements before it already merged, as the in-place loop left them. */
+static kiln_status merge_one(kiln_tensor *W, const kiln_tensor *A, const kiln_tensor *B, int64_t R, double scale) {
+    int64_t out = W->shape[0], in = W->shape[1];
+    int64_t rows = in > 0 && in < CONV_CHUNK ? CONV_CHUNK / in : 1;
+    if (rows > out) rows = out;
+    size_t fa = (size_t)(R * in), fb = (size_t)(out * R), fw = (size_t)(rows * in);
+    float *a = malloc((fa ? fa : 1) * sizeof *a), *b = malloc((fb ? fb : 1) * sizeof *b), *w = malloc((fw ? fw : 1) * sizeof *w);
+    kiln_status st = a && b && w ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory merging into %s", W->name);
+    if (!st) st = kiln_tensor_get(A, 0, a, fa * sizeof *a);
+    if (!st) st = kiln_tensor_get(B, 0, b, fb * sizeof *b);
+    for (int64_t o0 = 0; o0 < out && !st; o0 += rows) {
+        int64_t nr = out - o0 < rows ? out - o0 : rows;
+        size_t off = (size_t)(o0 * in) * sizeof *w;
+        if ((st = kiln_tensor_get(W, off, w, (size_t)(nr * in) * sizeof *w))) break;
+        for (int64_t q = 0; q < nr && !st; q++) {
+            int64_t o = o0 + q;
+            for (int64_t i = 0; i < in; i++) {
+                double s = 0;
+                for (int64_t r = 0; r < R; r++) s += (double)b[o * R + r] * a[r * in + i];
+                double v = (double)w[q * in + i] + scale * s;
+                /* a weight file of inf/NaN would load everywhere and compute nothing */
+                if (!isfinite(v) || fabs(v) > FLT_MAX) {
+                    kiln_tensor_set(W, off, w, (size_t)(q * in + i) * sizeof *w);
+                    st = kiln_error(KILN_ERR_NUMERIC,
+                                    "merging the LoRA adapters into %s gives a non-finite weight at [%lld, %lld] "
+                                    "(%g; scaling %g): refusing to merge",
+                                    W->name, (long long)o, (long long)i, v, scale);
+                    break;
+                }
+                w[q * in + i] = (float)v;
+            }
+        }
+        if (!st) st = kiln_tensor_set(W, off, w, (size_t)(nr * in) * sizeof *w);
+    }
+    free(a);
+    free(b);
+    free(w);
+    return st;
 }
 
 kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt) {
@@ -199,22 +273,8 @@ kiln_status kiln_llama_lora_merge(kiln_llama *m) {
             }
             if (W->dtype != KILN_F32)
                 return kiln_error(KILN_ERR_UNSUPPORTED, "merging into a %s base weight (%s)", kiln_dtype_name(W->dtype), W->name);
-            int64_t out = W->shape[0], in = W->shape[1];
-            float *w = kiln_f32(W);
-            const float *a = kiln_f32(A), *b = kiln_f32(B);
-            for (int64_t o = 0; o < out; o++)
-                for (int64_t i = 0; i < in; i++) {
-                    double s = 0;
-                    for (int64_t r = 0; r < R; r++) s += (double)b[o * R + r] * a[r * in + i];
-                    double v = (double)w[o * in + i] + scale * s;
-                    /* a weight file of inf/NaN would load everywhere and compute nothing */
-                    if (!isfinite(v) || fabs(v) > FLT_MAX)
-                        return kiln_error(KILN_ERR_NUMERIC,
-                                          "merging the LoRA adapters into %s gives a non-finite weight at [%lld, %lld] "
-                                          "(%g; scaling %g): refusing to merge",
-                                          W->name, (long long)o, (long long)i, v, scale);
-                    w[o * in + i] = (float)v;
-                }
+            kiln_status st = merge_one(W, A, B, R, scale);
+            if (st) return st;
         }
     for (int i = m->n_base; i < m->n_params; i++) kiln_tensor_release(m->params[i]);
     m->n_params = m->n_base;

@@ -12,18 +12,13 @@ static kiln_status dropout_shape(const kiln_meta *in, const kiln_attrs *a, kiln_
     *out = in[0];
     return KILN_OK;
 }
-static kiln_status dropout_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    kiln_k_dropout(kiln_f32(in[0]), kiln_f32(in[1])[0], (float)a->f[0], a->i[0], a->i[5], kiln_f32(out), kiln_tensor_numel(out));
-    return KILN_OK;
-}
 /* d/dx of mask(i) * x / (1 - p) is the same mask and scale: the op itself */
 static kiln_status dropout_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     if (c->needs[1]) return kiln_error(KILN_ERR_UNSUPPORTED, "op dropout: no gradient for the key");
     gin[0] = kiln_dropout(g, c->in[1], c->attrs.f[0], c->attrs.i[0]);
     return gin[0] ? KILN_OK : (kiln_last_status() ? kiln_last_status() : KILN_ERR_INVALID);
 }
-const kiln_op_def kiln_opdef_dropout = {.name = "dropout", .n_in = 2, .save_in = 2, .nondiff_in = 2, .shape = dropout_shape,
-                                        .forward = dropout_fwd, .backward = dropout_bw, .indexed = true,
+const kiln_op_def kiln_opdef_dropout = {.name = "dropout", .n_in = 2, .save_in = 2, .nondiff_in = 2, .shape = dropout_shape, .backward = dropout_bw, .indexed = true,
                                         .cexpr = "kiln_dropout_f($0, $1, $e, $f0, $i0)"};
 
 kiln_tensor *kiln_dropout(kiln_tensor *x, kiln_tensor *key, double p, int64_t instance) {

@@ -31,12 +31,6 @@ static kiln_status fa_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_m
     aux[0] = kiln_meta_make(KILN_F32, 3, in[0].shape);
     return KILN_OK;
 }
-static kiln_status fa_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
-    const int64_t *q = in[0]->shape, *k = in[1]->shape;
-    kiln_k_flash_attn_seg(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), a->i[0] ? kiln_i32(in[4]) : NULL,
-                          kiln_f32(out), kiln_f32(aux[0]), q[0], q[1], k[1], q[2], k[2], q[3], (float)a->f[0]);
-    return KILN_OK;
-}
 static kiln_status fa_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     kiln_tensor *in[8] = {c->in[0], c->in[1], c->in[2], c->in[3], c->out, c->aux[0], g, c->attrs.i[0] ? c->in[4] : NULL};
     kiln_tensor *aux[2] = {0};
@@ -59,7 +53,7 @@ static double fa_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta
 }
 const kiln_op_def kiln_opdef_flash_attn = {
     .name = "flash_attn", .n_in = 4, .n_opt = 1, .save_in = 31, .save_out = true, .nondiff_in = 24, .shape = fa_shape,
-    .backward = fa_bw, .flops = fa_flops, .n_aux = 1, .save_aux = true, .aux_shape = fa_aux_shape, .forward_aux = fa_fwd,
+    .backward = fa_bw, .flops = fa_flops, .n_aux = 1, .save_aux = true, .aux_shape = fa_aux_shape,
 };
 
 static kiln_status fab_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -72,20 +66,12 @@ static kiln_status fab_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_
     aux[1] = in[2];
     return KILN_OK;
 }
-static kiln_status fab_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
-    const int64_t *q = in[0]->shape, *k = in[1]->shape;
-    kiln_k_flash_attn_backward_seg(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]),
-                                   a->i[0] ? kiln_i32(in[7]) : NULL, kiln_f32(in[4]), kiln_f32(in[5]), kiln_f32(in[6]),
-                                   kiln_f32(out), kiln_f32(aux[0]), kiln_f32(aux[1]), q[0], q[1], k[1], q[2], k[2], q[3],
-                                   (float)a->f[0]);
-    return KILN_OK;
-}
 static double fab_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
     return 2.5 * fa_flops(in, a, out); /* recompute scores + four products */
 }
 const kiln_op_def kiln_opdef_flash_attn_bwd = {
     .name = "flash_attn_backward", .n_in = 7, .n_opt = 1, .nondiff_in = 0xff, .shape = fab_shape, .flops = fab_flops,
-    .n_aux = 2, .aux_shape = fab_aux_shape, .forward_aux = fab_fwd,
+    .n_aux = 2, .aux_shape = fab_aux_shape,
 };
 
 /* ---- linear + cross-entropy ------------------------------------------------- */
@@ -117,20 +103,6 @@ static kiln_status lce_aux_shape(const kiln_meta *in, const kiln_attrs *a, kiln_
     aux[1] = a->i[2] ? in[1] : kiln_meta_make(KILN_F32, 1, &one);
     return KILN_OK;
 }
-static kiln_status lce_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
-    const kiln_tensor *h = in[0], *W = in[1], *t = in[2];
-    int64_t V = W->shape[0], C = W->shape[1], N = kiln_tensor_numel(t), count = 0;
-    const int32_t *tg = kiln_i32(t);
-    for (int64_t i = 0; i < N; i++)
-        if (tg[i] != (int32_t)a->i[0] && (tg[i] < 0 || tg[i] >= V))
-            return kiln_error(KILN_ERR_RANGE, "op linear_cross_entropy: target %d at position %lld is outside [0, %lld)", tg[i],
-                              (long long)i, (long long)V);
-    kiln_lce_opts o = {.seed = a->i[4] ? kiln_f32(in[3])[0] : 1.0f, .bf16 = a->i[3] != 0};
-    double s = kiln_k_linear_cross_entropy_ex(kiln_f32(h), kiln_f32(W), tg, N, C, V, (int32_t)a->i[0], 0, &count,
-                                              a->i[1] ? kiln_f32(aux[0]) : NULL, a->i[2] ? kiln_f32(aux[1]) : NULL, &o);
-    kiln_f32(out)[0] = (float)s;
-    return KILN_OK;
-}
 static kiln_status lce_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     if (c->attrs.i[4])
         return kiln_error(KILN_ERR_UNSUPPORTED, "op linear_cross_entropy: a seeded call (made by the compiler after "
@@ -152,7 +124,7 @@ static double lce_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_met
 }
 const kiln_op_def kiln_opdef_linear_ce = {
     .name = "linear_cross_entropy", .n_in = 3, .n_opt = 1, .nondiff_in = 12, .shape = lce_shape, .backward = lce_bw,
-    .flops = lce_flops, .n_aux = 2, .save_aux = true, .aux_shape = lce_aux_shape, .forward_aux = lce_fwd,
+    .flops = lce_flops, .n_aux = 2, .save_aux = true, .aux_shape = lce_aux_shape,
 };
 
 kiln_tensor *kiln_flash_attn(kiln_tensor *q, kiln_tensor *k, kiln_tensor *v, kiln_tensor *pad_mask, double scale) {

@@ -1,5 +1,6 @@
 /* Matrix products and the embedding lookup. */
 #include "internal.h"
+#include "kiln/backend.h"
 
 /* ---- embedding ---------------------------------------------------------- */
 static kiln_status emb_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -11,24 +12,13 @@ static kiln_status emb_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta
     out->shape[out->ndim++] = in[0].shape[1];
     return KILN_OK;
 }
-static kiln_status emb_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    (void)a;
-    int64_t n = kiln_tensor_numel(in[1]), V = in[0]->shape[0];
-    const int32_t *ids = kiln_i32(in[1]);
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return kiln_error(KILN_ERR_RANGE, "op embedding: token id %d at position %lld is outside [0, %lld)",
-                              ids[i], (long long)i, (long long)V);
-    kiln_k_embedding(kiln_f32(in[0]), ids, kiln_f32(out), n, in[0]->shape[1]);
-    return KILN_OK;
-}
 static kiln_status emb_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     if (c->needs[0]) gin[0] = kiln_embedding_backward(g, c->in[1], c->in_meta[0].shape[0]);
     return gin[0] || !c->needs[0] ? KILN_OK : kiln_last_status();
 }
 const kiln_op_def kiln_opdef_embedding = {
     .name = "embedding", .n_in = 2, .save_in = 2, .nondiff_in = 2,
-    .shape = emb_shape, .forward = emb_fwd, .backward = emb_bw,
+    .shape = emb_shape, .backward = emb_bw,
 };
 
 static kiln_status embbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -38,23 +28,18 @@ static kiln_status embbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_me
     *out = kiln_meta_make(KILN_F32, 2, s);
     return KILN_OK;
 }
-static kiln_status embbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    memset(out->data, 0, kiln_tensor_nbytes(out));
-    kiln_k_embedding_backward(kiln_f32(in[0]), kiln_i32(in[1]), kiln_f32(out), kiln_tensor_numel(in[1]),
-                              out->shape[1], a->i[0]);
-    return KILN_OK;
-}
 const kiln_op_def kiln_opdef_embedding_bwd = {
-    .name = "embedding_backward", .n_in = 2, .nondiff_in = 2, .shape = embbw_shape, .forward = embbw_fwd,
+    .name = "embedding_backward", .n_in = 2, .nondiff_in = 2, .shape = embbw_shape,
 };
 
 /* ---- matmul ------------------------------------------------------------- */
-/* Fills a gemm descriptor from input metas; also used by the shape rule. */
-static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_desc *d, kiln_meta *out) {
+/* The product as a GEMM from the input metas: the shape rule checks through
+ * it and the backends' kernels run it. */
+kiln_status kiln_matmul_geometry(const kiln_meta *in, const kiln_attrs *a, kiln_matmul_geom *d, kiln_meta *out) {
     const kiln_meta *A = &in[0], *B = &in[1];
     int mode = (int)a->i[0];
     bool ta = a->i[1], tb = a->i[2];
-    *d = (kiln_gemm_desc){.transA = ta, .transB = tb, .alpha = 1, .beta = 0, .batch = 1};
+    *d = (kiln_matmul_geom){.ta = ta, .tb = tb, .batch = 1};
     /* bf16 operands (from the compiler's casts) only for a bf16 product */
     bool ok_a = A->dtype == KILN_F32 || (a->i[3] && A->dtype == KILN_BF16);
     bool ok_b = B->dtype == KILN_F32 || (a->i[3] && B->dtype == KILN_BF16);
@@ -77,9 +62,9 @@ static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_d
         d->lda = ac;
         d->ldb = bc;
         d->ldc = d->N;
-        d->strideA = ar * ac;
-        d->strideB = br * bc;
-        d->strideC = d->M * d->N;
+        d->stride_a = ar * ac;
+        d->stride_b = br * bc;
+        d->stride_c = d->M * d->N;
         *out = *A;
         out->dtype = KILN_F32; /* fp32 accumulation and output, bf16 operands or not */
         out->shape[n - 2] = d->M;
@@ -101,8 +86,8 @@ static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_d
     } else if (mode == KILN_MM_GRAD) {
         if (A->ndim < 1 || B->ndim < 1 || kiln_meta_rows(A) != kiln_meta_rows(B))
             return kiln_op_shape_error("matmul", in, 2, "gradient product needs equal row counts");
-        d->transA = true;
-        d->transB = false;
+        d->ta = true;
+        d->tb = false;
         d->M = A->shape[A->ndim - 1];
         d->N = B->shape[B->ndim - 1];
         d->K = kiln_meta_rows(A);
@@ -117,91 +102,64 @@ static kiln_status mm_desc(const kiln_meta *in, const kiln_attrs *a, kiln_gemm_d
     return KILN_OK;
 }
 static kiln_status mm_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    kiln_gemm_desc d;
-    return mm_desc(in, a, &d, out);
+    kiln_matmul_geom d;
+    /* f0 is the kernel's beta: an op call makes a new output */
+    if (a->f[0] != 0) return kiln_op_shape_error("matmul", in, 2, "beta (f0) is for kiln_matmul_into, not an op call");
+    return kiln_matmul_geometry(in, a, &d, out);
 }
-/* C = A·B per the descriptor; with i3 the operands are rounded to bf16 in
- * scratch (both tensors are contiguous, so the descriptor's strides still
- * hold) and the product accumulates in fp32. */
-static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const kiln_tensor *A, const kiln_tensor *B,
-                          float *C) {
-    if (!a->i[3])
-        return a->i[4] == KILN_GEMM_SGEMM ? kiln_gemm_f32_sgemm(d, kiln_f32(A), kiln_f32(B), C)
-                                          : kiln_gemm_f32(d, kiln_f32(A), kiln_f32(B), C);
-    /* each operand in the form the GEMM takes: bf16 (native) or
-     * bf16-rounded fp32 (emulated); bf16 inputs are used as they are */
-    bool native = kiln_bf16_native();
-    const kiln_tensor *op[2] = {A, B};
-    const void *ptr[2];
-    size_t esz = native ? 2 : 4, off[3] = {0};
-    for (int i = 0; i < 2; i++) {
-        bool need = op[i]->dtype == KILN_F32 || !native;
-        off[i + 1] = off[i] + (need ? (((size_t)kiln_tensor_numel(op[i]) * esz + 63) & ~(size_t)63) : 0);
-    }
-    char *buf = off[2] ? kiln_alloc(off[2]) : NULL;
-    if (off[2] && !buf) return kiln_last_status();
-    for (int i = 0; i < 2; i++) {
-        int64_t n = kiln_tensor_numel(op[i]);
-        char *dst = buf + off[i];
-        if (op[i]->dtype == KILN_BF16 && native) {
-            ptr[i] = op[i]->data;
-        } else if (op[i]->dtype == KILN_BF16) { /* emulated: widen exactly */
-            const uint16_t *s = op[i]->data;
-            for (int64_t j = 0; j < n; j++) ((float *)dst)[j] = kiln_bf16_to_f32(s[j]);
-            ptr[i] = dst;
-        } else if (native) {
-            kiln_k_f32_to_bf16(kiln_f32(op[i]), (uint16_t *)dst, n);
-            ptr[i] = dst;
-        } else {
-            kiln_k_round_bf16(kiln_f32(op[i]), (float *)dst, n);
-            ptr[i] = dst;
-        }
-    }
-    kiln_status st = native ? kiln_gemm_bf16(d, ptr[0], ptr[1], C) : kiln_gemm_f32(d, ptr[0], ptr[1], C);
-    kiln_dealloc(buf);
-    return st;
+
+/* Runs the backend's MATMUL kernel on these tensors (one device) with
+ * beta = attrs f0, outside any dispatcher: nothing is recorded. */
+static kiln_status mm_kernel(const char *what, const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs,
+                             kiln_tensor *c) {
+    kiln_tensor *in[3] = {(kiln_tensor *)a, (kiln_tensor *)b, c};
+    const kiln_backend *be = kiln_backend_of_inputs(what, in, 3);
+    if (!be) return kiln_last_status();
+    return kiln_backend_run_op(be, KILN_OP_MATMUL, in, attrs, c, NULL);
 }
-static kiln_status mm_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    kiln_meta m[2] = {kiln_meta_of(in[0]), kiln_meta_of(in[1])}, o;
-    kiln_gemm_desc d;
-    kiln_status st = mm_desc(m, a, &d, &o);
-    if (st) return st;
-    return mm_run(&d, a, in[0], in[1], kiln_f32(out));
-}
-static double best_of(kiln_status (*run)(const kiln_gemm_desc *, const float *, const float *, float *),
-                      const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+
+/* the best of 3 timed runs after a first (which creates primitives) */
+static double best_of(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c) {
+    const kiln_backend *be = kiln_backend_of(c);
     double best = 1e30;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = kiln_time_now();
-        if (run(d, A, B, C)) return 1e30;
+        if (mm_kernel("matmul (autotune)", a, b, attrs, c)) return 1e30;
+        be->synchronize();
         double dt = kiln_time_now() - t0;
-        if (rep && dt < best) best = dt; /* the first call creates primitives */
+        if (rep && dt < best) best = dt;
     }
     return best;
 }
 
 int kiln_matmul_fastest(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs) {
     kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
-    kiln_gemm_desc d;
-    if (attrs->i[3] || mm_desc(m, attrs, &d, &o)) return KILN_GEMM_PRIMITIVE;
-    float *C = kiln_alloc(sizeof(float) * (size_t)(kiln_meta_numel(&o) + 16));
+    kiln_matmul_geom d;
+    if (attrs->i[3] || kiln_matmul_geometry(m, attrs, &d, &o)) return KILN_GEMM_PRIMITIVE;
+    /* scratch on the operands' device */
+    kiln_tensor *C = kiln_tensor_new_on(kiln_tensor_buft(a), KILN_F32, o.ndim, o.shape);
     if (!C) return KILN_GEMM_PRIMITIVE;
-    d.beta = 0;
-    double tp = best_of(kiln_gemm_f32, &d, kiln_f32(a), kiln_f32(b), C);
-    double ts = best_of(kiln_gemm_f32_sgemm, &d, kiln_f32(a), kiln_f32(b), C);
-    kiln_dealloc(C);
+    kiln_attrs at = *attrs;
+    at.f[0] = 0; /* beta 0: C is overwritten */
+    at.i[4] = KILN_GEMM_PRIMITIVE;
+    double tp = best_of(a, b, &at, C);
+    at.i[4] = KILN_GEMM_SGEMM;
+    double ts = best_of(a, b, &at, C);
+    kiln_tensor_release(C);
     kiln_clear_error();
     return ts < 0.97 * tp ? KILN_GEMM_SGEMM : KILN_GEMM_PRIMITIVE; /* a clear win only */
 }
 
 kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta) {
     kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
-    kiln_gemm_desc d;
-    kiln_status st = mm_desc(m, attrs, &d, &o);
+    kiln_matmul_geom d;
+    kiln_status st = kiln_matmul_geometry(m, attrs, &d, &o);
     if (st) return st;
     if (kiln_meta_numel(&o) != kiln_tensor_numel(c)) return kiln_error(KILN_ERR_SHAPE, "matmul_into: output size differs");
-    d.beta = beta;
-    return mm_run(&d, attrs, a, b, kiln_f32(c));
+    if (beta != 0 && beta != 1) return kiln_error(KILN_ERR_INVALID, "matmul_into: beta must be 0 or 1, got %g", (double)beta);
+    kiln_attrs at = *attrs;
+    at.f[0] = beta;
+    return mm_kernel("matmul_into", a, b, &at, c);
 }
 
 static kiln_status mm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
@@ -224,13 +182,13 @@ static kiln_status mm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin
 }
 static double mm_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta *out) {
     (void)out;
-    kiln_gemm_desc d;
+    kiln_matmul_geom d;
     kiln_meta o;
-    if (mm_desc(in, a, &d, &o)) return 0;
+    if (kiln_matmul_geometry(in, a, &d, &o)) return 0;
     return 2.0 * (double)d.batch * (double)d.M * (double)d.N * (double)d.K;
 }
 const kiln_op_def kiln_opdef_matmul = {
-    .name = "matmul", .n_in = 2, .save_in = 3, .shape = mm_shape, .forward = mm_fwd, .backward = mm_bw,
+    .name = "matmul", .n_in = 2, .save_in = 3, .shape = mm_shape, .backward = mm_bw,
     .flops = mm_flops,
 };
 

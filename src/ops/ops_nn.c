@@ -23,11 +23,6 @@ static kiln_status rms_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta
     *out = in[0];
     return rms_check("rmsnorm", in, 2);
 }
-static kiln_status rms_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    int64_t C = in[1]->shape[0];
-    kiln_k_rmsnorm(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out), kiln_tensor_numel(in[0]) / C, C, (float)a->f[0]);
-    return KILN_OK;
-}
 static kiln_status rms_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     if (c->needs[0]) gin[0] = kiln_rmsnorm_backward_x(c->in[0], c->in[1], g, c->attrs.f[0]);
     if (c->needs[1]) gin[1] = kiln_rmsnorm_backward_w(c->in[0], c->in[1], g, c->attrs.f[0]);
@@ -40,7 +35,7 @@ static double rms_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_met
 /* (x * r) * w with r = 1 / sqrt(mean(x^2) + eps), as kiln_k_rmsnorm */
 static const kiln_row_epilogue rms_row = {.acc = "$x * $x", .fin = "kiln_rms_rstd($s, $n, $f0)",
                                           .out = "$1 * ($x * $r)"};
-const kiln_op_def kiln_opdef_rmsnorm = {.name = "rmsnorm", .n_in = 2, .save_in = 3, .shape = rms_shape, .forward = rms_fwd,
+const kiln_op_def kiln_opdef_rmsnorm = {.name = "rmsnorm", .n_in = 2, .save_in = 3, .shape = rms_shape,
                                         .backward = rms_bw, .flops = rms_flops, .row = &rms_row};
 
 static kiln_status rmsbx_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -48,28 +43,13 @@ static kiln_status rmsbx_shape(const kiln_meta *in, const kiln_attrs *a, kiln_me
     *out = in[0];
     return rms_check("rmsnorm_backward_x", in, 3);
 }
-static kiln_status rmsbx_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    int64_t C = in[1]->shape[0];
-    kiln_k_rmsnorm_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_f32(out), NULL,
-                            kiln_tensor_numel(in[0]) / C, C, (float)a->f[0]);
-    return KILN_OK;
-}
-const kiln_op_def kiln_opdef_rmsnorm_bwd_x = {.name = "rmsnorm_backward_x", .n_in = 3, .shape = rmsbx_shape,
-                                              .forward = rmsbx_fwd, .flops = rms_flops};
+const kiln_op_def kiln_opdef_rmsnorm_bwd_x = {.name = "rmsnorm_backward_x", .n_in = 3, .shape = rmsbx_shape, .flops = rms_flops};
 static kiln_status rmsbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
     *out = in[1];
     return rms_check("rmsnorm_backward_w", in, 3);
 }
-static kiln_status rmsbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    int64_t C = in[1]->shape[0], n = kiln_tensor_numel(in[0]);
-    memset(out->data, 0, kiln_tensor_nbytes(out));
-    kiln_k_rmsnorm_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), NULL, kiln_f32(out), n / C, C,
-                            (float)a->f[0]);
-    return KILN_OK;
-}
-const kiln_op_def kiln_opdef_rmsnorm_bwd_w = {.name = "rmsnorm_backward_w", .n_in = 3, .shape = rmsbw_shape,
-                                              .forward = rmsbw_fwd, .flops = rms_flops};
+const kiln_op_def kiln_opdef_rmsnorm_bwd_w = {.name = "rmsnorm_backward_w", .n_in = 3, .shape = rmsbw_shape, .flops = rms_flops};
 
 /* ---- rope ------------------------------------------------------------------ */
 static double attr_f64(int64_t bits) {
@@ -101,25 +81,6 @@ static kiln_status rope_shape(const kiln_meta *in, const kiln_attrs *a, kiln_met
     *out = in[0];
     return KILN_OK;
 }
-static kiln_status rope_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    const int64_t *s = in[0]->shape;
-    const int32_t *pos = a->i[1] & 2 ? kiln_i32(in[1]) : NULL;
-    bool inverse = a->i[1] & 1;
-    for (int64_t i = 0; pos && i < s[0] * s[1]; i++)
-        if (pos[i] < 0) return kiln_error(KILN_ERR_RANGE, "op rope: position %d at index %lld is negative", pos[i], (long long)i);
-    if (!a->i[2] && !pos) {
-        kiln_k_rope(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], (float)a->f[0], inverse);
-        return KILN_OK;
-    }
-    float *inv = malloc((size_t)(s[3] / 2 ? s[3] / 2 : 1) * sizeof(float));
-    if (!inv) return kiln_error(KILN_ERR_OOM, "rope: out of memory for %lld frequencies", (long long)(s[3] / 2));
-    /* as kiln_k_rope forms them (theta rounded to float first) */
-    kiln_k_rope_inv_freq(s[3], (float)a->f[0], (int)a->i[2], a->f[1], attr_f64(a->i[4]), attr_f64(a->i[5]), a->i[3], inv);
-    if (pos) kiln_k_rope_freq_pos(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], pos, inv, inverse);
-    else kiln_k_rope_freq(kiln_f32(in[0]), kiln_f32(out), s[0], s[1], s[2], s[3], a->i[0], inv, inverse);
-    free(inv);
-    return KILN_OK;
-}
 static kiln_status rope_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     kiln_attrs a = c->attrs; /* the same rotation backwards: the transpose */
     a.i[1] ^= 1;
@@ -132,7 +93,7 @@ static double rope_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_me
     return 3.0 * (double)kiln_meta_numel(&in[0]);
 }
 const kiln_op_def kiln_opdef_rope = {.name = "rope", .n_in = 1, .n_opt = 1, .save_in = 2, .nondiff_in = 2,
-                                     .shape = rope_shape, .forward = rope_fwd, .backward = rope_bw, .flops = rope_flops};
+                                     .shape = rope_shape, .backward = rope_bw, .flops = rope_flops};
 
 /* ---- repeat_kv ([B, Hkv, T, D] -> [B, Hkv*n_rep, T, D], head h reads h/n_rep) -- */
 static kiln_status rep_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
@@ -142,22 +103,11 @@ static kiln_status rep_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta
     out->shape[1] *= a->i[0];
     return KILN_OK;
 }
-static kiln_status rep_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    const int64_t *s = in[0]->shape;
-    int64_t B = s[0], Hk = s[1], blk = s[2] * s[3], R = a->i[0];
-    const float *x = kiln_f32(in[0]);
-    float *y = kiln_f32(out);
-#pragma omp parallel for collapse(2) if (B * Hk * R * blk > 65536) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hk * R; h++)
-            memcpy(y + (b * Hk * R + h) * blk, x + (b * Hk + h / R) * blk, (size_t)blk * sizeof(float));
-    return KILN_OK;
-}
 static kiln_status rep_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     gin[0] = c->attrs.i[0] == 1 ? kiln_tensor_retain(g) : kiln_repeat_kv_backward(g, c->attrs.i[0]);
     return need_ok(c, gin);
 }
-const kiln_op_def kiln_opdef_repeat_kv = {.name = "repeat_kv", .n_in = 1, .shape = rep_shape, .forward = rep_fwd, .backward = rep_bw};
+const kiln_op_def kiln_opdef_repeat_kv = {.name = "repeat_kv", .n_in = 1, .shape = rep_shape, .backward = rep_bw};
 
 static kiln_status repbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (in[0].ndim != 4 || in[0].dtype != KILN_F32 || a->i[0] < 1 || in[0].shape[1] % a->i[0])
@@ -166,22 +116,7 @@ static kiln_status repbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_me
     out->shape[1] /= a->i[0];
     return KILN_OK;
 }
-static kiln_status repbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    const int64_t *s = out->shape;
-    int64_t B = s[0], Hk = s[1], blk = s[2] * s[3], R = a->i[0];
-    const float *g = kiln_f32(in[0]);
-    float *y = kiln_f32(out);
-#pragma omp parallel for collapse(2) if (B * Hk * R * blk > 65536) schedule(static)
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < Hk; h++) {
-            float *dst = y + (b * Hk + h) * blk;
-            const float *src = g + (b * Hk + h) * R * blk;
-            memcpy(dst, src, (size_t)blk * sizeof(float));
-            for (int64_t r = 1; r < R; r++) kiln_k_axpy(1.0f, src + r * blk, dst, blk);
-        }
-    return KILN_OK;
-}
-const kiln_op_def kiln_opdef_repeat_kv_bwd = {.name = "repeat_kv_backward", .n_in = 1, .shape = repbw_shape, .forward = repbw_fwd};
+const kiln_op_def kiln_opdef_repeat_kv_bwd = {.name = "repeat_kv_backward", .n_in = 1, .shape = repbw_shape};
 
 /* ---- attention mask ---------------------------------------------------------- */
 /* i1 = 1: segment ids [B, Tk] i32 as input 1 (block-diagonal) */
@@ -196,34 +131,13 @@ static kiln_status mask_shape(const kiln_meta *in, const kiln_attrs *a, kiln_met
     *out = kiln_meta_make(KILN_F32, 4, s);
     return KILN_OK;
 }
-static kiln_status mask_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    int64_t B = in[0]->shape[0], Tk = in[0]->shape[1], Tq = a->i[0];
-    const int32_t *pm = kiln_i32(in[0]), *sg = a->i[1] ? kiln_i32(in[1]) : NULL;
-    float *m = kiln_f32(out);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < Tq; i++) {
-            int64_t p = Tk - Tq + i;
-            float *row = m + (b * Tq + i) * Tk;
-            const int32_t *sr = sg ? sg + b * Tk : NULL;
-            for (int64_t j = 0; j < Tk; j++)
-                row[j] = (j <= p && pm[b * Tk + j] && (!sr || sr[j] == sr[p])) ? 0.0f : -INFINITY;
-        }
-    return KILN_OK;
-}
-const kiln_op_def kiln_opdef_attn_mask = {.name = "attn_mask", .n_in = 1, .n_opt = 1, .nondiff_in = 3, .shape = mask_shape,
-                                          .forward = mask_fwd};
+const kiln_op_def kiln_opdef_attn_mask = {.name = "attn_mask", .n_in = 1, .n_opt = 1, .nondiff_in = 3, .shape = mask_shape};
 
 /* ---- softmax ------------------------------------------------------------------- */
 static kiln_status sm_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
     if (in[0].dtype != KILN_F32 || in[0].ndim < 1) return kiln_op_shape_error("softmax", in, 1, "need f32 input");
     *out = in[0];
-    return KILN_OK;
-}
-static kiln_status sm_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    (void)a;
-    int64_t n = in[0]->shape[in[0]->ndim - 1];
-    kiln_k_softmax(kiln_f32(in[0]), kiln_f32(out), kiln_tensor_numel(out) / (n ? n : 1), n);
     return KILN_OK;
 }
 static kiln_status sm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
@@ -234,7 +148,7 @@ static double sm_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta
     (void)a, (void)out;
     return 5.0 * (double)kiln_meta_numel(&in[0]);
 }
-const kiln_op_def kiln_opdef_softmax = {.name = "softmax", .n_in = 1, .save_out = true, .shape = sm_shape, .forward = sm_fwd,
+const kiln_op_def kiln_opdef_softmax = {.name = "softmax", .n_in = 1, .save_out = true, .shape = sm_shape,
                                         .backward = sm_bw, .flops = sm_flops};
 static kiln_status smbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
@@ -244,13 +158,7 @@ static kiln_status smbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_met
     *out = in[0];
     return KILN_OK;
 }
-static kiln_status smbw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    (void)a;
-    int64_t n = in[0]->shape[in[0]->ndim - 1];
-    kiln_k_softmax_backward(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(out), kiln_tensor_numel(out) / (n ? n : 1), n);
-    return KILN_OK;
-}
-const kiln_op_def kiln_opdef_softmax_bwd = {.name = "softmax_backward", .n_in = 2, .shape = smbw_shape, .forward = smbw_fwd,
+const kiln_op_def kiln_opdef_softmax_bwd = {.name = "softmax_backward", .n_in = 2, .shape = smbw_shape,
                                             .flops = sm_flops};
 
 /* ---- cross-entropy (sum over counted rows) ---------------------------------- */
@@ -268,24 +176,6 @@ static kiln_status ce_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta 
     *out = kiln_meta_make(KILN_F32, 1, &one);
     return ce_check("cross_entropy", in, 2);
 }
-static kiln_status ce_targets_ok(const kiln_tensor *logits, const kiln_tensor *targets, int32_t ignore) {
-    int64_t V = logits->shape[logits->ndim - 1], n = kiln_tensor_numel(targets);
-    const int32_t *t = kiln_i32(targets);
-    for (int64_t i = 0; i < n; i++)
-        if (t[i] != ignore && (t[i] < 0 || t[i] >= V))
-            return kiln_error(KILN_ERR_RANGE, "op cross_entropy: target %d at position %lld is outside [0, %lld)",
-                              t[i], (long long)i, (long long)V);
-    return KILN_OK;
-}
-static kiln_status ce_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    int32_t ignore = (int32_t)a->i[0];
-    kiln_status st = ce_targets_ok(in[0], in[1], ignore);
-    if (st) return st;
-    int64_t V = in[0]->shape[in[0]->ndim - 1], count = 0;
-    double s = kiln_k_cross_entropy(kiln_f32(in[0]), kiln_i32(in[1]), kiln_tensor_numel(in[1]), V, ignore, &count);
-    kiln_f32(out)[0] = (float)s;
-    return KILN_OK;
-}
 static kiln_status ce_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
     gin[0] = kiln_cross_entropy_backward(c->in[0], c->in[1], g, (int32_t)c->attrs.i[0]);
     return need_ok(c, gin);
@@ -295,20 +185,14 @@ static double ce_flops(const kiln_meta *in, const kiln_attrs *a, const kiln_meta
     return 4.0 * (double)kiln_meta_numel(&in[0]);
 }
 const kiln_op_def kiln_opdef_cross_entropy = {.name = "cross_entropy", .n_in = 2, .save_in = 3, .nondiff_in = 2,
-                                              .shape = ce_shape, .forward = ce_fwd, .backward = ce_bw, .flops = ce_flops};
+                                              .shape = ce_shape, .backward = ce_bw, .flops = ce_flops};
 static kiln_status cebw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
     *out = in[0];
     return ce_check("cross_entropy_backward", in, 3);
 }
-static kiln_status cebw_fwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out) {
-    int64_t V = in[0]->shape[in[0]->ndim - 1];
-    kiln_k_cross_entropy_backward(kiln_f32(in[0]), kiln_i32(in[1]), kiln_f32(in[2])[0], kiln_f32(out),
-                                  kiln_tensor_numel(in[1]), V, (int32_t)a->i[0]);
-    return KILN_OK;
-}
 const kiln_op_def kiln_opdef_cross_entropy_bwd = {.name = "cross_entropy_backward", .n_in = 3, .nondiff_in = 6,
-                                                  .shape = cebw_shape, .forward = cebw_fwd, .flops = ce_flops};
+                                                  .shape = cebw_shape, .flops = ce_flops};
 
 /* ---- API ---------------------------------------------------------------------- */
 kiln_tensor *kiln_rmsnorm(kiln_tensor *x, kiln_tensor *w, double eps) {

@@ -1,4 +1,5 @@
-/* The op registry, the checked entry point and the dispatcher slot. */
+/* The op registry, the checked entry point and the dispatcher slot. Kernels
+ * run through the backend of the inputs (include/kiln/backend.h). */
 #include <stdarg.h>
 #include <stdio.h>
 #include "internal.h"
@@ -98,7 +99,8 @@ kiln_tensor *kiln_op_execute(int op, kiln_tensor *const *in, const kiln_attrs *a
                              kiln_tensor **aux) {
     const kiln_op_def *d = registry[op];
     /* outputs on the device of the inputs (checked one device by kiln_op_call_aux) */
-    const kiln_backend *be = d->n_in ? kiln_backend_of(in[0]) : kiln_backend_current();
+    const kiln_backend *be = kiln_backend_of_inputs(d->name, in, d->n_in);
+    if (!be) return NULL;
     kiln_tensor *t = d->is_view ? kiln_tensor_view(in[0], out->ndim, out->shape)
                                 : kiln_tensor_new_on(be->buft, out->dtype, out->ndim, out->shape);
     if (!t) return NULL;
@@ -163,6 +165,8 @@ kiln_status kiln_op_accumulate(kiln_tensor *dst, const kiln_tensor *src) {
         return kiln_error(KILN_ERR_SHAPE, "accumulate: %s += %s does not fit", kiln_shape_str(dst, a, sizeof a),
                           kiln_shape_str(src, b, sizeof b));
     }
-    kiln_k_axpy(1.0f, kiln_f32(src), kiln_f32(dst), kiln_tensor_numel(dst));
-    return KILN_OK;
+    kiln_tensor *in[3] = {(kiln_tensor *)src, NULL, dst}; /* in[1] NULL: scale 1 */
+    const kiln_backend *be = kiln_backend_of_inputs("accumulate", in, 3);
+    if (!be) return kiln_last_status();
+    return kiln_backend_run_op(be, KILN_KERNEL_ACCUMULATE, in, NULL, dst, NULL);
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
+#include "hostio.h"
 
 #define PATH_CAP 4096
 #define CKPT_PREFIX "checkpoint-"
@@ -97,8 +98,10 @@ static int64_t ckpt_step(const char *name) {
 
 /* ---- tensors in, tensors out ------------------------------------------------ */
 
-static kiln_st_tensor st_of(const kiln_tensor *t, const char *name) {
-    kiln_st_tensor s = {.name = name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->data,
+/* A file tensor of t's bytes in host memory (t's own where host-mappable,
+ * else a copy into *owned, which the caller frees); bytes NULL on OOM. */
+static kiln_st_tensor st_of(const kiln_tensor *t, const char *name, void **owned) {
+    kiln_st_tensor s = {.name = name, .dtype = t->dtype, .ndim = t->ndim, .bytes = kiln_host_bytes(t, owned),
                         .nbytes = kiln_tensor_nbytes(t)};
     memcpy(s.shape, t->shape, sizeof s.shape);
     return s;
@@ -121,15 +124,16 @@ static kiln_status check_tensor(const char *path, const char *name, const kiln_s
     return KILN_OK;
 }
 
-static void fill_tensor(const kiln_st_tensor *s, kiln_tensor *dst) {
-    int64_t n = kiln_tensor_numel(dst);
-    if (s->dtype == KILN_F32) {
-        if (n) memcpy(dst->data, s->bytes, (size_t)n * sizeof(float));
-        return;
-    }
-    const uint16_t *h = s->bytes;
-    float *d = kiln_f32(dst);
+static void bf16_to_f32_chunk(void *dst, int64_t first, int64_t n, const void *src) {
+    const uint16_t *h = (const uint16_t *)src + first;
+    float *d = dst;
     for (int64_t i = 0; i < n; i++) d[i] = kiln_bf16_to_f32(h[i]);
+}
+
+/* An F32 tensor (checked by check_tensor) from an F32 or BF16 file tensor. */
+static kiln_status fill_tensor(const kiln_st_tensor *s, kiln_tensor *dst) {
+    if (s->dtype == KILN_F32) return kiln_host_set_all(dst, s->bytes);
+    return kiln_host_fill(dst, bf16_to_f32_chunk, s->bytes);
 }
 
 /* ---- optimiser state -------------------------------------------------------- */
@@ -146,7 +150,8 @@ kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o) {
     int n = 2 * o->n;
     kiln_st_tensor *ts = calloc((size_t)(n ? n : 1), sizeof *ts);
     char **names = calloc((size_t)(n ? n : 1), sizeof *names);
-    kiln_status st = ts && names ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory saving %s", path);
+    void **owned = calloc((size_t)(n ? n : 1), sizeof *owned); /* host copies of device moments */
+    kiln_status st = ts && names && owned ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory saving %s", path);
     for (int i = 0; i < o->n && !st; i++) {
         if (!o->m[i] || !o->v[i]) {
             st = kiln_error(KILN_ERR_INVALID, "cannot save %s: no optimiser state for '%s'", path, o->params[i]->name);
@@ -156,8 +161,9 @@ kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o) {
         names[2 * i + 1] = state_name("exp_avg_sq", o->params[i]->name);
         if (!names[2 * i] || !names[2 * i + 1]) st = kiln_error(KILN_ERR_OOM, "out of memory saving %s", path);
         else {
-            ts[2 * i] = st_of(o->m[i], names[2 * i]);
-            ts[2 * i + 1] = st_of(o->v[i], names[2 * i + 1]);
+            ts[2 * i] = st_of(o->m[i], names[2 * i], &owned[2 * i]);
+            ts[2 * i + 1] = st_of(o->v[i], names[2 * i + 1], &owned[2 * i + 1]);
+            if (!ts[2 * i].bytes || !ts[2 * i + 1].bytes) st = kiln_error_context(kiln_last_status(), "saving %s", path);
         }
     }
     if (!st) {
@@ -172,6 +178,8 @@ kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o) {
         st = kiln_st_save(path, ts, n, meta);
     }
     for (int i = 0; names && i < n; i++) free(names[i]);
+    for (int i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
     free(names);
     free(ts);
     return st;
@@ -209,7 +217,7 @@ static kiln_status adamw_pass(kiln_st_file *f, const char *path, kiln_adamw *o, 
             else if (!fill)
                 st = check_tensor(path, name, s, dst);
             else
-                fill_tensor(s, dst);
+                st = fill_tensor(s, dst);
             free(name);
             if (st) return st;
         }
@@ -239,8 +247,8 @@ kiln_status kiln_adamw_load(const char *path, kiln_adamw *o) {
         }
         if (!st) st = kiln_error(KILN_ERR_FORMAT, "%s: %d tensors, expected %d", path, kiln_st_count(f), 2 * o->n);
     }
+    if (!st) st = adamw_pass(f, path, o, true);
     if (!st) {
-        adamw_pass(f, path, o, true);
         o->t = t;
         warn_hyper(f, path, "beta1", o->beta1);
         warn_hyper(f, path, "beta2", o->beta2);

@@ -26,6 +26,8 @@ static const kiln_choice choices_compile[] = {
     KILN_COMPILE_MODES(CHOICE_MODE) KILN_COMPILE_MODE_ALIASES(CHOICE_ALIAS){NULL, 0}};
 static const kiln_choice choices_precision[] = {{"fp32", KILN_F32},    {"bf16", KILN_BF16},     {"f32", KILN_F32},
                                                 {"float32", KILN_F32}, {"bfloat16", KILN_BF16}, {NULL, 0}};
+#define CHOICE_DEVICE(id, name) {name, KILN_DEVICE_##id},
+static const kiln_choice choices_device[] = {KILN_BACKENDS(CHOICE_DEVICE){NULL, 0}};
 #define CHOICE_RECOMPUTE(id, name) {name, KILN_RECOMPUTE_##id},
 static const kiln_choice choices_recompute[] = {KILN_RECOMPUTE_MODES(CHOICE_RECOMPUTE){NULL, 0}};
 static const kiln_choice choices_bool[] = {{"true", 1}, {"false", 0}, {NULL, 0}};

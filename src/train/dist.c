@@ -1,7 +1,8 @@
 /* Data parallel over MPI: start-up, the gradient all-reduce in buckets (overlapped
  * with the last backward through the eager grad-ready hook), small
  * collectives, and ending the whole job on a failure. Without KILN_MPI every
- * function is the single-rank identity. */
+ * function is the single-rank identity. Gradients on any device are staged
+ * through the host buckets with kiln_tensor_get / _set. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,7 @@ typedef struct {
     int *bucket_of;                /* per parameter */
     struct pidx { kiln_tensor *p; int i; } *map; /* by address */
     int next; /* first bucket not started */
+    kiln_status failed; /* a bucket that could not be packed (reported after the collectives) */
 } layout;
 
 static layout L;
@@ -200,13 +202,16 @@ oom:
     return kiln_error(KILN_ERR_OOM, "out of memory for the gradient buckets");
 }
 
+/* The bucket's gradients into its host buffer (read through the seam). */
 static void pack(bucket *b) {
     float *p = b->buf;
     for (int i = b->hi; b->n && i >= b->lo; i--) {
         kiln_tensor *t = L.o->params[i];
         int64_t len = kiln_tensor_numel(t);
-        if (t->grad) memcpy(p, kiln_f32(t->grad), sizeof(float) * (size_t)len);
+        kiln_status st = KILN_OK;
+        if (t->grad) st = kiln_tensor_get(t->grad, 0, p, sizeof(float) * (size_t)len);
         else memset(p, 0, sizeof(float) * (size_t)len);
+        if (st && !L.failed) L.failed = st; /* the collective still runs: every rank must reach it */
         p += len;
     }
 }
@@ -216,8 +221,10 @@ static kiln_status unpack(bucket *b) {
     for (int i = b->hi; b->n && i >= b->lo; i--) {
         kiln_tensor *t = L.o->params[i];
         int64_t len = kiln_tensor_numel(t);
-        if (!t->grad && !(t->grad = kiln_tensor_zeros(KILN_F32, t->ndim, t->shape))) return kiln_last_status();
-        memcpy(kiln_f32(t->grad), p, sizeof(float) * (size_t)len);
+        if (!t->grad && !(t->grad = kiln_tensor_zeros_on(kiln_tensor_buft(t), KILN_F32, t->ndim, t->shape)))
+            return kiln_last_status();
+        kiln_status st = kiln_tensor_set(t->grad, 0, p, sizeof(float) * (size_t)len);
+        if (st) return st;
         p += len;
     }
     return KILN_OK;
@@ -302,6 +309,11 @@ kiln_status kiln_dist_allreduce_grads(kiln_adamw *o, double *sums, int n) {
             D.stats.wait_s += kiln_time_now() - t0;
             if ((st = unpack(&L.b[k]))) return st;
         }
+    }
+    if (L.failed) {
+        st = kiln_error_context(L.failed, "packing the gradient buckets");
+        L.failed = KILN_OK;
+        return st;
     }
     for (int i = 0; i < n; i++) sums[i] = (double)tail[2 * i] + (double)tail[2 * i + 1];
     L.next = -1; /* disarmed until the next kiln_dist_grads_arm */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "export_gguf_impl.h"
+#include "hostio.h"
 
 #define PATH_CAP 4096
 
@@ -150,8 +151,8 @@ static float *llama3_freq_factors(const kiln_llama_config *c) {
 
 typedef struct {
     char name[64];
-    const kiln_tensor *t; /* NULL: data below */
-    const float *data;    /* a tensor computed here (rope_freqs) */
+    const kiln_tensor *t; /* NULL: values below */
+    const float *values;  /* a tensor computed here (rope_freqs), host memory */
     int64_t n;            /* its length */
     int heads;            /* > 0: q or k projection (or bias), rows reordered per head */
     kiln_ggml_type type;
@@ -184,7 +185,7 @@ static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *ro
     if (rope_freqs) {
         memset(&o[n], 0, sizeof o[n]);
         snprintf(o[n].name, sizeof o[n].name, "rope_freqs.weight");
-        o[n].data = rope_freqs, o[n].n = c->head_dim / 2, o[n].type = KILN_GGML_F32;
+        o[n].values = rope_freqs, o[n].n = c->head_dim / 2, o[n].type = KILN_GGML_F32;
         n++;
     }
     for (int64_t l = 0; l < c->num_hidden_layers; l++) {
@@ -234,15 +235,29 @@ static int64_t source_row(const out_tensor *o, int64_t r) {
     return h * d + (i % 2) * (d / 2) + i / 2;
 }
 
+static kiln_status write_values(kiln_gguf_writer *w, const out_tensor *o, const float *x, void *buf);
+
 static kiln_status write_tensor(kiln_gguf_writer *w, const out_tensor *o, void *buf) {
     if (!o->t) {
-        kiln_status st = kiln_gguf_write_data(w, o->data, (size_t)o->n * sizeof(float));
+        kiln_status st = kiln_gguf_write_data(w, o->values, (size_t)o->n * sizeof(float));
         return st ? kiln_error_context(st, "tensor %s", o->name) : KILN_OK;
     }
     const kiln_tensor *t = o->t;
+    if (t->dtype != KILN_F32)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "tensor %s (%s) is %s, not f32", t->name, o->name, kiln_dtype_name(t->dtype));
+    /* the tensor's values in host memory (its own where host-mappable) */
+    void *owned = NULL;
+    const float *x = kiln_host_bytes(t, &owned);
+    if (!x) return kiln_error_context(kiln_last_status(), "tensor %s", o->name);
+    kiln_status st = write_values(w, o, x, buf);
+    free(owned);
+    return st;
+}
+
+static kiln_status write_values(kiln_gguf_writer *w, const out_tensor *o, const float *x, void *buf) {
+    const kiln_tensor *t = o->t;
     /* a permuted bias: one element a row */
     int64_t cols = t->ndim == 1 && o->heads > 0 ? 1 : t->shape[t->ndim - 1], rows = kiln_tensor_numel(t) / cols;
-    const float *x = kiln_f32(t);
     if (o->type != KILN_GGML_F32 || t->ndim > 1 || o->heads <= 0) {
         size_t row_bytes = kiln_ggml_nbytes(o->type, cols);
         for (int64_t r = 0; r < rows; r++) {

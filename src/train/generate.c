@@ -2,12 +2,15 @@
  * (prefill), then each step feeds only the newest token. Sampling works on
  * the last position's logits in double precision, with temperature, top-k
  * and nucleus (top-p) filtering; the only randomness is one kiln_rng draw
- * per step, so a seed reproduces a sample exactly. */
+ * per step, so a seed reproduces a sample exactly. It runs on the model's
+ * device: the ids are set and the last row of logits read through the
+ * seam. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kiln/eager.h"
 #include "kiln/train.h"
+#include "hostio.h"
 
 typedef struct {
     double logit;
@@ -70,16 +73,19 @@ static int32_t sample_row(const double *z, int64_t V, const kiln_sample_config *
 static kiln_status last_row(const kiln_tensor *logits, double *z, int64_t V) {
     if (logits->ndim != 3 || logits->shape[2] != V)
         return kiln_error(KILN_ERR_SHAPE, "generate: logits have an unexpected shape");
-    int64_t off = (logits->shape[1] - 1) * V;
-    for (int64_t i = 0; i < V; i++) {
-        double x;
-        if (logits->dtype == KILN_F32) x = kiln_f32(logits)[off + i];
-        else if (logits->dtype == KILN_BF16) x = kiln_bf16_to_f32(((const uint16_t *)logits->data)[off + i]);
-        else return kiln_error(KILN_ERR_UNSUPPORTED, "generate: logits of dtype %s", kiln_dtype_name(logits->dtype));
-        if (!isfinite(x)) return kiln_error(KILN_ERR_NUMERIC, "generate: non-finite logit for id %lld", (long long)i);
+    if (logits->dtype != KILN_F32 && logits->dtype != KILN_BF16)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "generate: logits of dtype %s", kiln_dtype_name(logits->dtype));
+    size_t es = kiln_dtype_size(logits->dtype);
+    void *row = malloc((size_t)V * es);
+    if (!row) return kiln_error(KILN_ERR_OOM, "generate: out of memory for a row of %lld logits", (long long)V);
+    kiln_status st = kiln_tensor_get(logits, (size_t)((logits->shape[1] - 1) * V) * es, row, (size_t)V * es);
+    for (int64_t i = 0; i < V && !st; i++) {
+        double x = logits->dtype == KILN_F32 ? ((const float *)row)[i] : kiln_bf16_to_f32(((const uint16_t *)row)[i]);
+        if (!isfinite(x)) st = kiln_error(KILN_ERR_NUMERIC, "generate: non-finite logit for id %lld", (long long)i);
         z[i] = x;
     }
-    return KILN_OK;
+    free(row);
+    return st;
 }
 
 static kiln_status check_args(const kiln_llama *m, const int32_t *prompt, int n_prompt, const kiln_sample_config *sc,
@@ -110,9 +116,13 @@ static kiln_status check_args(const kiln_llama *m, const int32_t *prompt, int n_
  * position's logits in z. */
 static kiln_status step(kiln_llama *m, kiln_llama_cache *kc, const int32_t *ids, int n, double *z) {
     int64_t shape[2] = {1, n};
-    kiln_tensor *t = kiln_tensor_new(KILN_I32, 2, shape);
+    kiln_tensor *t = kiln_tensor_new_on(kiln_model_backend(m)->buft, KILN_I32, 2, shape);
     if (!t) return kiln_error_context(KILN_ERR_OOM, "generate");
-    memcpy(t->data, ids, (size_t)n * sizeof *ids);
+    kiln_status sst = kiln_tensor_set(t, 0, ids, (size_t)n * sizeof *ids);
+    if (sst) {
+        kiln_tensor_release(t);
+        return kiln_error_context(sst, "generate");
+    }
     kiln_tensor *logits = kiln_llama_forward(m, t, NULL, kc);
     kiln_tensor_release(t);
     if (!logits) return kiln_error_context(kiln_last_status() ? kiln_last_status() : KILN_ERR_INVALID, "generate");
@@ -151,6 +161,8 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
     if (st) return st;
     if (sc->max_tokens == 0) return KILN_OK;
     int64_t V = m->cfg.vocab_size;
+    /* the cache and every tensor the model makes go to the model's device */
+    const kiln_backend *dev = kiln_backend_use(kiln_model_backend(m));
     double *z = malloc((size_t)V * sizeof *z);
     cand *work = malloc((size_t)V * sizeof *work);
     kiln_llama_cache *kc = kiln_llama_cache_new(m, 1, (int64_t)n_prompt + sc->max_tokens);
@@ -165,6 +177,7 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
         kiln_grad_set_enabled(was);
     }
     kiln_llama_cache_free(kc);
+    kiln_backend_use(dev);
     free(work);
     free(z);
     return st;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
+#include "hostio.h"
 
 #define PEFT_PREFIX "base_model.model."
 
@@ -52,21 +53,26 @@ kiln_status kiln_lora_save(const char *dir, const kiln_llama *m, const char *bas
     int n = m->n_params - m->n_base;
     kiln_st_tensor *ts = calloc((size_t)n + 1, sizeof *ts);
     char (*names)[160] = calloc((size_t)n + 1, sizeof *names);
-    if (!ts || !names) {
+    void **owned = calloc((size_t)n + 1, sizeof *owned); /* host copies of device adapters */
+    if (!ts || !names || !owned) {
         free(ts);
         free(names);
+        free(owned);
         return kiln_error(KILN_ERR_OOM, "out of memory");
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !st; i++) {
         const kiln_tensor *p = m->params[m->n_base + i];
         peft_name(names[i], sizeof names[i], p->name);
-        ts[i] = (kiln_st_tensor){.name = names[i], .dtype = p->dtype, .ndim = p->ndim, .bytes = p->data,
+        ts[i] = (kiln_st_tensor){.name = names[i], .dtype = p->dtype, .ndim = p->ndim, .bytes = kiln_host_bytes(p, &owned[i]),
                                  .nbytes = kiln_tensor_nbytes(p)};
+        if (!ts[i].bytes) st = kiln_error_context(kiln_last_status(), "saving the LoRA adapters in %s", dir);
         memcpy(ts[i].shape, p->shape, sizeof p->shape[0] * (size_t)p->ndim);
     }
     static const char *const meta[] = {"format", "pt", NULL};
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
-    st = kiln_st_save(path, ts, n, meta);
+    if (!st) st = kiln_st_save(path, ts, n, meta);
+    for (int i = 0; i < n; i++) free(owned[i]);
+    free(owned);
     free(ts);
     free(names);
     return st;
@@ -195,7 +201,7 @@ kiln_status kiln_lora_load(const char *dir, kiln_llama *m) {
     }
     for (int i = m->n_base; i < m->n_params && !st; i++) {
         peft_name(name, sizeof name, m->params[i]->name);
-        memcpy(m->params[i]->data, kiln_st_find(f, name)->bytes, kiln_tensor_nbytes(m->params[i]));
+        st = kiln_host_set_all(m->params[i], kiln_st_find(f, name)->bytes); /* F32 and the shape, checked above */
     }
     kiln_st_close(f);
     return st;

@@ -2,12 +2,15 @@
  * after backward is two passes over the trainable parameters: the norm (all
  * gradients, one parallel region), then clip + AdamW + zeroing fused in one
  * pass (kiln_k_adamw_multi); eager and compiled training both end their
- * window in kiln_adamw_apply. */
+ * window in kiln_adamw_apply. The kernels get device addresses
+ * (kiln_tensor_ptr) and run inside kiln_backend_exec of the parameters'
+ * device; the moments live on that device too. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kiln/kernels.h"
 #include "kiln/train.h"
+#include "hostio.h"
 
 /* Decay applies to matrices (linear weights); never to norm weights; to the
  * embedding (and a head tied to it) only with decay_embeddings, since decay
@@ -39,8 +42,8 @@ kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c) {
         if (!p->requires_grad) continue;
         int j = o->n++;
         o->params[j] = p;
-        o->m[j] = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
-        o->v[j] = kiln_tensor_zeros(KILN_F32, p->ndim, p->shape);
+        o->m[j] = kiln_tensor_zeros_on(kiln_tensor_buft(p), KILN_F32, p->ndim, p->shape);
+        o->v[j] = kiln_tensor_zeros_on(kiln_tensor_buft(p), KILN_F32, p->ndim, p->shape);
         if (!o->m[j] || !o->v[j]) goto oom;
         o->decay[j] = wants_decay(m, p, c->decay_embeddings);
     }
@@ -67,6 +70,30 @@ void kiln_adamw_free(kiln_adamw *o) {
     free(o);
 }
 
+/* The device the optimiser's parameters live on. */
+static const kiln_backend *opt_backend(const kiln_adamw *o) {
+    return o->n ? kiln_backend_of(o->params[0]) : kiln_model_backend(o->model);
+}
+
+typedef struct {
+    const kiln_adamw *o;
+    int n;
+    float gscale, lr, beta1, beta2, eps, bc1, bc2;
+    double sumsq;
+} fused_call;
+
+static kiln_status run_adamw(void *ctx) {
+    fused_call *f = ctx;
+    kiln_k_adamw_multi(f->o->slots, f->n, f->gscale, f->lr, f->beta1, f->beta2, f->eps, f->bc1, f->bc2);
+    return KILN_OK;
+}
+
+static kiln_status run_sumsq(void *ctx) {
+    fused_call *f = ctx;
+    f->sumsq = kiln_k_sumsq_multi(f->o->grad_ptr, f->o->grad_len, f->n);
+    return KILN_OK;
+}
+
 kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale) {
     if (!isfinite(lr) || lr < 0) return kiln_error(KILN_ERR_NUMERIC, "AdamW: learning rate %g is not a finite value >= 0", lr);
     if (!(grad_scale > 0) || !isfinite(grad_scale))
@@ -77,14 +104,16 @@ kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale) {
     for (int i = 0; i < o->n; i++) {
         kiln_tensor *p = o->params[i];
         if (!p->grad) continue; /* no gradient reached it: torch skips such params too */
-        o->slots[n++] = (kiln_adamw_slot){kiln_f32(p), kiln_f32(p->grad), kiln_f32(o->m[i]), kiln_f32(o->v[i]),
-                                          kiln_tensor_numel(p), o->decay[i] ? (float)o->weight_decay : 0.0f};
+        /* device addresses, for the kernel that runs on the device */
+        o->slots[n++] = (kiln_adamw_slot){kiln_tensor_ptr(p), kiln_tensor_ptr(p->grad), kiln_tensor_ptr(o->m[i]),
+                                          kiln_tensor_ptr(o->v[i]), kiln_tensor_numel(p),
+                                          o->decay[i] ? (float)o->weight_decay : 0.0f};
     }
     /* every scalar is rounded to float exactly as the per-parameter kernel
      * loop rounded it, so the fused pass gives that loop's bits */
-    kiln_k_adamw_multi(o->slots, n, (float)grad_scale, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
-                       (float)bc1, (float)bc2);
-    return KILN_OK;
+    fused_call f = {o, n, (float)grad_scale, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                    (float)bc1, (float)bc2, 0};
+    return kiln_backend_exec(opt_backend(o), run_adamw, &f);
 }
 
 double kiln_grad_norm(const kiln_adamw *o) {
@@ -92,16 +121,18 @@ double kiln_grad_norm(const kiln_adamw *o) {
     for (int i = 0; i < o->n; i++) {
         const kiln_tensor *g = o->params[i]->grad;
         if (!g) continue;
-        o->grad_ptr[n] = kiln_f32(g);
+        o->grad_ptr[n] = kiln_tensor_ptr(g); /* a device address (see run_sumsq) */
         o->grad_len[n++] = kiln_tensor_numel(o->params[i]);
     }
-    return sqrt(kiln_k_sumsq_multi(o->grad_ptr, o->grad_len, n));
+    fused_call f = {.o = o, .n = n};
+    if (kiln_backend_exec(opt_backend(o), run_sumsq, &f)) return NAN;
+    return sqrt(f.sumsq);
 }
 
 void kiln_grad_zero(const kiln_adamw *o) {
     for (int i = 0; i < o->n; i++) {
         kiln_tensor *g = o->params[i]->grad;
-        if (g) memset(g->data, 0, kiln_tensor_nbytes(g));
+        if (g) kiln_tensor_zero(g);
     }
 }
 

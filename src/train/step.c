@@ -1,26 +1,53 @@
-/* One optimiser step over a window of micro-batches, and evaluation. */
+/* One optimiser step over a window of micro-batches, and evaluation. The
+ * loader's batches are host memory: on the CPU the step wraps them as they
+ * are; on another device they are copied to the model's device first. The
+ * runtime scalars (loss scale, dropout key) are set, and the loss read,
+ * through the seam; the window runs with the model's device as the
+ * thread's (tensors the model makes without inputs go there too). */
 #include <math.h>
 #include "kiln/eager.h"
 #include "kiln/train.h"
+#include "hostio.h"
 
 typedef struct {
     kiln_tensor *ids, *targets, *mask;
     kiln_llama_docs docs; /* packed documents (segmented batches) only */
 } batch_tensors;
 
-static kiln_status wrap_batch(const kiln_batch *b, batch_tensors *t) {
+/* One [B,T] i32 array of the batch as a tensor on buft: wrapped where it
+ * is (the host), else a device copy. */
+static kiln_tensor *batch_tensor(const kiln_buffer_type *buft, int32_t *v, const int64_t *s) {
+    if (buft == &kiln_buft_host) return kiln_tensor_wrap(v, KILN_I32, 2, s);
+    kiln_tensor *t = kiln_tensor_new_on(buft, KILN_I32, 2, s);
+    if (t && kiln_host_set_all(t, v)) {
+        kiln_tensor_release(t);
+        return NULL;
+    }
+    return t;
+}
+
+static kiln_status wrap_batch(const kiln_llama *m, const kiln_batch *b, batch_tensors *t) {
+    const kiln_buffer_type *buft = kiln_model_backend(m)->buft;
     int64_t s[2] = {b->B, b->T};
-    t->ids = kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s);
-    t->targets = kiln_tensor_wrap(b->targets, KILN_I32, 2, s);
-    t->mask = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s);
-    t->docs = (kiln_llama_docs){0};
+    *t = (batch_tensors){0};
+    t->ids = batch_tensor(buft, b->input_ids, s);
+    t->targets = batch_tensor(buft, b->targets, s);
+    t->mask = batch_tensor(buft, b->pad_mask, s);
     if (b->segmented) {
-        t->docs.positions = kiln_tensor_wrap(b->positions, KILN_I32, 2, s);
-        t->docs.segments = kiln_tensor_wrap(b->segments, KILN_I32, 2, s);
+        t->docs.positions = batch_tensor(buft, b->positions, s);
+        t->docs.segments = batch_tensor(buft, b->segments, s);
         if (!t->docs.positions || !t->docs.segments) return kiln_last_status();
     }
     return t->ids && t->targets && t->mask ? KILN_OK : kiln_last_status();
 }
+
+/* A [1] f32 runtime scalar on the model's device. */
+static kiln_tensor *scalar_new(const kiln_llama *m) {
+    int64_t one = 1;
+    return kiln_tensor_new_on(kiln_model_backend(m)->buft, KILN_F32, 1, &one);
+}
+
+static kiln_status scalar_set(kiln_tensor *s, float v) { return kiln_tensor_set(s, 0, &v, sizeof v); }
 
 static const kiln_llama_docs *batch_docs(const batch_tensors *t) { return t->docs.segments ? &t->docs : NULL; }
 
@@ -89,7 +116,8 @@ float kiln_train_dropout_key(uint64_t seed, int64_t step, int64_t micro) {
 /* One micro-batch through a compiled step: the scale is a runtime input, so
  * a new window's token count never rebuilds anything. Returns
  * KILN_ERR_LIMIT past the variant limit (the caller runs eager). */
-static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double scale, kiln_tensor *key, double *sum) {
+static kiln_status compiled_micro(const kiln_llama *m, kiln_compiled *cs, const kiln_batch *b, double scale,
+                                  kiln_tensor *key, double *sum) {
     /* a step compiled for one kind of row must not silently run the other;
      * a training step with LoRA dropout takes the key as one more input */
     int want = b->segmented ? 6 : 4, n_in = kiln_compiled_n_inputs(cs);
@@ -99,21 +127,29 @@ static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double
                           n_in >= 6 ? "packed-document" : "plain",
                           b->segmented ? "packed documents" : "plain rows");
     batch_tensors bt;
-    kiln_status st = wrap_batch(b, &bt);
-    int64_t one = 1;
-    kiln_tensor *s = st ? NULL : kiln_tensor_new(KILN_F32, 1, &one);
-    if (s) {
-        kiln_f32(s)[0] = (float)scale;
+    kiln_status st = wrap_batch(m, b, &bt);
+    kiln_tensor *s = st ? NULL : scalar_new(m);
+    if (s && !(st = scalar_set(s, (float)scale))) {
         kiln_tensor *in[7] = {bt.ids, bt.targets, bt.mask, s, bt.docs.positions, bt.docs.segments, NULL};
         in[want] = key; /* read only by a step with dropout */
         float rep[1] = {0};
         st = kiln_compiled_run(cs, in, rep);
         *sum = rep[0];
-    } else if (!st) {
+    } else if (!st && !s) {
         st = kiln_last_status();
     }
     kiln_tensor_release(s);
     release_batch(&bt);
+    return st;
+}
+
+/* The summed token loss of a [1] f32 loss tensor, read through the seam. */
+static kiln_status read_loss(const kiln_tensor *l, double *out) {
+    if (l->dtype != KILN_F32)
+        return kiln_error(KILN_ERR_INVALID, "the loss '%s' is %s, not f32", l->name, kiln_dtype_name(l->dtype));
+    float v = 0;
+    kiln_status st = kiln_tensor_get(l, 0, &v, sizeof v);
+    if (!st) *out = v;
     return st;
 }
 
@@ -123,12 +159,12 @@ static kiln_status compiled_micro(kiln_compiled *cs, const kiln_batch *b, double
 static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, kiln_tensor *key, double *sum,
                               kiln_compiled *cs) {
     if (cs) {
-        kiln_status cst = compiled_micro(cs, b, scale, key, sum);
+        kiln_status cst = compiled_micro(m, cs, b, scale, key, sum);
         if (cst != KILN_ERR_LIMIT) return cst;
         kiln_clear_error(); /* past the variant limit: eager */
     }
     batch_tensors bt;
-    kiln_status st = wrap_batch(b, &bt);
+    kiln_status st = wrap_batch(m, b, &bt);
     m->lora_key = key; /* dropout on (NULL: off) for this forward only */
     kiln_tensor *loss = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
     m->lora_key = NULL;
@@ -136,12 +172,11 @@ static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, 
         release_batch(&bt);
         return kiln_last_status();
     }
-    *sum = kiln_f32(loss)[0];
-    if (isfinite(*sum)) {
-        int64_t one = 1;
-        kiln_tensor *s = kiln_tensor_new(KILN_F32, 1, &one);
-        if (s) kiln_f32(s)[0] = (float)scale;
-        kiln_tensor *scaled = kiln_scale_by(loss, s);
+    st = read_loss(loss, sum);
+    if (!st && isfinite(*sum)) {
+        kiln_tensor *s = scalar_new(m);
+        if (s && (st = scalar_set(s, (float)scale))) kiln_tensor_release(s), s = NULL;
+        kiln_tensor *scaled = s ? kiln_scale_by(loss, s) : NULL;
         st = scaled ? kiln_backward(scaled) : kiln_last_status();
         kiln_tensor_release(scaled);
         kiln_tensor_release(s);
@@ -176,9 +211,8 @@ static kiln_status sum_across_ranks(kiln_adamw *opt, const kiln_window_totals *g
     return KILN_OK;
 }
 
-kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
-                                     int k, double lr, kiln_step_result *res, kiln_compiled *cs,
-                                     const kiln_window_totals *g) {
+static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
+                                 int k, double lr, kiln_step_result *res, kiln_compiled *cs, const kiln_window_totals *g) {
     bool dist = g && kiln_dist_size() > 1;
     *res = (kiln_step_result){.lr = lr, .micro_batches = g ? g->micro_batches : k, .bad_micro = -1};
     for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
@@ -186,8 +220,7 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
     double total = 0;
     int bad = -1;
     kiln_status st = KILN_OK;
-    int64_t one = 1;
-    kiln_tensor *key = kiln_train_uses_dropout(m) ? kiln_tensor_new(KILN_F32, 1, &one) : NULL;
+    kiln_tensor *key = kiln_train_uses_dropout(m) ? scalar_new(m) : NULL;
     if (kiln_train_uses_dropout(m) && !key) return kiln_last_status();
     for (int i = 0; i < k && !st; i++) {
         double scale;
@@ -197,8 +230,8 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
             scale = mb[i]->n_targets ? 1.0 / ((double)mb[i]->n_targets * res->micro_batches) : 0.0;
         double sum = 0;
         if (dist && i == k - 1 && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
-        if (key) kiln_f32(key)[0] = kiln_train_dropout_key(c->seed, g ? g->step : 0, (g ? g->first_micro : 0) + i);
-        st = micro_step(m, mb[i], scale, key, &sum, cs);
+        if (key) st = scalar_set(key, kiln_train_dropout_key(c->seed, g ? g->step : 0, (g ? g->first_micro : 0) + i));
+        if (!st) st = micro_step(m, mb[i], scale, key, &sum, cs);
         if (st) {
             kiln_set_grad_ready_hook(NULL, NULL);
             kiln_tensor_release(key);
@@ -221,11 +254,20 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
     return kiln_adamw_apply(opt, c, lr, res);
 }
 
+kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
+                                     int k, double lr, kiln_step_result *res, kiln_compiled *cs,
+                                     const kiln_window_totals *g) {
+    const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
+    kiln_status st = window_global(m, opt, c, mb, k, lr, res, cs, g);
+    kiln_backend_use(was);
+    return st;
+}
+
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens) {
     return kiln_evaluate_ex(m, mb, n, loss, tokens, NULL);
 }
 
-kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
+static kiln_status evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
     bool was = kiln_grad_set_enabled(false);
     double total = 0;
     int64_t count = 0;
@@ -233,7 +275,7 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
     for (int i = 0; i < n && !st; i++) {
         if (cs) {
             double sum = 0;
-            kiln_status cst = compiled_micro(cs, mb[i], 1.0, NULL, &sum);
+            kiln_status cst = compiled_micro(m, cs, mb[i], 1.0, NULL, &sum);
             if (cst == KILN_OK) {
                 total += sum;
                 count += mb[i]->n_targets;
@@ -246,12 +288,13 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
             kiln_clear_error();
         }
         batch_tensors bt;
-        st = wrap_batch(mb[i], &bt);
+        st = wrap_batch(m, mb[i], &bt);
         kiln_tensor *l = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
-        if (l) {
-            total += kiln_f32(l)[0];
+        double sum = 0;
+        if (l && !(st = read_loss(l, &sum))) {
+            total += sum;
             count += mb[i]->n_targets;
-        } else {
+        } else if (!l) {
             st = kiln_last_status();
         }
         kiln_tensor_release(l);
@@ -260,5 +303,12 @@ kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double
     kiln_grad_set_enabled(was);
     *loss = count ? total / (double)count : NAN;
     if (tokens) *tokens = count;
+    return st;
+}
+
+kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
+    const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
+    kiln_status st = evaluate(m, mb, n, loss, tokens, cs);
+    kiln_backend_use(was);
     return st;
 }

@@ -275,10 +275,25 @@ static kiln_status check_tokenizer(kiln_trainer *t, bool resume, const kiln_shar
     return st;
 }
 
+static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out);
+
+/* The run's device (c->device) is the thread's while the model, its
+ * adapters, the optimiser state and the compiled steps are made, so all of
+ * them live there; the previous device is restored after. A resumed run
+ * may name another device than the one it was saved from: the files hold
+ * values, not places. */
 kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out) {
     *out = NULL;
     kiln_status st = kiln_train_config_validate(c);
     if (st) return st;
+    const kiln_backend *was = kiln_backend_use(kiln_backend_at(c->device)); /* validated: one of KILN_BACKENDS */
+    st = trainer_open(c, resume, out);
+    kiln_backend_use(was);
+    return st;
+}
+
+static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out) {
+    kiln_status st = KILN_OK;
     kiln_trainer *t = calloc(1, sizeof *t);
     if (!t) return kiln_error(KILN_ERR_OOM, "out of memory");
     t->cfg = *c;
@@ -419,10 +434,13 @@ static kiln_status load_window(kiln_trainer *t, int *k, int *first_in_window) {
 static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user);
 
 /* --precision: autocast on this thread for the run (the compiled steps
- * trace on first use, so they see it too), restored afterwards. */
+ * trace on first use, so they see it too), and --device as the thread's
+ * device (what the steps make goes there), restored afterwards. */
 kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
     kiln_dtype old = kiln_autocast_set((kiln_dtype)t->cfg.precision); /* validated at open */
+    const kiln_backend *was = kiln_backend_use(kiln_backend_at(t->cfg.device));
     kiln_status st = run_loop(t, fn, user);
+    kiln_backend_use(was);
     kiln_autocast_set(old);
     return st;
 }

@@ -18,6 +18,7 @@
 #include "kiln/safetensors.h"
 #include "kiln/model_meta.h"
 #include "kiln/train.h"
+#include "hostio.h"
 
 #define PATH_CAP 4096
 #define INDEX_NAME "model.safetensors.index.json"
@@ -247,45 +248,48 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
     }
 }
 
-/* into a bf16 parameter (a LoRA run's bf16 base): BF16 as it is, F32 and
- * F16 rounded once to nearest even (F16 widens exactly first) */
-static void fill_bf16(const kiln_st_tensor *s, kiln_tensor *dst) {
-    int64_t n = kiln_tensor_numel(dst);
-    uint16_t *d = dst->data;
-    const uint16_t *h = s->bytes;
-    if (s->dtype == KILN_BF16) {
-        if (n) memcpy(d, s->bytes, (size_t)n * 2);
-    } else if (s->dtype == KILN_F32) {
-        for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(((const float *)s->bytes)[i]);
-    } else {
-        for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(kiln_f16_to_f32(h[i]));
-    }
+/* Conversions of file elements [first, first + n) into a parameter's
+ * host chunk: into a bf16 parameter (a LoRA run's bf16 base) F32 and F16
+ * are rounded once to nearest even (F16 widens exactly first); into an F32
+ * one BF16 and F16 widen exactly. */
+static void f32_to_bf16_chunk(void *dst, int64_t first, int64_t n, const void *src) {
+    const float *x = (const float *)src + first;
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(x[i]);
 }
 
-static void fill(const kiln_st_tensor *s, kiln_tensor *dst) {
-    int64_t n = kiln_tensor_numel(dst);
-    if (dst->dtype == KILN_BF16) {
-        fill_bf16(s, dst);
-        return;
-    }
-    float *d = kiln_f32(dst);
-    if (s->dtype == KILN_F32) {
-        if (n) memcpy(d, s->bytes, (size_t)n * sizeof(float));
-    } else if (s->dtype == KILN_BF16) {
-        const uint16_t *h = s->bytes;
-        for (int64_t i = 0; i < n; i++) d[i] = kiln_bf16_to_f32(h[i]);
-    } else {
-        const uint16_t *h = s->bytes;
-        for (int64_t i = 0; i < n; i++) d[i] = kiln_f16_to_f32(h[i]);
-    }
+static void f16_to_bf16_chunk(void *dst, int64_t first, int64_t n, const void *src) {
+    const uint16_t *h = (const uint16_t *)src + first;
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = kiln_f32_to_bf16(kiln_f16_to_f32(h[i]));
+}
+
+static void bf16_to_f32_chunk(void *dst, int64_t first, int64_t n, const void *src) {
+    const uint16_t *h = (const uint16_t *)src + first;
+    float *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = kiln_bf16_to_f32(h[i]);
+}
+
+static void f16_to_f32_chunk(void *dst, int64_t first, int64_t n, const void *src) {
+    const uint16_t *h = (const uint16_t *)src + first;
+    float *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = kiln_f16_to_f32(h[i]);
+}
+
+/* One file tensor into its parameter, on whatever device that lives. */
+static kiln_status fill(const kiln_st_tensor *s, kiln_tensor *dst) {
+    if (s->dtype == dst->dtype) return kiln_host_set_all(dst, s->bytes); /* F32 or BF16 as it is */
+    if (dst->dtype == KILN_BF16)
+        return kiln_host_fill(dst, s->dtype == KILN_F32 ? f32_to_bf16_chunk : f16_to_bf16_chunk, s->bytes);
+    return kiln_host_fill(dst, s->dtype == KILN_BF16 ? bf16_to_f32_chunk : f16_to_f32_chunk, s->bytes);
 }
 
 static kiln_status load_set(weight_set *w, kiln_llama *m, const char *what, problems *p) {
     check_set(w, m, what, p);
     kiln_status st = report(p, what);
     if (st) return st; /* a refused set leaves the model as it was */
-    for (int i = 0; i < m->n_base; i++) fill(w->src[find_name(w, m->params[i]->name)], m->params[i]);
-    return KILN_OK;
+    for (int i = 0; i < m->n_base && !st; i++) st = fill(w->src[find_name(w, m->params[i]->name)], m->params[i]);
+    return st;
 }
 
 kiln_status kiln_load_weights(const char *path, kiln_llama *m) {
@@ -314,6 +318,18 @@ kiln_status kiln_load_model_weights(const char *dir, kiln_llama *m) {
     return st;
 }
 
+kiln_status kiln_load_model_dir_on(const char *dir, int device, kiln_llama **out) {
+    const kiln_backend *b = kiln_backend_at(device);
+    if (!b) {
+        if (out) *out = NULL;
+        return kiln_error(KILN_ERR_INVALID, "kiln_load_model_dir_on: no device %d (known:" KILN_DEVICE_NAMES ")", device);
+    }
+    const kiln_backend *was = kiln_backend_use(b);
+    kiln_status st = kiln_load_model_dir(dir, out);
+    kiln_backend_use(was);
+    return st;
+}
+
 kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out) {
     if (!dir || !out) return kiln_error(KILN_ERR_INVALID, "kiln_load_model_dir: NULL argument");
     *out = NULL;
@@ -338,17 +354,54 @@ kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out) {
 
 /* ---- saving ----------------------------------------------------------------- */
 
-/* The parameters as file tensors of `dtype` (converted copies in *bufs). */
+/* Conversions of a parameter's host chunk [first, first + n) into the
+ * file's buffer (ctx): a bf16 base widens exactly (F32) or goes through
+ * f32 (F16); an F32 parameter rounds to nearest even (BF16, F16). */
+static kiln_status bf16_to_f32_out(const void *src, int64_t first, int64_t n, void *out) {
+    const uint16_t *x = src;
+    float *h = (float *)out + first;
+    for (int64_t j = 0; j < n; j++) h[j] = kiln_bf16_to_f32(x[j]);
+    return KILN_OK;
+}
+
+static kiln_status bf16_to_f16_out(const void *src, int64_t first, int64_t n, void *out) {
+    const uint16_t *x = src;
+    uint16_t *h = (uint16_t *)out + first;
+    for (int64_t j = 0; j < n; j++) h[j] = kiln_f32_to_f16(kiln_bf16_to_f32(x[j]));
+    return KILN_OK;
+}
+
+static kiln_status f32_to_bf16_out(const void *src, int64_t first, int64_t n, void *out) {
+    const float *x = src;
+    uint16_t *h = (uint16_t *)out + first;
+    for (int64_t j = 0; j < n; j++) h[j] = kiln_f32_to_bf16(x[j]);
+    return KILN_OK;
+}
+
+static kiln_status f32_to_f16_out(const void *src, int64_t first, int64_t n, void *out) {
+    const float *x = src;
+    uint16_t *h = (uint16_t *)out + first;
+    for (int64_t j = 0; j < n; j++) h[j] = kiln_f32_to_f16(x[j]);
+    return KILN_OK;
+}
+
+/* The parameters as file tensors of `dtype` in host memory: a parameter
+ * already in `dtype` as its own memory (host-mappable) or a copy, the
+ * others converted; what is allocated goes to *bufs. */
 static kiln_status file_tensors(const kiln_llama *m, kiln_dtype dtype, kiln_st_tensor *ts, void **bufs, int from,
                                 int to, const char *path) {
     for (int i = from; i < to; i++) {
         const kiln_tensor *q = m->params[i];
         int64_t n = kiln_tensor_numel(q);
         kiln_st_tensor *t = &ts[i - from];
-        *t = (kiln_st_tensor){.name = q->name, .dtype = dtype, .ndim = q->ndim, .bytes = q->data,
+        *t = (kiln_st_tensor){.name = q->name, .dtype = dtype, .ndim = q->ndim, .bytes = NULL,
                               .nbytes = (size_t)n * kiln_dtype_size(dtype)};
         memcpy(t->shape, q->shape, sizeof t->shape);
-        if (q->dtype == dtype) continue;
+        if (q->dtype == dtype) {
+            if (!(t->bytes = kiln_host_bytes(q, &bufs[i - from])))
+                return kiln_error_context(kiln_last_status(), "saving %s", path);
+            continue;
+        }
         if (q->dtype != KILN_F32 && q->dtype != KILN_BF16)
             return kiln_error(KILN_ERR_UNSUPPORTED, "cannot save %s: parameter '%s' is %s", path, q->name,
                               kiln_dtype_name(q->dtype));
@@ -356,19 +409,10 @@ static kiln_status file_tensors(const kiln_llama *m, kiln_dtype dtype, kiln_st_t
         if (!h) return kiln_error(KILN_ERR_OOM, "out of memory converting '%s' to save %s", q->name, path);
         bufs[i - from] = h;
         t->bytes = h;
-        if (q->dtype == KILN_BF16) { /* a bf16 base: widened exactly (F32), or through f32 (F16) */
-            const uint16_t *x = q->data;
-            if (dtype == KILN_F32)
-                for (int64_t j = 0; j < n; j++) ((float *)h)[j] = kiln_bf16_to_f32(x[j]);
-            else
-                for (int64_t j = 0; j < n; j++) ((uint16_t *)h)[j] = kiln_f32_to_f16(kiln_bf16_to_f32(x[j]));
-            continue;
-        }
-        const float *x = kiln_f32(q);
-        if (dtype == KILN_BF16)
-            for (int64_t j = 0; j < n; j++) ((uint16_t *)h)[j] = kiln_f32_to_bf16(x[j]);
-        else
-            for (int64_t j = 0; j < n; j++) ((uint16_t *)h)[j] = kiln_f32_to_f16(x[j]);
+        kiln_host_read_fn conv = q->dtype == KILN_BF16 ? (dtype == KILN_F32 ? bf16_to_f32_out : bf16_to_f16_out)
+                                                      : (dtype == KILN_BF16 ? f32_to_bf16_out : f32_to_f16_out);
+        kiln_status st = kiln_host_read(q, conv, h);
+        if (st) return kiln_error_context(st, "saving %s", path);
     }
     return KILN_OK;
 }

@@ -1,10 +1,10 @@
 /* The CPU backend: host memory (core's caching allocator), the kernels of
  * src/kernels/ through kiln_cpu_kernels, the interpreter for planned
- * graphs, the OpenMP C renderer (compile/codegen.c) and `cc` (compile/
+ * graphs, the OpenMP C renderer (render_c.c) and `cc` (compile/
  * build.c). exec is a plain call: the host may touch this memory anywhere. */
 #include "kiln/backend.h"
 #include "kiln/build.h"
-#include "../../compile/codegen.h"
+#include "render_c.h"
 
 static kiln_status exec_call(kiln_status (*fn)(void *), void *ctx) { return fn(ctx); }
 static void sync_none(void) {}

@@ -1,6 +1,6 @@
-/* Internal to the compile layer: C source for a planned graph. */
-#ifndef KILN_CODEGEN_H
-#define KILN_CODEGEN_H
+/* Private to the CPU backend: its renderer, C with OpenMP for a planned graph. */
+#ifndef KILN_RENDER_C_H
+#define KILN_RENDER_C_H
 #include "kiln/graph.h"
 /* Fused group kernels kiln_g<k> for groups k ≡ part (mod n_parts);
  * serial_variants adds kiln_g<k>_serial / _parallel (autotuning); dynamic

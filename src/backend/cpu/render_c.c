@@ -1,4 +1,4 @@
-/* C code generation from a planned graph. Each fused element-wise group
+/* The CPU backend's renderer: C code generation from a planned graph. Each fused element-wise group
  * becomes one loop nest with its sizes as constants (restrict pointers, an
  * OpenMP SIMD loop whose remainder the compiler peels, OpenMP threads over
  * the outer range). Nothing read from files reaches the source: identifiers
@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "codegen.h"
+#include "render_c.h"
 
 typedef kiln_strbuf sbuf;
 #define put kiln_strbuf_printf
