@@ -138,6 +138,8 @@ void kiln_alloc_trim(void);               /* return cached blocks to the OS */
  * least `need` (doubling from `first`), the new elements zeroed; false on
  * overflow or OOM (then *p and *cap are unchanged). */
 bool kiln_array_grow(void **p, int *cap, int need, size_t elem, int first);
+/* The same for size_t capacities, without zeroing. */
+bool kiln_grow(void **p, size_t *cap, size_t need, size_t elem, size_t first);
 typedef struct {
     size_t live_bytes;   /* handed out now */
     size_t cached_bytes; /* held in the cache */
@@ -300,6 +302,11 @@ void kiln_strbuf_printf(kiln_strbuf *b, const char *fmt, ...) __attribute__((for
 kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t n);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *n excludes it). */
 kiln_status kiln_read_file(const char *path, char **data, size_t *n);
+/* Removes a file or a directory tree (not following links); absent is fine. */
+kiln_status kiln_remove_tree(const char *path);
+/* fsync of a directory (its entries' renames made durable); filesystems that
+ * refuse (EINVAL) are fine. */
+kiln_status kiln_fsync_dir(const char *path);
 /* Copies the file src to dst atomically (read whole, written as above). */
 kiln_status kiln_copy_file_atomic(const char *src, const char *dst);
 /* The same guarantees for a file written piece by piece (large exports that

@@ -137,15 +137,26 @@ static size_t status_kb(const char *key) {
 }
 size_t kiln_peak_rss(void) { return status_kb("VmHWM:"); }
 
+bool kiln_grow(void **p, size_t *cap, size_t need, size_t elem, size_t first) {
+    if (need <= *cap) return true;
+    size_t c = *cap ? *cap : first;
+    while (c < need) {
+        if (c > SIZE_MAX / 2) return false;
+        c *= 2;
+    }
+    if (c > SIZE_MAX / elem) return false;
+    void *q = realloc(*p, c * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
 bool kiln_array_grow(void **p, int *cap, int need, size_t elem, int first) {
     if (need <= *cap) return true;
-    int64_t c = *cap ? *cap : first;
-    while (c < need) c *= 2;
-    if (c > INT32_MAX || (uint64_t)c > SIZE_MAX / elem) return false;
-    char *np = realloc(*p, elem * (size_t)c);
-    if (!np) return false;
-    memset(np + elem * (size_t)*cap, 0, elem * (size_t)(c - *cap));
-    *p = np;
+    size_t c = (size_t)*cap, was = c;
+    if (need < 0 || !kiln_grow(p, &c, (size_t)need, elem, (size_t)first) || c > INT32_MAX) return false;
+    memset((char *)*p + elem * was, 0, elem * (c - was));
     *cap = (int)c;
     return true;
 }

@@ -1,6 +1,7 @@
 /* Whole-file reads and atomic writes (temp file, fsync, rename, dir fsync). */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,4 +102,26 @@ kiln_status kiln_copy_file_atomic(const char *src, const char *dst) {
     if (!st) st = kiln_write_file_atomic(dst, data, n);
     free(data);
     return st;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+kiln_status kiln_remove_tree(const char *path) {
+    struct stat s;
+    if (lstat(path, &s) != 0) return KILN_OK;
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return kiln_error(KILN_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
+    return KILN_OK;
+}
+
+kiln_status kiln_fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open directory %s: %s", path, strerror(errno));
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL) return kiln_error(KILN_ERR_IO, "cannot sync directory %s: %s", path, strerror(e));
+    return KILN_OK;
 }

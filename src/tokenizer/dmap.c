@@ -138,21 +138,6 @@ static bool strmap_rehash(kd_strmap *m) {
     return true;
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 16;
-    while (c < need) {
-        if (c > SIZE_MAX / 2) return false;
-        c *= 2;
-    }
-    if (c > SIZE_MAX / elem) return false;
-    void *q = realloc(*p, c * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
-}
-
 uint64_t *kd_strmap_put(kd_strmap *m, const char *key, size_t len, uint64_t h, uint64_t init,
                         bool *inserted) {
     uint64_t *v = kd_strmap_get(m, key, len, h);
@@ -177,7 +162,7 @@ uint64_t *kd_strmap_put(kd_strmap *m, const char *key, size_t len, uint64_t h, u
         if (!hs || !os || !ls || !vs) return NULL;
         m->ecap = c;
     }
-    if (!grow((void **)&m->arena, &m->acap, m->alen + len + 1, 1)) return NULL;
+    if (!kiln_grow((void **)&m->arena, &m->acap, m->alen + len + 1, 1, 16)) return NULL;
     size_t e = m->n++;
     memcpy(m->arena + m->alen, key, len);
     m->hashes[e] = h;

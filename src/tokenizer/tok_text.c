@@ -9,24 +9,9 @@
 
 /* ---- buffers ---- */
 
-static bool grow_to(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return true;
-    size_t c = *cap ? *cap : 64;
-    while (c < need) {
-        if (c > SIZE_MAX / 2) return false;
-        c *= 2;
-    }
-    if (c > SIZE_MAX / elem) return false;
-    void *q = realloc(*p, c * elem);
-    if (!q) return false;
-    *p = q;
-    *cap = c;
-    return true;
-}
-
 bool kd_buf_reserve(kd_buf *b, size_t extra) {
     if (extra > SIZE_MAX - b->n - 1) return false;
-    return grow_to((void **)&b->p, &b->cap, b->n + extra + 1, 1);
+    return kiln_grow((void **)&b->p, &b->cap, b->n + extra + 1, 1, 64);
 }
 
 bool kd_buf_put(kd_buf *b, const void *s, size_t n) {
@@ -42,7 +27,7 @@ void kd_buf_free(kd_buf *b) {
 }
 
 bool kd_spans_push(kd_spans *s, size_t off, size_t len, int32_t id, uint32_t flags) {
-    if (s->n == s->cap && !grow_to((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v)) return false;
+    if (s->n == s->cap && !kiln_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v, 64)) return false;
     s->v[s->n++] = (kd_span){off, len, id, flags};
     return true;
 }
@@ -53,7 +38,7 @@ void kd_spans_free(kd_spans *s) {
 }
 
 bool kd_events_push(kd_events *ev, size_t s, size_t e, bool match) {
-    if (ev->n == ev->cap && !grow_to((void **)&ev->v, &ev->cap, ev->n + 1, sizeof *ev->v)) return false;
+    if (ev->n == ev->cap && !kiln_grow((void **)&ev->v, &ev->cap, ev->n + 1, sizeof *ev->v, 64)) return false;
     ev->v[ev->n++] = (kd_event){s, e, match};
     return true;
 }

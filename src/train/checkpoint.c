@@ -59,29 +59,6 @@ static kiln_status mkdir_p(const char *path) {
     return KILN_OK;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
-}
-
-/* Removes a file or a directory tree; absent is fine. */
-static kiln_status rm_rf(const char *path) {
-    struct stat s;
-    if (lstat(path, &s) != 0) return KILN_OK;
-    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        return kiln_error(KILN_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
-    return KILN_OK;
-}
-
-static kiln_status fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open directory %s: %s", path, strerror(errno));
-    int rc = fsync(fd), e = errno;
-    close(fd);
-    if (rc != 0 && e != EINVAL) return kiln_error(KILN_ERR_IO, "cannot sync directory %s: %s", path, strerror(e));
-    return KILN_OK;
-}
-
 /* Parses "checkpoint-<digits>" exactly; -1 for anything else (.tmp, .old). */
 static int64_t ckpt_step(const char *name) {
     size_t lp = strlen(CKPT_PREFIX);
@@ -479,7 +456,7 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     }
     if (!st) st = kiln_model_files_save(dir, m, c);
     if (!st) st = write_marker(dir, ts);
-    if (!st) st = fsync_dir(dir);
+    if (!st) st = kiln_fsync_dir(dir);
     return st;
 }
 
@@ -494,13 +471,13 @@ static kiln_status commit_dir(const char *tmp, const char *final) {
         return KILN_OK;
     }
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-        rm_rf(tmp); /* now holds the old contents */
+        kiln_remove_tree(tmp); /* now holds the old contents */
         return KILN_OK;
     }
     char old[PATH_CAP];
     if (snprintf(old, sizeof old, "%s.old.%ld", final, (long)getpid()) >= (int)sizeof old)
         return kiln_error(KILN_ERR_INVALID, "path too long: %s", final);
-    rm_rf(old);
+    kiln_remove_tree(old);
     if (rename(final, old) != 0)
         return kiln_error(KILN_ERR_IO, "cannot move %s aside: %s", final, strerror(errno));
     if (rename(tmp, final) != 0) {
@@ -508,7 +485,7 @@ static kiln_status commit_dir(const char *tmp, const char *final) {
         rename(old, final);
         return kiln_error(KILN_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(e));
     }
-    rm_rf(old);
+    kiln_remove_tree(old);
     return KILN_OK;
 }
 
@@ -697,7 +674,7 @@ kiln_status kiln_checkpoint_clean(const char *run_dir) {
         else if ((pid = after(nm, ".tmp.")) && S_ISREG(sb.st_mode)) stray = !pid_alive(pid);
         if (!stray) continue;
         kiln_log(KILN_LOG_INFO, "removing %s, left by an interrupted save", path);
-        kiln_status r = rm_rf(path);
+        kiln_status r = kiln_remove_tree(path);
         if (r && !st) st = r;
     }
     closedir(d);
@@ -714,10 +691,10 @@ static kiln_status remove_checkpoint(const char *run_dir, const char *name) {
     kiln_status st = join(dir, run_dir, name);
     if (!st) st = join(gone, run_dir, hidden);
     if (st) return st;
-    rm_rf(gone);
+    kiln_remove_tree(gone);
     if (rename(dir, gone) != 0) return kiln_error(KILN_ERR_IO, "cannot move %s aside: %s", dir, strerror(errno));
-    if ((st = fsync_dir(run_dir))) return st;
-    return rm_rf(gone);
+    if ((st = kiln_fsync_dir(run_dir))) return st;
+    return kiln_remove_tree(gone);
 }
 
 /* Deletes the oldest complete checkpoints beyond `keep`, and incomplete
@@ -756,7 +733,7 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
         kiln_log(KILN_LOG_WARN, "cleaning %s: %s", run_dir, kiln_last_error()); /* not fatal: the save goes on */
     if (!st) st = join(final, run_dir, name);
     if (!st) st = join(tmp, run_dir, tmp_name);
-    if (!st) st = rm_rf(tmp); /* left by a crash (if cleaning it above failed) */
+    if (!st) st = kiln_remove_tree(tmp); /* left by a crash (if cleaning it above failed) */
     if (!st && mkdir(tmp, 0777) != 0) st = kiln_error(KILN_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     if (st) return kiln_error_context(st, "saving checkpoint %s", final);
     st = write_checkpoint_files(tmp, m, opt, ts, c);
@@ -765,17 +742,17 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
         kiln_status keep_st = kiln_last_status();
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kiln_last_error());
-        rm_rf(tmp);
+        kiln_remove_tree(tmp);
         return kiln_error(keep_st ? keep_st : st, "saving checkpoint %s: %s", final, msg);
     }
-    st = fsync_dir(run_dir);
+    st = kiln_fsync_dir(run_dir);
     static const char *const links[] = {"model.safetensors", "model.safetensors.index.json", "config.json",
                                         "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                         "trainer_state.json", "adapter_config.json",
                                         "adapter_model.safetensors", "chat_template.jinja"};
     for (size_t i = 0; i < sizeof links / sizeof links[0] && !st; i++) st = update_link(run_dir, name, links[i]);
     if (!st) st = link_shards(run_dir, name);
-    if (!st) st = fsync_dir(run_dir);
+    if (!st) st = kiln_fsync_dir(run_dir);
     if (st) return kiln_error_context(st, "checkpoint %s was saved, but updating the links in %s failed", final, run_dir);
     if (keep > 0) rotate(run_dir, name, keep);
     return KILN_OK;

@@ -29,28 +29,6 @@
 #define TMP_TAG ".kiln-tmp-"
 #define OLD_TAG ".kiln-old-"
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
-}
-
-static kiln_status rm_rf(const char *path) {
-    struct stat s;
-    if (lstat(path, &s) != 0) return KILN_OK;
-    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        return kiln_error(KILN_ERR_IO, "cannot remove %s: %s", path, strerror(errno));
-    return KILN_OK;
-}
-
-static kiln_status fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open directory %s: %s", path, strerror(errno));
-    int rc = fsync(fd), e = errno;
-    close(fd);
-    if (rc != 0 && e != EINVAL) return kiln_error(KILN_ERR_IO, "cannot sync directory %s: %s", path, strerror(e));
-    return KILN_OK;
-}
-
 static kiln_status join(char *out, const char *dir, const char *name) {
     if (snprintf(out, PATH_CAP, "%s/%s", dir, name) >= PATH_CAP)
         return kiln_error(KILN_ERR_INVALID, "path too long: %s/%s", dir, name);
@@ -164,7 +142,7 @@ kiln_status kiln_export_clean(const char *target) {
                 continue;
             }
         }
-        if ((st = rm_rf(p))) break;
+        if ((st = kiln_remove_tree(p))) break;
         size_t used = strlen(names);
         if (used + strlen(nm) + 8 < sizeof names) snprintf(names + used, sizeof names - used, "%s%s", n ? ", " : "", nm);
         n++;
@@ -291,11 +269,11 @@ static kiln_status swap_in(const char *tmp, const char *final, const char *paren
     struct stat s;
     if (lstat(final, &s) != 0) {
         if (rename(tmp, final) != 0) return kiln_error(KILN_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
-        return fsync_dir(parent);
+        return kiln_fsync_dir(parent);
     }
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-        kiln_status st = fsync_dir(parent);
-        if (rm_rf(tmp)) /* now the old directory; the next export removes it */
+        kiln_status st = kiln_fsync_dir(parent);
+        if (kiln_remove_tree(tmp)) /* now the old directory; the next export removes it */
             kiln_log(KILN_LOG_WARN, "kiln export: %s", kiln_last_error());
         return st;
     }
@@ -304,15 +282,15 @@ static kiln_status swap_in(const char *tmp, const char *final, const char *paren
     char old[PATH_CAP];
     if (snprintf(old, sizeof old, "%s/%s" OLD_TAG "%ld", parent, base, (long)getpid()) >= (int)sizeof old)
         return kiln_error(KILN_ERR_INVALID, "path too long: %s", final);
-    rm_rf(old);
+    kiln_remove_tree(old);
     if (rename(final, old) != 0) return kiln_error(KILN_ERR_IO, "cannot move %s aside: %s", final, strerror(errno));
     if (rename(tmp, final) != 0) {
         int e = errno;
         rename(old, final);
         return kiln_error(KILN_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(e));
     }
-    kiln_status st = fsync_dir(parent);
-    if (rm_rf(old)) kiln_log(KILN_LOG_WARN, "kiln export: %s", kiln_last_error());
+    kiln_status st = kiln_fsync_dir(parent);
+    if (kiln_remove_tree(old)) kiln_log(KILN_LOG_WARN, "kiln export: %s", kiln_last_error());
     return st;
 }
 
@@ -332,7 +310,7 @@ kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *ou
     kiln_llama *m = NULL;
     if ((st = kiln_load_model_dir(dir, &m))) return st;
     st = kiln_llama_lora_merge(m);
-    if (!st) st = rm_rf(tmp);
+    if (!st) st = kiln_remove_tree(tmp);
     if (!st && mkdir(tmp, 0755) != 0) st = kiln_error(KILN_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     bool made = !st;
     snprintf(path, sizeof path, "%s/config.json", tmp);
@@ -345,13 +323,13 @@ kiln_status kiln_lora_export_merged(const char *run_or_model_dir, const char *ou
     static const char *const extra[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                         "chat_template.jinja"};
     for (int i = 0; i < 4 && !st; i++) st = copy_if_present(dir, tmp, extra[i]);
-    if (!st) st = fsync_dir(tmp);
+    if (!st) st = kiln_fsync_dir(tmp);
     if (!st) st = swap_in(tmp, t, parent, base);
     if (st && made) {
         kiln_status keep = kiln_last_status();
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kiln_last_error());
-        rm_rf(tmp);
+        kiln_remove_tree(tmp);
         return kiln_error(keep ? keep : st, "exporting %s merged into %s: %s", dir, out_dir, msg);
     }
     return st ? kiln_error_context(st, "exporting %s merged into %s", dir, out_dir) : KILN_OK;
