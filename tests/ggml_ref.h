@@ -13,6 +13,17 @@
 #include <unistd.h>
 
 struct gguf_context;
+/* ggml.h's struct ggml_type_traits, field for field (ggml_ref_traits checks
+ * the layout against known types before a test trusts it). */
+struct ggml_type_traits_ref {
+    const char *type_name;
+    int64_t blck_size;
+    int64_t blck_size_interleave;
+    size_t type_size;
+    bool is_quantized;
+    void (*to_float)(const void *x, float *y, int64_t k);
+    void (*from_float_ref)(const float *x, void *y, int64_t k);
+};
 struct gguf_init_params {
     bool no_alloc;
     void **ctx;
@@ -46,6 +57,9 @@ typedef struct {
     float (*fp16_to_fp32)(uint16_t);
     uint16_t (*fp32_to_bf16)(float); /* ggml_bf16_t is a struct of one uint16: returned alike */
     void (*quantize_row_q8_0_ref)(const float *, void *, int64_t);
+    const struct ggml_type_traits_ref *(*get_type_traits)(int type);
+    size_t (*quantize_chunk)(int type, const float *src, void *dst, int64_t start, int64_t nrows, int64_t n_per_row,
+                             const float *imatrix);
 } ggml_ref;
 
 /* Directory of node-llama-cpp's prebuilt CPU binaries, from this test
@@ -106,8 +120,30 @@ static inline bool ggml_ref_load(ggml_ref *g, char *why, size_t n) {
     SYM(fp16_to_fp32, "ggml_fp16_to_fp32");
     SYM(fp32_to_bf16, "ggml_fp32_to_bf16");
     SYM(quantize_row_q8_0_ref, "quantize_row_q8_0_ref");
+    SYM(get_type_traits, "ggml_get_type_traits");
+    SYM(quantize_chunk, "ggml_quantize_chunk");
 #undef SYM
     return true;
+}
+
+/* The traits of ggml type `type`, once the struct's layout is checked
+ * against types whose name, block and size are known (f32, f16, q8_0,
+ * q4_K, q6_K, bf16); NULL (why says which disagreed) otherwise. */
+static inline const struct ggml_type_traits_ref *ggml_ref_traits(const ggml_ref *g, int type, char *why, size_t n) {
+    static const struct { int type; const char *name; int64_t blck; size_t size; bool quantized; } known[] = {
+        {0, "f32", 1, 4, false}, {1, "f16", 1, 2, false}, {8, "q8_0", 32, 34, true},
+        {12, "q4_K", 256, 144, true}, {14, "q6_K", 256, 210, true}, {30, "bf16", 1, 2, false},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const struct ggml_type_traits_ref *t = g->get_type_traits(known[i].type);
+        if (!t || !t->type_name || strcmp(t->type_name, known[i].name) || t->blck_size != known[i].blck ||
+            t->type_size != known[i].size || t->is_quantized != known[i].quantized) {
+            snprintf(why, n, "ggml_get_type_traits(%d) does not have the layout of ggml.h's struct ggml_type_traits",
+                     known[i].type);
+            return NULL;
+        }
+    }
+    return g->get_type_traits(type);
 }
 
 static inline struct gguf_context *ggml_ref_open(const ggml_ref *g, const char *path) {

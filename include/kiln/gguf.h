@@ -1,4 +1,5 @@
-/* kiln gguf: a streaming writer of GGUF version 3 files, the format of
+/* kiln gguf: a streaming writer of GGUF version 3 files and a checked,
+ * memory-mapped reader (below the writer's declarations), the format of
  * llama.cpp (and so Ollama, LM Studio, node-llama-cpp). Part of the data
  * layer; uses core only. What goes into a model's file (names, metadata,
  * tokenizer) is the exporter's business (kiln_export_gguf, train layer).
@@ -48,20 +49,31 @@ typedef enum {
     KILN_GGUF_FLOAT64 = 12,
 } kiln_gguf_type;
 
-/* The tensor types kiln writes, numbered as ggml numbers them. */
+/* The tensor types kiln reads and writes, numbered as ggml numbers them
+ * (block layouts: kiln/quant.h, the kernels layer, which converts them;
+ * this layer knows their sizes only). */
 typedef enum {
     KILN_GGML_F32 = 0,
     KILN_GGML_F16 = 1,
+    KILN_GGML_Q4_0 = 2,  /* blocks of 32 in 18 bytes */
     KILN_GGML_Q8_0 = 8,  /* blocks of 32: f16 scale d, then 32 int8 q; x = d * q */
+    KILN_GGML_Q4_K = 12, /* blocks of 256 in 144 bytes */
+    KILN_GGML_Q5_K = 13, /* blocks of 256 in 176 bytes */
+    KILN_GGML_Q6_K = 14, /* blocks of 256 in 210 bytes */
     KILN_GGML_BF16 = 30,
 } kiln_ggml_type;
 #define KILN_Q8_0_BLOCK 32
 #define KILN_Q8_0_BYTES 34
 
-const char *kiln_ggml_type_name(kiln_ggml_type t); /* "F32", ...; NULL if unknown */
-/* Bytes of n values (n a multiple of 32 for Q8_0); 0 for an unknown type. */
+const char *kiln_ggml_type_name(kiln_ggml_type t); /* "F32", "Q4_K", ...; NULL if unknown */
+/* Values per block and bytes per block of a type; 0 if unknown. */
+int kiln_ggml_block(kiln_ggml_type t);
+int kiln_ggml_block_bytes(kiln_ggml_type t);
+/* Bytes of n values (n a multiple of the type's block); 0 for an unknown
+ * type or a partial block. */
 size_t kiln_ggml_nbytes(kiln_ggml_type t, int64_t n);
-/* Converts n floats (n a multiple of 32 for Q8_0) as llama.cpp's reference
+/* Converts n floats to F32/F16/BF16/Q8_0 (the other types: KILN_ERR_UNSUPPORTED;
+ * n a multiple of 32 for Q8_0) as llama.cpp's reference
  * code does (F16 and BF16 through core's kiln_f32_to_f16/_bf16: round to
  * nearest even), Q8_0 d = max|x| / 127 and q = round-half-away(x / d). out holds kiln_ggml_nbytes(t, n) bytes. */
 kiln_status kiln_ggml_convert(kiln_ggml_type t, const float *x, int64_t n, void *out);
@@ -100,6 +112,82 @@ uint64_t kiln_gguf_tensor_nbytes(const kiln_gguf_writer *w, int i);
 kiln_status kiln_gguf_begin(kiln_gguf_writer *w, const char *path);
 kiln_status kiln_gguf_write_data(kiln_gguf_writer *w, const void *data, size_t n);
 kiln_status kiln_gguf_finish(kiln_gguf_writer *w);
+
+/* ---- reading ------------------------------------------------------------
+ * kiln_gguf_open maps a GGUF file read-only and checks all of it before
+ * returning: magic, version (3, or 2: the same layout), counts against the
+ * bytes left, every metadata value (all types; arrays of scalars or
+ * strings, nested arrays refused), tensor infos (a name under 64 bytes, 1 to
+ * 4 dimensions, a type kiln reads, rows of whole blocks, an offset that is a
+ * multiple of the alignment, bytes inside the file and overlapping no other
+ * tensor's), general.alignment (a u32 power of two; default 32), no key or
+ * tensor name twice. Each failure is KILN_ERR_FORMAT (KILN_ERR_UNSUPPORTED
+ * for a version or tensor type kiln does not read) with "FILE: ..." naming
+ * the key or tensor. The file stays mapped until kiln_gguf_close (NULL ok);
+ * every pointer below points into it or the file's own tables. */
+typedef struct kiln_gguf_file kiln_gguf_file;
+
+typedef struct {
+    const char *key;          /* NUL-terminated */
+    kiln_gguf_type type;      /* value type */
+    kiln_gguf_type elem_type; /* element type of an ARRAY (else = type) */
+    uint64_t n;               /* elements of an ARRAY (1 for a scalar) */
+    /* Scalars and arrays of scalars: the little-endian values in the
+     * mapping, packed, maybe unaligned (bools one byte each); strings and
+     * arrays of strings: NULL (see strs). */
+    const void *data;
+    /* STRING: strs[0] and lens[0]; arrays of strings: n of them. The bytes
+     * are in the mapping, not NUL-terminated (use lens). NULL otherwise. */
+    const char *const *strs;
+    const uint64_t *lens;
+} kiln_gguf_kv;
+
+typedef struct {
+    const char *name;     /* NUL-terminated */
+    kiln_ggml_type type;
+    int ndim;
+    int64_t ne[4];        /* as in the file: innermost (row length) first, unused = 1 */
+    int64_t shape[4];     /* row-major, outermost first (ne reversed) */
+    int64_t numel;
+    uint64_t offset;      /* from the start of the data section */
+    const void *data;     /* its bytes in the mapping */
+    size_t nbytes;
+} kiln_gguf_tensor;
+
+kiln_status kiln_gguf_open(const char *path, kiln_gguf_file **out);
+void kiln_gguf_close(kiln_gguf_file *f);
+const char *kiln_gguf_path(const kiln_gguf_file *f);
+uint32_t kiln_gguf_version(const kiln_gguf_file *f);
+uint32_t kiln_gguf_file_alignment(const kiln_gguf_file *f);
+uint64_t kiln_gguf_data_offset(const kiln_gguf_file *f); /* of the data section, from the file's start */
+
+int64_t kiln_gguf_kv_count(const kiln_gguf_file *f);
+const kiln_gguf_kv *kiln_gguf_kv_at(const kiln_gguf_file *f, int64_t i); /* file order; NULL past the end */
+const kiln_gguf_kv *kiln_gguf_find(const kiln_gguf_file *f, const char *key); /* NULL if absent */
+const char *kiln_gguf_type_str(kiln_gguf_type t); /* "u32", "string", "array", ...; "?" if unknown */
+
+/* Typed getters: KILN_ERR_FORMAT "FILE: key K missing" when absent, and
+ * "FILE: key K is TYPE, not WANTED" when the value has another type. */
+kiln_status kiln_gguf_get_u8(const kiln_gguf_file *f, const char *key, uint8_t *out);
+kiln_status kiln_gguf_get_i8(const kiln_gguf_file *f, const char *key, int8_t *out);
+kiln_status kiln_gguf_get_u16(const kiln_gguf_file *f, const char *key, uint16_t *out);
+kiln_status kiln_gguf_get_i16(const kiln_gguf_file *f, const char *key, int16_t *out);
+kiln_status kiln_gguf_get_u32(const kiln_gguf_file *f, const char *key, uint32_t *out);
+kiln_status kiln_gguf_get_i32(const kiln_gguf_file *f, const char *key, int32_t *out);
+kiln_status kiln_gguf_get_u64(const kiln_gguf_file *f, const char *key, uint64_t *out);
+kiln_status kiln_gguf_get_i64(const kiln_gguf_file *f, const char *key, int64_t *out);
+kiln_status kiln_gguf_get_f32(const kiln_gguf_file *f, const char *key, float *out);
+kiln_status kiln_gguf_get_f64(const kiln_gguf_file *f, const char *key, double *out);
+kiln_status kiln_gguf_get_bool(const kiln_gguf_file *f, const char *key, bool *out);
+/* A string: its bytes (not NUL-terminated) and length. */
+kiln_status kiln_gguf_get_str(const kiln_gguf_file *f, const char *key, const char **s, uint64_t *len);
+/* An array whose elements are elem_type (STRING for arrays of strings). */
+kiln_status kiln_gguf_get_array(const kiln_gguf_file *f, const char *key, kiln_gguf_type elem_type,
+                                const kiln_gguf_kv **out);
+
+int64_t kiln_gguf_tensor_count(const kiln_gguf_file *f);
+const kiln_gguf_tensor *kiln_gguf_tensor_at(const kiln_gguf_file *f, int64_t i); /* file order */
+const kiln_gguf_tensor *kiln_gguf_tensor_find(const kiln_gguf_file *f, const char *name); /* NULL if absent */
 
 #ifdef __cplusplus
 }

@@ -38,24 +38,38 @@ struct kiln_gguf_writer {
 
 /* ---- conversions ------------------------------------------------------- */
 
+static const struct {
+    kiln_ggml_type t;
+    const char *name;
+    int block, bytes;
+} g_types[] = {
+    {KILN_GGML_F32, "F32", 1, 4},      {KILN_GGML_F16, "F16", 1, 2},       {KILN_GGML_Q4_0, "Q4_0", 32, 18},
+    {KILN_GGML_Q8_0, "Q8_0", 32, 34},  {KILN_GGML_Q4_K, "Q4_K", 256, 144}, {KILN_GGML_Q5_K, "Q5_K", 256, 176},
+    {KILN_GGML_Q6_K, "Q6_K", 256, 210}, {KILN_GGML_BF16, "BF16", 1, 2},
+};
+
+static int type_index(kiln_ggml_type t) {
+    for (int i = 0; i < (int)(sizeof g_types / sizeof g_types[0]); i++)
+        if (g_types[i].t == t) return i;
+    return -1;
+}
 const char *kiln_ggml_type_name(kiln_ggml_type t) {
-    switch (t) {
-    case KILN_GGML_F32: return "F32";
-    case KILN_GGML_F16: return "F16";
-    case KILN_GGML_Q8_0: return "Q8_0";
-    case KILN_GGML_BF16: return "BF16";
-    }
-    return NULL;
+    int i = type_index(t);
+    return i < 0 ? NULL : g_types[i].name;
+}
+int kiln_ggml_block(kiln_ggml_type t) {
+    int i = type_index(t);
+    return i < 0 ? 0 : g_types[i].block;
+}
+int kiln_ggml_block_bytes(kiln_ggml_type t) {
+    int i = type_index(t);
+    return i < 0 ? 0 : g_types[i].bytes;
 }
 
 size_t kiln_ggml_nbytes(kiln_ggml_type t, int64_t n) {
-    switch (t) {
-    case KILN_GGML_F32: return (size_t)n * 4;
-    case KILN_GGML_F16:
-    case KILN_GGML_BF16: return (size_t)n * 2;
-    case KILN_GGML_Q8_0: return (size_t)(n / KILN_Q8_0_BLOCK) * KILN_Q8_0_BYTES;
-    }
-    return 0;
+    int i = type_index(t);
+    if (i < 0 || n < 0 || n % g_types[i].block) return 0;
+    return (size_t)(n / g_types[i].block) * (size_t)g_types[i].bytes;
 }
 
 kiln_status kiln_ggml_convert(kiln_ggml_type t, const float *x, int64_t n, void *out) {
@@ -85,6 +99,12 @@ kiln_status kiln_ggml_convert(kiln_ggml_type t, const float *x, int64_t n, void 
         }
         return KILN_OK;
     }
+    case KILN_GGML_Q4_0:
+    case KILN_GGML_Q4_K:
+    case KILN_GGML_Q5_K:
+    case KILN_GGML_Q6_K:
+        return kiln_error(KILN_ERR_UNSUPPORTED, "converting to %s is the kernels' (kiln_q_quantize), not the writer's",
+                          kiln_ggml_type_name(t));
     }
     return kiln_error(KILN_ERR_INVALID, "unknown ggml type %d", (int)t);
 }
@@ -261,9 +281,9 @@ kiln_status kiln_gguf_add_tensor(kiln_gguf_writer *w, const char *name, kiln_ggm
         t.ne[ndim - 1 - d] = shape[d];
         numel *= shape[d];
     }
-    if (type == KILN_GGML_Q8_0 && t.ne[0] % KILN_Q8_0_BLOCK)
-        return kiln_error(KILN_ERR_SHAPE, "GGUF tensor %s: Q8_0 rows must hold a multiple of 32 values, not %lld", name,
-                          (long long)t.ne[0]);
+    if (t.ne[0] % kiln_ggml_block(type))
+        return kiln_error(KILN_ERR_SHAPE, "GGUF tensor %s: %s rows must hold a multiple of %d values, not %lld", name,
+                          kiln_ggml_type_name(type), kiln_ggml_block(type), (long long)t.ne[0]);
     t.nbytes = kiln_ggml_nbytes(type, numel);
     t.offset = w->n_t ? align_up(w->t[w->n_t - 1].offset + w->t[w->n_t - 1].nbytes, w->alignment) : 0;
     if (w->n_t == w->t_cap) {
