@@ -302,6 +302,10 @@ void kiln_strbuf_printf(kiln_strbuf *b, const char *fmt, ...) __attribute__((for
 kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t n);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *n excludes it). */
 kiln_status kiln_read_file(const char *path, char **data, size_t *n);
+/* Maps a regular file read-only (*data, *size; unmap with munmap); a file
+ * shorter than min_size is KILN_ERR_FORMAT "PATH: file is N bytes, too
+ * short for WHAT". */
+kiln_status kiln_map_file(const char *path, size_t min_size, const char *what, const void **data, size_t *size);
 /* Removes a file or a directory tree (not following links); absent is fine. */
 kiln_status kiln_remove_tree(const char *path);
 /* fsync of a directory (its entries' renames made durable); filesystems that

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,5 +124,31 @@ kiln_status kiln_fsync_dir(const char *path) {
     int rc = fsync(fd), e = errno;
     close(fd);
     if (rc != 0 && e != EINVAL) return kiln_error(KILN_ERR_IO, "cannot sync directory %s: %s", path, strerror(e));
+    return KILN_OK;
+}
+
+kiln_status kiln_map_file(const char *path, size_t min_size, const char *what, const void **data, size_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return kiln_error(KILN_ERR_IO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return kiln_error(KILN_ERR_IO, "%s is not a regular file", path);
+    }
+    if ((uint64_t)sb.st_size < min_size) {
+        close(fd);
+        return kiln_error(KILN_ERR_FORMAT, "%s: file is %lld bytes, too short for %s", path, (long long)sb.st_size, what);
+    }
+    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (m == MAP_FAILED) return kiln_error(KILN_ERR_IO, "cannot map %s: %s", path, strerror(e));
+    *data = m;
+    *size = (size_t)sb.st_size;
     return KILN_OK;
 }

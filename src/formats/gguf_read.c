@@ -128,30 +128,10 @@ static uint64_t set_cap(int64_t n) {
 /* ---- parsing ------------------------------------------------------------ */
 
 static kiln_status map_file(kiln_gguf_file *f) {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open %s: %s", f->path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return kiln_error(KILN_ERR_IO, "cannot stat %s: %s", f->path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln_error(KILN_ERR_IO, "%s is not a regular file", f->path);
-    }
-    if (sb.st_size < 24) {
-        close(fd);
-        return kiln_error(KILN_ERR_FORMAT, "%s: file is %lld bytes, too short for a GGUF header", f->path,
-                          (long long)sb.st_size);
-    }
-    f->size = (size_t)sb.st_size;
-    void *m = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) return kiln_error(KILN_ERR_IO, "cannot map %s: %s", f->path, strerror(e));
-    f->map = m;
-    return KILN_OK;
+    const void *m;
+    kiln_status st = kiln_map_file(f->path, 24, "a GGUF header", &m, &f->size);
+    if (!st) f->map = m;
+    return st;
 }
 
 /* The key/value pairs: a first pass records where each is and counts the

@@ -292,30 +292,10 @@ static kiln_status align_tensors(kiln_st_file *f) {
 }
 
 static kiln_status map_file(kiln_st_file *f) {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open %s: %s", f->path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return kiln_error(KILN_ERR_IO, "cannot stat %s: %s", f->path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln_error(KILN_ERR_IO, "%s is not a regular file", f->path);
-    }
-    if (sb.st_size < 8) {
-        close(fd);
-        return kiln_error(KILN_ERR_FORMAT, "%s: file is %lld bytes, too short for a safetensors header",
-                          f->path, (long long)sb.st_size);
-    }
-    f->map_len = (size_t)sb.st_size;
-    void *m = mmap(NULL, f->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd);
-    if (m == MAP_FAILED) return kiln_error(KILN_ERR_IO, "cannot map %s: %s", f->path, strerror(e));
-    f->map = m;
-    return KILN_OK;
+    const void *m;
+    kiln_status st = kiln_map_file(f->path, 8, "a safetensors header", &m, &f->map_len);
+    if (!st) f->map = (void *)m;
+    return st;
 }
 
 static kiln_status st_open(kiln_st_file *f) {
