@@ -133,7 +133,9 @@ static void test_cache(const char *root) {
     CHECK_OK(build_and_call(&o, &warm));
     CHECK(warm.from_cache && !warm.private_tmp, "warm: from_cache %d", warm.from_cache);
     CHECK(!strcmp(warm.key, cold.key) && !strcmp(warm.path, cold.path), "key/path changed");
-    CHECK(warm.seconds < cold.seconds && warm.seconds < 0.5, "warm %.3f s vs cold %.3f s", warm.seconds, cold.seconds);
+    /* that the warm call compiled nothing is what from_cache says; the two
+     * times are figures to read, not assertions (a loaded machine) */
+    CHECK(!cold.from_cache, "the cold build compiled");
     printf("test module: cold build %.3f s, warm load %.4f s\n", cold.seconds, warm.seconds);
 
     /* flip one byte of the cached .so */
