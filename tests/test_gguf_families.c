@@ -30,17 +30,6 @@
 #include "test.h"
 #include "llamacpp_ref.h"
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wformat-truncation"
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-
 #define N_PREDICT 32
 static char script[1200], dir[256], lenml[1300];
 static ggml_ref G;

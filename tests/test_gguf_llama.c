@@ -18,10 +18,6 @@
 #include "test.h"
 #include "llamacpp_ref.h"
 
-/* every path is a short mkdtemp directory plus a file name */
-#if defined(__GNUC__) && !defined(__clang__) /* clang has no such warning */
-#pragma GCC diagnostic ignored "-Wformat-truncation"
-#endif
 
 #define N_PREDICT 32
 static char script[1200], dir[256];
