@@ -341,9 +341,9 @@ static void refusals(const char *run_dir) {
     char *h = cli_output();
     CHECK(strstr(h, "usage: kiln export") != NULL, "export --help: %s", h);
     free(h);
-    CHECK(cli_exec((const char *[]){cli_kiln, "export", run_dir, "--gguf", out, "--type", "q4_0", NULL}) == 2, "unknown --type");
+    CHECK(cli_exec((const char *[]){cli_kiln, "export", run_dir, "--gguf", out, "--type", "q3_k_m", NULL}) == 2, "unknown --type");
     h = cli_output();
-    CHECK(strstr(h, "q4_0") != NULL, "unknown type not named: %s", h);
+    CHECK(strstr(h, "q3_k_m") != NULL, "unknown type not named: %s", h);
     free(h);
     CHECK(cli_exec((const char *[]){cli_kiln, "export", run_dir, NULL}) == 2, "no --gguf");
     CHECK(cli_exec((const char *[]){cli_kiln, "export", "/nonexistent/model", "--gguf", out, NULL}) == 1, "missing dir");

@@ -32,6 +32,8 @@
 #define KILN_GGUF_H
 
 #include "kiln/core.h"
+#include "kiln/model_meta.h"
+#include "kiln/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -188,6 +190,51 @@ kiln_status kiln_gguf_get_array(const kiln_gguf_file *f, const char *key, kiln_g
 int64_t kiln_gguf_tensor_count(const kiln_gguf_file *f);
 const kiln_gguf_tensor *kiln_gguf_tensor_at(const kiln_gguf_file *f, int64_t i); /* file order */
 const kiln_gguf_tensor *kiln_gguf_tensor_find(const kiln_gguf_file *f, const char *name); /* NULL if absent */
+/* Gives the pages of a tensor's bytes back to the OS once they are copied
+ * (a private read-only mapping: reading them again reloads them), so that
+ * loading a model holds one copy of its weights, not two. */
+void kiln_gguf_release_pages(const kiln_gguf_file *f, const kiln_gguf_tensor *t);
+
+
+/* ---- tokenizer and special tokens (gguf_tok.c) ------------------------------
+ * kiln_gguf_tokenizer builds the tokenizer of a file's tokenizer.ggml.* keys
+ * as llama.cpp (llama-vocab.cpp) loads and runs them: kiln_tokenizer_encode
+ * gives llama_tokenize's ids with parse_special (control, user-defined and
+ * unknown tokens typed in the text are matched; llama.cpp also makes
+ * control tokens of the texts it ends generation at and of the
+ * fill-in-the-middle texts the file gives no id for), KILN_ENCODE_SPECIAL
+ * adds bos/eos where llama.cpp's add_special does
+ * (tokenizer.ggml.add_bos_token / add_eos_token, else its default). Read:
+ *   - model "gpt2" (byte-level BPE: tokens, token_type, merges) with pre
+ *     "gpt-2", "llama-bpe" or "qwen2", or another name llama.cpp treats as
+ *     one of those (llama3, falcon3, deepseek-r1-qwen, ...);
+ *   - model "llama" (SentencePiece BPE as llama.cpp's SPM tokenizer runs
+ *     it: tokens, scores, token_type; a space prepended to each piece of
+ *     text at the start or after a special token unless
+ *     tokenizer.ggml.add_space_prefix is false, spaces as U+2581, the pair
+ *     whose merged token scores highest merging first, the leftmost among
+ *     equal scores, bytes outside the vocabulary as its <0xXX> tokens).
+ * The result is a tokenizer.json (kiln_tokenizer_parse; saving writes it):
+ * the same pipeline in Hugging Face's terms, the SentencePiece ranks in
+ * model.kiln_merge_ranks. Refused with KILN_ERR_UNSUPPORTED naming file,
+ * key and value: another model (bert, t5, ...), another or no pre
+ * (llama.cpp's "default" included), a SentencePiece vocabulary without all
+ * 256 byte tokens or with a token llama.cpp merges from a character that is
+ * no token; with KILN_ERR_FORMAT naming file and key: a missing key,
+ * token_type/scores counts other than the tokens', a text twice, text that
+ * is not UTF-8, a merge that names no token, NaN scores, add_bos_token
+ * without a bos token. Only valid UTF-8 input is llama.cpp's (it cuts
+ * invalid bytes into characters differently). */
+kiln_status kiln_gguf_tokenizer(const kiln_gguf_file *f, kiln_tokenizer **out);
+/* The special tokens and chat template as llama.cpp reads them: bos/pad
+ * from tokenizer.ggml.bos_token_id / padding_token_id (bos: llama.cpp's
+ * default when absent, 1 for llama, 11 for gpt2, none when outside the
+ * vocabulary), eos_ids = eos_token_id (defaults 2, 11), then eom_token_id
+ * and eot_token_id when set (the order kiln export writes Llama 3.1's list
+ * in), the token strings of bos/eos/pad, tokenizer.chat_template, add_bos
+ * (has_add_bos true). tok (NULL ok) must have the file's token count. Free
+ * with kiln_model_meta_free. */
+kiln_status kiln_gguf_model_meta(const kiln_gguf_file *f, const kiln_tokenizer *tok, kiln_model_meta *out);
 
 #ifdef __cplusplus
 }

@@ -127,6 +127,11 @@ typedef struct {
 /* Parameters initialised as HF does: normal(0, 0.02), norms at one. The
  * same seed gives the same weights on any thread count. */
 kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed);
+/* The same parameters, not initialised (a loader fills every one), each
+ * of the dtype dtype_of gives its Hugging Face name: f32 (trainable) or a
+ * type a file holds (f16, bf16, ggml's blocks: frozen, requires_grad
+ * false). Sized at those dtypes and checked against the machine first. */
+kiln_llama *kiln_llama_new_empty(const kiln_llama_config *c, kiln_dtype (*dtype_of)(const char *name, void *user), void *user);
 /* Bytes of all parameters (f32), computed with overflow checks:
  * KILN_ERR_RANGE naming the parameter when they do not fit in 64 bits.
  * kiln_llama_new refuses a model whose parameters exceed

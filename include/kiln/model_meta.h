@@ -33,6 +33,11 @@ typedef struct {
     int32_t eos_ids[KILN_MAX_EOS];
     char *bos_token, *eos_token, *pad_token; /* tokenizer_config.json's strings; NULL if absent */
     char *chat_template;             /* NULL if absent */
+    /* whether a prompt starts with bos: has_add_bos when the file says
+     * (a GGUF's tokenizer.ggml.add_bos_token, or llama.cpp's default for
+     * its tokenizer, kiln_gguf_model_meta); false: not said (a model
+     * directory, where kiln adds the tokenizer's bos when it has one) */
+    bool has_add_bos, add_bos;
 } kiln_model_meta;
 /* tok (may be NULL) resolves token strings and bounds the eos ids. Free the
  * result with kiln_model_meta_free. */

@@ -303,6 +303,14 @@ kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
 kiln_tensor *kiln_cast_bf16(kiln_tensor *x);
+/* A new tensor holding W in storage dtype dt (f32, bf16, f16 or one of
+ * ggml's block types), on W's device, with W's name; requires_grad only
+ * for an f32 result of a trainable W. Values go through fp32: f16/bf16
+ * round to nearest even, block types are ggml's reference quantization
+ * (kiln/quant.h), widening is exact. A non-finite value is an error naming
+ * the tensor and the element; rows must be whole blocks of dt. Not an op:
+ * nothing is recorded. */
+kiln_tensor *kiln_tensor_convert(const kiln_tensor *W, kiln_dtype dt);
 /* Inverted dropout with a counter-based mask (kiln/opmath.h): element i is
  * zeroed with probability p, else scaled by 1 / (1 - p); the mask is a
  * function of (key, instance, i) only, so the same key and instance give

@@ -31,6 +31,7 @@
 #define KILN_QUANT_H
 
 #include "kiln/core.h"
+#include "kiln/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,6 +64,28 @@ const kiln_qtype_info *kiln_qtype_by_name(const char *name); /* case-insensitive
 size_t kiln_q_row_bytes(kiln_qtype t, int64_t n);
 
 kiln_status kiln_q_dequantize(kiln_qtype t, const void *src, float *dst, int64_t n);
+/* The ggml type of a kiln dtype (KILN_F32 -> f32, KILN_Q4_K -> q4_k, ...) and
+ * back; false when it has none (i32). */
+bool kiln_q_of_dtype(kiln_dtype dt, kiln_qtype *out);
+bool kiln_dtype_of_q(kiln_qtype t, kiln_dtype *out);
+
+/* ---- products with a dequantized weight ---------------------------------
+ * C = A · op(W) + beta C (desc as kiln_gemm_f32's, batch 1, A not
+ * transposed) where W is stored in type wt with rows of ldb values: with
+ * transB, W is [N, K] (y = x Wᵀ, the forward of a linear layer), else
+ * [K, N] (g W, its input gradient). W is dequantized a tile of rows at a
+ * time into fp32 scratch (about 4 MB; never the whole matrix) exactly as
+ * kiln_q_dequantize does, and each tile is one GEMM: fp32, so the result is
+ * the product with the dequantized matrix up to the GEMM's summation order;
+ * or with bf16 a bf16 product as kiln_gemm_bf16 computes it (A and each
+ * tile rounded to bf16; A may arrive as bf16, a_bf16, the compiler's cast),
+ * emulated in fp32 on rounded values where the CPU lacks AVX512-BF16.
+ * Errors: a transposed A, a batch, an unknown type (KILN_ERR_INVALID); OOM. */
+kiln_status kiln_gemm_dequant(const kiln_gemm_desc *d, const void *A, bool a_bf16, kiln_qtype wt, const void *W, bool bf16,
+                              float *C);
+/* out[i, :] = dequantized row ids[i] of W [V, dim] (type wt): the embedding
+ * lookup of a frozen quantized table. ids are checked by the caller. */
+void kiln_k_embedding_dequant(kiln_qtype wt, const void *W, const int32_t *ids, float *out, int64_t n, int64_t dim);
 kiln_status kiln_q_quantize(kiln_qtype t, const float *src, void *dst, int64_t n);
 
 #ifdef __cplusplus

@@ -58,6 +58,14 @@ kiln_status kiln_tokenizer_train_text(const char *text, size_t len, int vocab_si
  * trained tokenizer is written in kiln's layout (ByteLevel, specials in
  * added_tokens); a loaded one is written as a copy of its file. */
 kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out);
+/* The same from tokenizer.json text in memory (len bytes, no NUL needed);
+ * `source` names it in errors. Saving such a tokenizer writes that text.
+ * kiln reads one key of its own there, which Hugging Face ignores:
+ * model.kiln_merge_ranks, one rank per merge, where merges may share a rank
+ * and the leftmost pair of the lowest rank merges first (llama.cpp's
+ * SentencePiece tokenizer ranks merges by the score of the merged token;
+ * kiln_gguf_tokenizer writes it; without it merge i has rank i). */
+kiln_status kiln_tokenizer_parse(const char *json, size_t len, const char *source, kiln_tokenizer **out);
 kiln_status kiln_tokenizer_save(const kiln_tokenizer *tok, const char *path);
 void kiln_tokenizer_free(kiln_tokenizer *tok);
 

@@ -95,8 +95,9 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
     X(use_rslora, FLAG, 1, false, "", "with --lora-rank: scale the adapters by alpha / sqrt(R) (PEFT's use_rslora), not alpha / R") \
     X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all") \
-    X(base_dtype, ENUM, precision, KILN_F32, "fp32|bf16", "with --lora-rank: hold the frozen base's linears in bf16 (half their memory)")
+    X(base_dtype, ENUM, base_dtype, KILN_BASE_DTYPE_AUTO, "auto|fp32|bf16|f16|q8_0|q4_0|q4_k|q5_k|q6_k", "with --lora-rank: hold the frozen base's linears in this type (auto: a GGUF's own types, else fp32)")
 
+#define KILN_BASE_DTYPE_AUTO (-1) /* base_dtype auto: a GGUF base as the file holds it, else fp32 */
 #define KILN_SETTING_FIELD_STR(key, lim) char key[lim];
 #define KILN_SETTING_FIELD_INT(key, lim) int key;
 #define KILN_SETTING_FIELD_I64(key, lim) int64_t key;
@@ -356,6 +357,35 @@ kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out);
  * load with): the model, its LoRA adapters and everything made while
  * loading live there; the thread's device is restored after. */
 kiln_status kiln_load_model_dir_on(const char *dir, int device, kiln_llama **out);
+/* A model from a GGUF file (gguf_model.c), the inverse of kiln_export_gguf
+ * for llama.cpp's llama, qwen2 and qwen3 architectures: the config from
+ * {arch}.* metadata (context_length, embedding_length, block_count,
+ * feed_forward_length, head counts, key/value length, rope base and linear
+ * scaling, rms epsilon; tied when there is no output.weight; biases by
+ * their tensors), the tensors under the Hugging Face names, llama's q/k
+ * rows put back in rotate_half order. keep_types (a frozen base: eval,
+ * generate, LoRA) keeps each 2-D weight in the file's type where kiln
+ * computes with it (F16 and ggml's blocks through the dequantizing product
+ * and lookup, BF16 projections through the bf16 product), else every
+ * tensor is widened to fp32 exactly as ggml's to_float does. Refused,
+ * naming the file and the key or tensor: another architecture or
+ * general.type, a key under the architecture kiln does not implement
+ * (sliding windows, experts, partial rotary...), rope_freqs.weight, a
+ * missing, mis-shaped or unused tensor, a non-finite widened value. Pages
+ * of the mapping are given back as each tensor is copied. */
+kiln_status kiln_gguf_model_load(const char *path, bool keep_types, kiln_llama **out);
+/* path ends in .gguf (any case) */
+bool kiln_is_gguf_path(const char *path);
+/* A LoRA run's base held as f16 or ggml blocks (base_ref.c): checkpoints
+ * write DIR/base.json (the --init source's real path or none, --model, the
+ * base_dtype setting, the run's seed, a hash of the base's bytes) instead
+ * of its weights, and kiln_load_model_dir re-derives the base from it (the
+ * GGUF, the --init model or the seed's weights, cast as the run cast them),
+ * adds DIR's adapters, and refuses a base whose bytes hash otherwise. */
+bool kiln_base_is_held(const kiln_llama *m);
+kiln_status kiln_base_ref_save(const char *dir, const kiln_llama *m, const kiln_train_config *c);
+bool kiln_base_ref_exists(const char *dir);
+kiln_status kiln_base_ref_load(const char *dir, kiln_llama **out);
 
 #define KILN_DEFAULT_SHARD_BYTES ((uint64_t)5000000000) /* "5GB", as Hugging Face */
 typedef struct {
@@ -497,31 +527,87 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * the first of an eos list as eos, the ids whose text is <|eot_id|> /
  * <|eom_id|> as eot / eom, another second one as eot), add_bos_token as
  * kiln generate does it, the chat template when the directory has one,
- * after rendering it once: one that fails is refused). Matrices are written as
- * `type`, norms and biases as F32 (a Q8_0 matrix whose rows are not whole
- * blocks of 32 as F16). Refused with the file, field and reason, before any
- * weight is read: what the target architecture cannot hold (qwen3 attention
+ * after rendering it once: one that fails is refused). The tensors' types
+ * follow the file type as llama.cpp's llama_model_quantize chooses them
+ * without an importance matrix (llama-quant.cpp), from the same f32 values:
+ * norms, biases and rope_freqs F32; f32/f16/bf16 every matrix in that type;
+ * q8_0/q4_0 every matrix in it, q4_k_*, q5_k_*, q6_k in Q4_K/Q5_K/Q6_K,
+ * except output.weight (and token_embd.weight when the embeddings are tied)
+ * as Q6_K (Q8_0 with q8_0, or when its rows are not whole blocks of the
+ * file type's block type), with q4_k_m/q5_k_m attn_v and ffn_down of the
+ * layers llama.cpp's use_more_bits picks (the first and last eighth, and
+ * every third between) as Q6_K, q4_k_s attn_v of layers 0-3 and ffn_down of
+ * the first eighth as Q5_K; a matrix whose rows are not whole blocks falls
+ * back as llama.cpp does: Q6_K to Q8_0, then to F16 when rows are not a
+ * multiple of 32 (Q8_0, Q4_0 to F16). Blocks are ggml's reference bytes
+ * (kiln_q_quantize). general.file_type is llama.cpp's llama_ftype. Refused
+ * with the file, field and reason, before any weight is read: what the
+ * target architecture cannot hold (qwen3 attention
  * biases, llama3 rope scaling outside llama, head_dim x heads != hidden
  * with qwen2), a tokenizer that llama.cpp would
  * tokenize differently (another pre-tokenizer regex, a normalizer other
  * than Qwen's NFC, ignore_merges not as that pre-tokenizer does it,
- * SentencePiece-style byte fallback), non-finite weights. The file is
- * written atomically. */
+ * SentencePiece-style byte fallback); before any byte is written, a
+ * matrix that llama.cpp would write as Q5_0 or Q5_1 (a Q4_K/Q5_K matrix
+ * whose rows are not a multiple of 256: kiln does not write those block
+ * types), non-finite weights. The file is written atomically. */
+/* GGUF file types, numbered as llama.cpp's llama_ftype (general.file_type). */
+typedef enum {
+    KILN_FTYPE_F32 = 0,
+    KILN_FTYPE_F16 = 1,
+    KILN_FTYPE_Q4_0 = 2,
+    KILN_FTYPE_Q8_0 = 7,
+    KILN_FTYPE_Q4_K_S = 14,
+    KILN_FTYPE_Q4_K_M = 15,
+    KILN_FTYPE_Q5_K_S = 16,
+    KILN_FTYPE_Q5_K_M = 17,
+    KILN_FTYPE_Q6_K = 18,
+    KILN_FTYPE_BF16 = 32,
+} kiln_export_ftype;
 typedef struct {
-    kiln_ggml_type type;   /* of the matrices */
-    const char *tokenizer; /* NULL: DIR/tokenizer.json */
-    const char *name;      /* general.name; NULL: the directory's name */
+    kiln_export_ftype ftype; /* the file type: the matrices' types */
+    const char *tokenizer;   /* NULL: DIR/tokenizer.json */
+    const char *name;        /* general.name; NULL: the directory's name */
 } kiln_export_gguf_opts;
 typedef struct {
     int n_tensors;
     int64_t n_tokens, n_merges, n_params;
     uint64_t data_bytes;
     const char *arch, *pre; /* general.architecture, tokenizer.ggml.pre (static strings) */
+    int n_of_type[KILN_GGML_BF16 + 1]; /* tensors of each ggml type id */
 } kiln_export_gguf_stats;
 kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path, const kiln_export_gguf_opts *opts,
                              kiln_export_gguf_stats *stats);
-/* "f32", "f16", "bf16", "q8_0" */
-kiln_status kiln_export_type_parse(const char *s, kiln_ggml_type *out);
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q4_k_s", "q5_k_m",
+ * "q5_k_s", "q6_k" (case-insensitive) */
+kiln_status kiln_export_type_parse(const char *s, kiln_export_ftype *out);
+const char *kiln_export_ftype_name(kiln_export_ftype t); /* "q4_k_m", ...; NULL if unknown */
+
+/* `kiln export RUN --gguf-lora OUT.gguf`: the LoRA adapters of a run (its
+ * newest checkpoint) or model directory as a GGUF adapter that llama.cpp
+ * loads over the base's GGUF (llama_adapter_lora_init; the base exported
+ * from the same directory without adapters, or any export of that base):
+ * general.type "adapter", adapter.type "lora", general.architecture of the
+ * base (as kiln_export_gguf plans it, with its refusals), and per adapted
+ * linear blk.L.attn_q.weight.lora_a / .lora_b (attn_k, attn_v,
+ * attn_output, ffn_gate, ffn_up, ffn_down) in F32, PEFT's A [r, in] and
+ * B [out, r] as they are (llama.cpp multiplies B (A x)), q/k B rows
+ * reordered as the base's q/k rows for the llama architecture.
+ * llama.cpp scales each pair by adapter.lora.alpha / r, so alpha is
+ * written as alpha (alpha * sqrt(r) with rslora, giving PEFT's
+ * alpha / sqrt(r)). Refused: a directory without adapters
+ * (adapter_config.json), non-finite adapters. Written atomically. */
+typedef struct {
+    int n_tensors, rank;
+    int64_t n_params;      /* adapter values */
+    uint64_t data_bytes;
+    float alpha;           /* adapter.lora.alpha as written */
+    double scaling;        /* kiln's (and PEFT's) factor */
+    bool rslora;
+    const char *arch;      /* general.architecture (a static string) */
+} kiln_export_gguf_lora_stats;
+kiln_status kiln_export_gguf_lora(const char *run_or_model_dir, const char *out_path, const char *name,
+                                  kiln_export_gguf_lora_stats *stats);
 
 #ifdef __cplusplus
 }

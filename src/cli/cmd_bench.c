@@ -13,6 +13,7 @@
 #include "kiln/eager.h"
 #include "kiln/kernels.h"
 #include "kiln/model.h"
+#include "kiln/quant.h"
 #include "kiln/train.h"
 
 static const char *bench_help =
@@ -47,9 +48,13 @@ static const char *bench_help =
     "LoRA mode (a frozen base with adapters, as kiln train --lora-rank):\n"
     "  --lora-rank R       adapters of rank R (alpha 2R)\n"
     "  --lora-targets L    q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default all)\n"
-    "  --base-dtype D      fp32 (default) or bf16: the frozen base linears held in bf16\n"
+    "  --base-dtype D      fp32 (default), bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k: the frozen base held so\n"
     "Bench-only model names: smollm2-135m (SmolLM2-135M's shape), llama-1b (a 1.1B Llama:\n"
-    "hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 kv heads, vocab 32000).\n";
+    "hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 kv heads, vocab 32000), llama3-8b\n"
+    "(Llama-3.1-8B's shape: hidden 4096, intermediate 14336, 32 layers, vocab 128256).\n"
+    "With --base-dtype f16 or a block type (q8_0, q4_0, q4_k, q5_k, q6_k) the base is made in\n"
+    "that type directly (embeddings and head too, as a GGUF of that type holds them), never\n"
+    "in fp32: random blocks from kiln's quantizer, 64 rows repeated over each matrix.\n";
 
 /* Shapes to measure without a config.json: SmolLM2-135M (its Hugging Face
  * config) and a 1B-parameter Llama; random weights, as every bench model. */
@@ -60,7 +65,8 @@ static bool bench_config(const char *name, kiln_llama_config *c) {
         bool tied;
         double theta;
     } k[] = {{"smollm2-135m", 49152, 576, 1536, 30, 9, 3, 8192, true, 100000},
-             {"llama-1b", 32000, 2048, 8192, 16, 32, 8, 2048, false, 10000}};
+             {"llama-1b", 32000, 2048, 8192, 16, 32, 8, 2048, false, 10000},
+             {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, false, 500000}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         if (strcmp(name, k[i].name)) continue;
         kiln_llama_config_default(c);
@@ -71,6 +77,42 @@ static bool bench_config(const char *name, kiln_llama_config *c) {
         return true;
     }
     return false;
+}
+
+/* A held base made in its type: the projections, embeddings and head as
+ * the bench's block type (norms one, biases zero, all else fp32); random
+ * weights quantized by kiln's quantizer, 64 distinct rows repeated over
+ * each matrix (the arithmetic is the same as for distinct rows, and an 8B
+ * model is made in seconds, never as fp32). */
+static kiln_dtype held_dtype(const char *name, void *user) {
+    bool matrix = strstr(name, "_proj.weight") || strstr(name, "embed_tokens") || strstr(name, "lm_head");
+    return matrix ? *(const kiln_dtype *)user : KILN_F32;
+}
+
+static kiln_status fill_held(kiln_llama *m) {
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < m->n_params && !st; i++) {
+        kiln_tensor *p = m->params[i];
+        int64_t cols = p->shape[p->ndim - 1], rows = kiln_tensor_numel(p) / cols, pr = rows < 64 ? rows : 64;
+        kiln_qtype qt;
+        if (!kiln_q_of_dtype(p->dtype, &qt)) return kiln_error(KILN_ERR_INVALID, "%s: %s", p->name, kiln_dtype_name(p->dtype));
+        size_t rb = kiln_q_row_bytes(qt, cols);
+        float *f = malloc((size_t)(pr * cols) * sizeof *f);
+        char *q = malloc((size_t)pr * rb);
+        if (!f || !q) st = kiln_error(KILN_ERR_OOM, "out of memory making %s", p->name);
+        kiln_rng rng = {1234, (uint64_t)i << 40};
+        if (!st && p->dtype == KILN_F32) {
+            for (int64_t j = 0; j < pr * cols; j++) f[j] = strstr(p->name, "bias") ? 0.0f : 1.0f;
+        } else if (!st) {
+            kiln_rng_normal(&rng, f, pr * cols, 0.0f, 0.02f);
+        }
+        if (!st) st = kiln_q_quantize(qt, f, q, pr * cols);
+        for (int64_t r = 0; r < rows && !st; r += pr)
+            st = kiln_tensor_set(p, (size_t)r * rb, q, (size_t)(rows - r < pr ? rows - r : pr) * rb);
+        free(f);
+        free(q);
+    }
+    return st;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -263,13 +305,18 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         return 1;
     }
     if (T > cfg.max_position_embeddings) cfg.max_position_embeddings = T;
-    if (base_dtype == KILN_BF16 && !lora_rank) {
-        fprintf(stderr, "kiln bench: --base-dtype bf16 needs --lora-rank: a bf16 base is frozen, only adapters train\n");
+    if (base_dtype == KILN_BASE_DTYPE_AUTO) base_dtype = KILN_F32;
+    if (base_dtype != KILN_F32 && !lora_rank) {
+        fprintf(stderr, "kiln bench: --base-dtype %s needs --lora-rank: a %s base is frozen, only adapters train\n",
+                kiln_dtype_name(base_dtype), kiln_dtype_name(base_dtype));
         return 2;
     }
-    b.m = kiln_llama_new(&cfg, 1234);
+    kiln_dtype held = (kiln_dtype)base_dtype;
+    bool in_type = kiln_dtype_is_dequant(held); /* made in its type, never fp32 */
+    b.m = in_type ? kiln_llama_new_empty(&cfg, held_dtype, &held) : kiln_llama_new(&cfg, 1234);
     kiln_lora_config lc = {.rank = lora_rank, .alpha = 2.0 * lora_rank};
     st = b.m ? KILN_OK : kiln_last_status();
+    if (!st && in_type) st = fill_held(b.m);
     if (!st && lora_rank && !(st = kiln_lora_targets_parse(lora_targets, &lc.targets))) st = kiln_llama_lora_add(b.m, &lc, 1234);
     if (!st && base_dtype == KILN_BF16) st = kiln_llama_base_cast(b.m, KILN_BF16);
     kiln_alloc_trim(); /* the fp32 copies of a bf16 base go back to the system */
@@ -301,7 +348,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
             else base_bytes += (int64_t)kiln_tensor_nbytes(b.m->params[i]);
         }
         printf("LoRA r=%d on %s: %.2fM trainable parameters; frozen base %.0f MB (%s linears)\n", lora_rank, lora_targets,
-               trainable / 1e6, base_bytes / 1e6, base_dtype == KILN_BF16 ? "bf16" : "fp32");
+               trainable / 1e6, base_bytes / 1e6, kiln_dtype_name(held));
     }
     int64_t shape[2] = {B, T}, one = 1;
     for (int i = 0; i < 3; i++) b.in[i] = kiln_tensor_new(KILN_I32, 2, shape);

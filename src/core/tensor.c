@@ -38,25 +38,24 @@ const kiln_buffer_type *kiln_buft_use(const kiln_buffer_type *b) {
     return was;
 }
 
-size_t kiln_dtype_size(kiln_dtype dt) {
-    switch (dt) {
-    case KILN_F32: return 4;
-    case KILN_BF16: return 2;
-    case KILN_I32: return 4;
-    case KILN_F16: return 2;
-    }
-    return 0;
-}
+/* One row per dtype: name, values per block, bytes per block (the block
+ * types' sizes are ggml's, kiln/quant.h). */
+static const struct {
+    const char *name;
+    int block, bytes;
+} dtypes[KILN_N_DTYPES] = {
+    [KILN_F32] = {"f32", 1, 4},    [KILN_BF16] = {"bf16", 1, 2},   [KILN_I32] = {"i32", 1, 4},
+    [KILN_F16] = {"f16", 1, 2},    [KILN_Q8_0] = {"q8_0", 32, 34}, [KILN_Q4_0] = {"q4_0", 32, 18},
+    [KILN_Q4_K] = {"q4_k", 256, 144}, [KILN_Q5_K] = {"q5_k", 256, 176}, [KILN_Q6_K] = {"q6_k", 256, 210},
+};
+static bool dtype_known(kiln_dtype dt) { return (unsigned)dt < KILN_N_DTYPES; }
 
-const char *kiln_dtype_name(kiln_dtype dt) {
-    switch (dt) {
-    case KILN_F32: return "f32";
-    case KILN_BF16: return "bf16";
-    case KILN_I32: return "i32";
-    case KILN_F16: return "f16";
-    }
-    return "?";
+size_t kiln_dtype_size(kiln_dtype dt) {
+    return dtype_known(dt) && dtypes[dt].block == 1 ? (size_t)dtypes[dt].bytes : 0;
 }
+const char *kiln_dtype_name(kiln_dtype dt) { return dtype_known(dt) ? dtypes[dt].name : "?"; }
+int kiln_dtype_block(kiln_dtype dt) { return dtype_known(dt) ? dtypes[dt].block : 0; }
+int kiln_dtype_block_bytes(kiln_dtype dt) { return dtype_known(dt) ? dtypes[dt].bytes : 0; }
 
 /* Element count and byte size of a shape, refusing anything whose bytes do
  * not fit in ptrdiff_t: shapes come from files (config.json, safetensors,
@@ -71,8 +70,15 @@ kiln_status kiln_shape_bytes(kiln_dtype dt, int ndim, const int64_t *shape, int6
         if (shape[i] < 0) return kiln_error(KILN_ERR_SHAPE, "negative size %lld in dim %d", (long long)shape[i], i);
         wrapped |= __builtin_mul_overflow(n, shape[i], &n);
     }
+    if (!dtype_known(dt)) return kiln_error(KILN_ERR_INVALID, "tensor of unknown dtype %d", (int)dt);
+    int blk = dtypes[dt].block;
+    if (blk > 1 && (ndim < 1 || shape[ndim - 1] % blk)) {
+        char buf[160];
+        return kiln_error(KILN_ERR_SHAPE, "tensor %s %s: rows must be whole blocks of %d values", kiln_dims_str(ndim, shape, buf, sizeof buf),
+                          dtypes[dt].name, blk);
+    }
     int64_t b = 0;
-    wrapped |= __builtin_mul_overflow(n, (int64_t)kiln_dtype_size(dt), &b);
+    wrapped |= __builtin_mul_overflow(n / blk, (int64_t)dtypes[dt].bytes, &b);
     if (wrapped || (uint64_t)b > (uint64_t)PTRDIFF_MAX) {
         char buf[160];
         size_t o = 0;
@@ -205,7 +211,9 @@ int64_t kiln_tensor_numel(const kiln_tensor *t) {
 }
 
 size_t kiln_tensor_nbytes(const kiln_tensor *t) {
-    return (size_t)kiln_tensor_numel(t) * kiln_dtype_size(t->dtype);
+    /* checked when the tensor was made: whole blocks, no overflow */
+    int blk = kiln_dtype_block(t->dtype);
+    return (size_t)(kiln_tensor_numel(t) / (blk ? blk : 1)) * (size_t)kiln_dtype_block_bytes(t->dtype);
 }
 
 bool kiln_tensor_same_shape(const kiln_tensor *a, const kiln_tensor *b) {

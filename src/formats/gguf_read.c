@@ -557,3 +557,11 @@ kiln_status kiln_gguf_get_array(const kiln_gguf_file *f, const char *key, kiln_g
     *out = kv;
     return KILN_OK;
 }
+
+void kiln_gguf_release_pages(const kiln_gguf_file *f, const kiln_gguf_tensor *t) {
+    if (!f || !t || !t->nbytes) return;
+    /* whole pages inside the tensor's bytes: its neighbours keep theirs */
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)t->data + pg - 1) & ~(pg - 1),
+              hi = ((uintptr_t)t->data + t->nbytes) & ~(pg - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}

@@ -53,15 +53,8 @@ static int st_dtype_index(kiln_dtype dt) {
     return -1;
 }
 
-static size_t st_elem_size(kiln_dtype dt) {
-    switch (dt) {
-    case KILN_F32: return 4;
-    case KILN_BF16: return 2;
-    case KILN_I32: return 4;
-    case KILN_F16: return 2;
-    }
-    return 0;
-}
+/* 0 for the block types, which safetensors has no name for */
+static size_t st_elem_size(kiln_dtype dt) { return kiln_dtype_size(dt); }
 
 /* Bytes of a shape (elem x every dim), or -1 when a dim is negative or any
  * partial product passes INT64_MAX: callers (and kiln_tensor_numel) work in

@@ -129,13 +129,22 @@ static kiln_status fill_f32(kiln_tensor *t, kiln_rng *rng, float std, float v) {
     return st;
 }
 
-static kiln_tensor *new_param(kiln_llama *m, const pspec *p, float std, uint64_t seed) {
-    kiln_tensor *t = kiln_tensor_new(KILN_F32, p->ndim, p->shape);
-    if (!t) return NULL;
+/* dtype_of: the empty model's (kiln_llama_new_empty); NULL: f32, initialised */
+typedef kiln_dtype (*dtype_fn)(const char *name, void *user);
+
+static kiln_tensor *new_param(kiln_llama *m, const pspec *p, float std, uint64_t seed, dtype_fn dtype_of, void *user) {
+    kiln_dtype dt = dtype_of ? dtype_of(p->name, user) : KILN_F32;
+    kiln_tensor *t = kiln_tensor_new(dt, p->ndim, p->shape);
+    if (!t) {
+        kiln_error_context(kiln_last_status(), "parameter %s", p->name);
+        return NULL;
+    }
     kiln_tensor_set_name(t, p->name);
-    t->requires_grad = true;
-    kiln_status st;
-    if (p->init == INIT_NORMAL) {
+    t->requires_grad = dt == KILN_F32; /* a weight held as its file holds it is frozen */
+    kiln_status st = KILN_OK;
+    if (dtype_of) {
+        /* filled by the loader */
+    } else if (p->init == INIT_NORMAL) {
         /* each parameter draws from its own counter range: adding a layer
          * does not shift the values of the others */
         kiln_rng rng = {seed, (uint64_t)m->n_params << 40};
@@ -157,11 +166,41 @@ static const char *gib(uint64_t b, char *buf, size_t n) {
     return buf;
 }
 
-kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
+/* Bytes of every parameter at the dtypes dtype_of gives, checked. */
+static kiln_status typed_bytes(const kiln_llama_config *c, dtype_fn dtype_of, void *user, uint64_t *out) {
+    pspec sp[PSPEC_MAX];
+    uint64_t sum = 0;
+    for (int64_t l = -1; l < c->num_hidden_layers; l++) {
+        int n = l < 0 ? outer_specs(c, NULL, sp) : layer_specs(c, NULL, l, sp);
+        for (int i = 0; i < n; i++) {
+            size_t nb;
+            kiln_status st = kiln_shape_bytes(dtype_of(sp[i].name, user), sp[i].ndim, sp[i].shape, NULL, &nb);
+            if (st) return kiln_error_context(st, "parameter %s", sp[i].name);
+            if (__builtin_add_overflow(sum, (uint64_t)nb, &sum))
+                return kiln_error(KILN_ERR_RANGE, "the model's parameters need more than 2^64 bytes (at %s)", sp[i].name);
+        }
+    }
+    *out = sum;
+    return KILN_OK;
+}
+
+static kiln_llama *llama_make(const kiln_llama_config *c, uint64_t seed, dtype_fn dtype_of, void *user);
+
+kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) { return llama_make(c, seed, NULL, NULL); }
+
+kiln_llama *kiln_llama_new_empty(const kiln_llama_config *c, kiln_dtype (*dtype_of)(const char *name, void *user), void *user) {
+    if (!dtype_of) {
+        kiln_error(KILN_ERR_INVALID, "kiln_llama_new_empty: no dtype function");
+        return NULL;
+    }
+    return llama_make(c, 0, dtype_of, user);
+}
+
+static kiln_llama *llama_make(const kiln_llama_config *c, uint64_t seed, dtype_fn dtype_of, void *user) {
     if (kiln_llama_config_validate(c)) return NULL;
     /* sized and checked against the machine before anything is allocated */
     uint64_t need;
-    if (kiln_llama_param_bytes(c, &need)) return NULL;
+    if (dtype_of ? typed_bytes(c, dtype_of, user, &need) : kiln_llama_param_bytes(c, &need)) return NULL;
     const char *how;
     uint64_t avail = kiln_mem_available_bytes(&how);
     if (avail && need > avail) {
@@ -181,15 +220,15 @@ kiln_llama *kiln_llama_new(const kiln_llama_config *c, uint64_t seed) {
     const float s = (float)c->initializer_range; /* HF: normal(0, initializer_range) */
     /* creation order = the params order: embedding, layers, norm, lm_head */
     int no = outer_specs(c, m, sp);
-    if (!new_param(m, &sp[0], s, seed)) goto oom;
+    if (!new_param(m, &sp[0], s, seed, dtype_of, user)) goto oom;
     for (int64_t l = 0; l < L; l++) {
         int nl = layer_specs(c, &m->layers[l], l, sp);
         for (int i = 0; i < nl; i++)
-            if (!new_param(m, &sp[i], s, seed)) goto oom;
+            if (!new_param(m, &sp[i], s, seed, dtype_of, user)) goto oom;
     }
     no = outer_specs(c, m, sp);
     for (int i = 1; i < no; i++)
-        if (!new_param(m, &sp[i], s, seed)) goto oom;
+        if (!new_param(m, &sp[i], s, seed, dtype_of, user)) goto oom;
     if (c->tie_word_embeddings) m->lm_head = m->embed_tokens;
     m->n_base = m->n_params;
     return m;

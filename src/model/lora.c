@@ -160,39 +160,7 @@ static void replace_base(kiln_llama *m, int64_t l, int t, kiln_tensor *nt) {
     kiln_tensor_release(old);
 }
 
-/* A copy of W in dtype dt (round to nearest even into bf16, exact back to
- * f32), with W's name and requires_grad, on W's device: read, converted
- * and written through host buffers of CONV_CHUNK values at a time. */
-enum { CONV_CHUNK = 1 << 20 };
-static kiln_tensor *converted(const kiln_tensor *W, kiln_dtype dt) {
-    kiln_tensor *t = kiln_tensor_new_on(kiln_tensor_buft(W), dt, W->ndim, W->shape);
-    if (!t) return NULL;
-    kiln_tensor_set_name(t, W->name);
-    t->requires_grad = W->requires_grad && dt == KILN_F32;
-    int64_t n = kiln_tensor_numel(W), cap = n < CONV_CHUNK ? (n ? n : 1) : CONV_CHUNK;
-    float *f = malloc((size_t)cap * sizeof *f);
-    uint16_t *h = malloc((size_t)cap * sizeof *h);
-    kiln_status st = f && h ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory converting %s", W->name);
-    for (int64_t o = 0; o < n && !st; o += cap) {
-        int64_t k = n - o < cap ? n - o : cap;
-        if (dt == KILN_BF16) {
-            st = kiln_tensor_get(W, (size_t)o * sizeof *f, f, (size_t)k * sizeof *f);
-            for (int64_t i = 0; i < k && !st; i++) h[i] = kiln_f32_to_bf16(f[i]);
-            if (!st) st = kiln_tensor_set(t, (size_t)o * sizeof *h, h, (size_t)k * sizeof *h);
-        } else {
-            st = kiln_tensor_get(W, (size_t)o * sizeof *h, h, (size_t)k * sizeof *h);
-            for (int64_t i = 0; i < k && !st; i++) f[i] = kiln_bf16_to_f32(h[i]);
-            if (!st) st = kiln_tensor_set(t, (size_t)o * sizeof *f, f, (size_t)k * sizeof *f);
-        }
-    }
-    free(f);
-    free(h);
-    if (st) {
-        kiln_tensor_release(t);
-        return NULL;
-    }
-    return t;
-}
+enum { CONV_CHUNK = 1 << 20 }; /* values per host buffer when merging */
 
 /* W += scale * B A for one adapter, in double per element as before, read
  * and written through host buffers (A and B whole: they are small; W a
@@ -238,18 +206,22 @@ static kiln_status merge_one(kiln_tensor *W, const kiln_tensor *A, const kiln_te
 }
 
 kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt) {
-    if (dt != KILN_F32 && dt != KILN_BF16)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "base dtype %s: only fp32 and bf16 are implemented", kiln_dtype_name(dt));
-    if (dt == KILN_BF16 && !m->lora_a)
-        return kiln_error(KILN_ERR_INVALID, "a bf16 base is frozen: it needs LoRA adapters (--lora-rank R); full fine-tuning "
-                          "trains the fp32 weights (--precision bf16 gives bf16 products)");
+    if (dt != KILN_F32 && dt != KILN_BF16 && !kiln_dtype_is_dequant(dt))
+        return kiln_error(KILN_ERR_UNSUPPORTED, "base dtype %s: fp32, bf16, f16 and ggml's block types are implemented",
+                          kiln_dtype_name(dt));
+    if (dt != KILN_F32 && !m->lora_a)
+        return kiln_error(KILN_ERR_INVALID, "a %s base is frozen: it needs LoRA adapters (--lora-rank R); full fine-tuning "
+                          "trains the fp32 weights (--precision bf16 gives bf16 products)", kiln_dtype_name(dt));
     for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
         for (int t = 0; t < KILN_LORA_N; t++) {
             kiln_tensor *W = base_weight(&m->layers[l], t);
             if (W->dtype == dt) continue;
             if (W->requires_grad)
-                return kiln_error(KILN_ERR_INVALID, "%s is trainable: only a frozen base is held in bf16", W->name);
-            kiln_tensor *nt = converted(W, dt); /* one weight at a time: the peak is one extra weight */
+                return kiln_error(KILN_ERR_INVALID, "%s is trainable: only a frozen base is held in %s", W->name, kiln_dtype_name(dt));
+            if (W->dtype != KILN_F32 && dt != KILN_F32)
+                return kiln_error(KILN_ERR_INVALID, "%s is already %s: a base is cast once, from fp32 (requantizing loses more)",
+                                  W->name, kiln_dtype_name(W->dtype));
+            kiln_tensor *nt = kiln_tensor_convert(W, dt); /* one weight at a time: the peak is one extra weight */
             if (!nt) return kiln_error_context(kiln_last_status(), "converting %s to %s", W->name, kiln_dtype_name(dt));
             replace_base(m, l, t, nt);
         }
@@ -265,8 +237,8 @@ kiln_status kiln_llama_lora_merge(kiln_llama *m) {
             kiln_tensor *A = m->lora_a[l * KILN_LORA_N + t], *B = m->lora_b[l * KILN_LORA_N + t];
             if (!A) continue;
             kiln_tensor *W = base_weight(&m->layers[l], t);
-            if (W->dtype == KILN_BF16) { /* a bf16 base: the merged weight is fp32 (W widened exactly, plus the update) */
-                kiln_tensor *nt = converted(W, KILN_F32);
+            if (W->dtype != KILN_F32) { /* a bf16/f16/block base: the merged weight is fp32 (W widened exactly, plus the update) */
+                kiln_tensor *nt = kiln_tensor_convert(W, KILN_F32);
                 if (!nt) return kiln_error_context(kiln_last_status(), "merging into %s", W->name);
                 replace_base(m, l, t, nt);
                 W = nt;

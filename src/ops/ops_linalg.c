@@ -5,14 +5,19 @@
 /* ---- embedding ---------------------------------------------------------- */
 static kiln_status emb_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
-    if (in[0].ndim != 2 || in[0].dtype != KILN_F32 || in[1].dtype != KILN_I32 || in[1].ndim > 3)
-        return kiln_op_shape_error("embedding", in, 2, "need W [V, C] f32 and ids i32 with at most 3 dims");
+    /* a frozen table may be held as its file holds it (f16, ggml blocks) */
+    bool w_ok = in[0].dtype == KILN_F32 || kiln_dtype_is_dequant(in[0].dtype);
+    if (in[0].ndim != 2 || !w_ok || in[1].dtype != KILN_I32 || in[1].ndim > 3)
+        return kiln_op_shape_error("embedding", in, 2, "need W [V, C] f32 (or a frozen f16/block table) and ids i32 with at most 3 dims");
     *out = in[1];
     out->dtype = KILN_F32;
     out->shape[out->ndim++] = in[0].shape[1];
     return KILN_OK;
 }
 static kiln_status emb_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    if (c->needs[0] && c->in_meta[0].dtype != KILN_F32)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "op embedding: a %s table is frozen: it has no gradient",
+                          kiln_dtype_name(c->in_meta[0].dtype));
     if (c->needs[0]) gin[0] = kiln_embedding_backward(g, c->in[1], c->in_meta[0].shape[0]);
     return gin[0] || !c->needs[0] ? KILN_OK : kiln_last_status();
 }
@@ -43,7 +48,17 @@ kiln_status kiln_matmul_geometry(const kiln_meta *in, const kiln_attrs *a, kiln_
     /* bf16 operands (from the compiler's casts) only for a bf16 product */
     bool ok_a = A->dtype == KILN_F32 || (a->i[3] && A->dtype == KILN_BF16);
     bool ok_b = B->dtype == KILN_F32 || (a->i[3] && B->dtype == KILN_BF16);
-    if (!ok_a || !ok_b) return kiln_op_shape_error("matmul", in, 2, "inputs must be f32 (bf16 only with autocast)");
+    /* a weight held as f16 or ggml blocks: an fp32 product on its
+     * dequantized rows (the row product, a 2-D weight of whole blocks) */
+    if (kiln_dtype_is_dequant(B->dtype) && ok_a && mode == KILN_MM_ROWS && B->ndim == 2) {
+        int blk = kiln_dtype_block(B->dtype);
+        if (B->shape[1] % blk)
+            return kiln_op_shape_error("matmul", in, 2, "a %s weight needs rows of whole blocks of %d", kiln_dtype_name(B->dtype), blk);
+        ok_b = true;
+    }
+    if (!ok_a || !ok_b)
+        return kiln_op_shape_error("matmul", in, 2,
+                                   "inputs must be f32 (bf16 only with autocast; an f16 or block weight only as b of a row product)");
     if (mode == KILN_MM_BATCHED) {
         if (A->ndim < 2 || A->ndim != B->ndim)
             return kiln_op_shape_error("matmul", in, 2, "batched product needs equal ranks >= 2");
@@ -135,7 +150,7 @@ static double best_of(const kiln_tensor *a, const kiln_tensor *b, const kiln_att
 int kiln_matmul_fastest(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs) {
     kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
     kiln_matmul_geom d;
-    if (attrs->i[3] || kiln_matmul_geometry(m, attrs, &d, &o)) return KILN_GEMM_PRIMITIVE;
+    if (attrs->i[3] || kiln_dtype_is_dequant(b->dtype) || kiln_matmul_geometry(m, attrs, &d, &o)) return KILN_GEMM_PRIMITIVE;
     /* scratch on the operands' device */
     kiln_tensor *C = kiln_tensor_new_on(kiln_tensor_buft(a), KILN_F32, o.ndim, o.shape);
     if (!C) return KILN_GEMM_PRIMITIVE;
@@ -170,6 +185,8 @@ static kiln_status mm_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin
         if (c->needs[0]) gin[0] = ta ? kiln_matmul_prec(B, g, mode, tb, true, h) : kiln_matmul_prec(g, B, mode, false, !tb, h);
         if (c->needs[1]) gin[1] = tb ? kiln_matmul_prec(g, A, mode, true, ta, h) : kiln_matmul_prec(A, g, mode, !ta, false, h);
     } else if (mode == KILN_MM_ROWS) {
+        if (c->needs[1] && kiln_dtype_is_dequant(B->dtype))
+            return kiln_error(KILN_ERR_UNSUPPORTED, "op matmul: a %s weight is frozen: it has no gradient", kiln_dtype_name(B->dtype));
         if (c->needs[0]) gin[0] = kiln_matmul_prec(g, B, mode, false, !tb, h);
         if (c->needs[1])
             gin[1] = tb ? kiln_matmul_prec(g, A, KILN_MM_GRAD, false, false, h) : kiln_matmul_prec(A, g, KILN_MM_GRAD, false, false, h);
@@ -201,6 +218,8 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool
     /* a bf16 operand (a LoRA run's frozen bf16 base, --base-dtype bf16)
      * makes a bf16 product whatever the autocast setting */
     bool held_bf16 = a && b && (a->dtype == KILN_BF16 || b->dtype == KILN_BF16);
+    /* an f16 or block weight (a frozen GGUF base) is a product on its
+     * dequantized rows: fp32, or bf16 under autocast */
     bool bf16 = mode != KILN_MM_BATCHED && (kiln_autocast_get() == KILN_BF16 || held_bf16);
     return kiln_matmul_prec(a, b, mode, ta, tb, bf16);
 }

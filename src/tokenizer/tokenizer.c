@@ -47,6 +47,7 @@ void kiln_tokenizer_free(kiln_tokenizer *t) {
     free(t->prefix);
     free(t->suffix);
     free(t->src_path);
+    free(t->src_text);
     kd_map64_free(&t->merge_map);
     kd_strmap_free(&t->vocab);
     kd_added_free(t->added);
@@ -98,6 +99,11 @@ kiln_status kd_tok_set(kiln_tokenizer *t, int id, const char *bytes, size_t len,
 }
 
 kiln_status kd_tok_add_merge(kiln_tokenizer *t, int32_t left, int32_t right, int32_t result) {
+    return kd_tok_add_merge_rank(t, left, right, result, (uint32_t)t->n_merges);
+}
+
+kiln_status kd_tok_add_merge_rank(kiln_tokenizer *t, int32_t left, int32_t right, int32_t result, uint32_t rank) {
+    if (rank >= MAX_MERGES) return kiln_error(KILN_ERR_LIMIT, "merge rank %u is not below %d", rank, MAX_MERGES);
     if (t->n_merges >= MAX_MERGES) return kiln_error(KILN_ERR_LIMIT, "more than %d merges", MAX_MERGES);
     if ((size_t)t->n_merges == t->merges_cap) {
         size_t c = t->merges_cap ? t->merges_cap * 2 : 1024;
@@ -109,7 +115,7 @@ kiln_status kd_tok_add_merge(kiln_tokenizer *t, int32_t left, int32_t right, int
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
     uint64_t *v = kd_map64_put(&t->merge_map, key, 0, NULL);
     if (!v) return kiln_error(KILN_ERR_OOM, "out of memory for merges");
-    *v = (uint64_t)t->n_merges << 32 | (uint32_t)result;
+    *v = (uint64_t)rank << 32 | (uint32_t)result;
     t->merges[t->n_merges][0] = left;
     t->merges[t->n_merges][1] = right;
     t->n_merges++;
@@ -201,7 +207,7 @@ static size_t bpe_short(const kiln_tokenizer *t, int32_t *sym, size_t n) {
     while (n > 1) {
         size_t best = 0;
         for (size_t i = 1; i + 1 < n; i++)
-            if (m[i] < m[best]) best = i;
+            if (m[i] >> 32 < m[best] >> 32) best = i; /* the rank: shared ranks go leftmost */
         if (m[best] == UINT64_MAX) break;
         sym[best] = (int32_t)(uint32_t)m[best];
         memmove(sym + best + 1, sym + best + 2, (n - best - 2) * sizeof *sym);

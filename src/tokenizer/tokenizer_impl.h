@@ -225,6 +225,8 @@ struct kiln_tokenizer {
     kd_dec *dec;               /* NULL: tokens joined by spaces */
     bool chunk_safe;           /* long texts may be cut and encoded in parallel */
     char *src_path;            /* loaded from this file (saving copies it) */
+    char *src_text;            /* parsed from this text (saving writes it) */
+    size_t src_len;
 };
 /* An empty tokenizer with room for `vocab_size` ids, all unused. */
 kiln_tokenizer *kd_tok_new(int vocab_size);
@@ -236,6 +238,9 @@ int32_t kd_tok_vocab_get(const kiln_tokenizer *t, const char *s, size_t len);
 /* Appends merge (left, right) -> result at the next rank; a repeated pair
  * takes the later rank, as in HF (its merges are collected into a map). */
 kiln_status kd_tok_add_merge(kiln_tokenizer *t, int32_t left, int32_t right, int32_t result);
+/* The same at an explicit rank (merges may share one: the leftmost pair of
+ * the lowest rank merges first). */
+kiln_status kd_tok_add_merge_rank(kiln_tokenizer *t, int32_t left, int32_t right, int32_t result, uint32_t rank);
 /* The kiln layout and pipeline: specials 0..2, bytes 3..258, ByteLevel
  * with the GPT-2 regex, ByteLevel decoder. */
 kiln_tokenizer *kd_tok_new_base(int vocab_size);

@@ -76,6 +76,11 @@ static json_t *build_json(const kiln_tokenizer *t) {
 }
 
 kiln_status kiln_tokenizer_save(const kiln_tokenizer *t, const char *path) {
+    if (t->src_text) { /* parsed from memory: that text */
+        kiln_status st = kiln_write_file_atomic(path, t->src_text, t->src_len);
+        if (st) return kiln_error_context(st, "saving tokenizer %s", path);
+        return KILN_OK;
+    }
     if (t->src_path) { /* loaded: its own file is the faithful form */
         char *s;
         size_t n;
@@ -133,7 +138,7 @@ static kiln_status find_parts(loader_ctx *c) {
                                       "pre_tokenizer", "post_processor", "decoder", "model", NULL};
     static const char *const model_keys[] = {"type", "dropout", "unk_token", "continuing_subword_prefix",
                                              "end_of_word_suffix", "fuse_unk", "byte_fallback", "ignore_merges",
-                                             "vocab", "merges", NULL};
+                                             "vocab", "merges", "kiln_merge_ranks", NULL};
     json_t *root = c->root;
     if (!json_is_object(root)) return fail(c, KILN_ERR_FORMAT, "top level is not a JSON object");
     kiln_status st = kd_json_keys(root, c->path, "top level", top);
@@ -349,12 +354,33 @@ static kiln_status model_options(loader_ctx *c) {
     return KILN_OK;
 }
 
+/* model.kiln_merge_ranks (kiln's, which Hugging Face ignores): one rank
+ * per merge, shared ranks allowed; the leftmost pair of the lowest rank
+ * merges first, as llama.cpp's SentencePiece tokenizer ranks by score. */
+static kiln_status merge_ranks(loader_ctx *c, json_t **out) {
+    json_t *r = json_object_get(c->model, "kiln_merge_ranks");
+    *out = NULL;
+    if (!r || json_is_null(r)) return KILN_OK;
+    if (!json_is_array(r) || json_array_size(r) != json_array_size(c->merges))
+        return kiln_error(KILN_ERR_FORMAT, "%s: model.kiln_merge_ranks is not an array of one rank per merge (%zu)", c->path,
+                          json_array_size(c->merges));
+    size_t i;
+    json_t *v;
+    json_array_foreach(r, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= (1 << 28))
+            return kiln_error(KILN_ERR_FORMAT, "%s: model.kiln_merge_ranks[%zu] is not an integer in [0, 2^28)", c->path, i);
+    }
+    *out = r;
+    return KILN_OK;
+}
+
 static kiln_status build_merges(loader_ctx *c) {
     size_t i;
-    json_t *m;
+    json_t *m, *ranks;
     char *cat = NULL;
     size_t cat_cap = 0;
-    kiln_status st = KILN_OK;
+    kiln_status st = merge_ranks(c, &ranks);
+    if (st) return st;
     json_t *pre = json_object_get(c->model, "continuing_subword_prefix");
     size_t plen = json_is_string(pre) ? json_string_length(pre) : 0;
     const char *pstr = plen ? json_string_value(pre) : "";
@@ -411,7 +437,9 @@ static kiln_status build_merges(loader_ctx *c) {
                             i, (int)(an + bn - plen), cat);
             break;
         }
-        if ((st = kd_tok_add_merge(c->t, ia, ib, ic))) {
+        st = ranks ? kd_tok_add_merge_rank(c->t, ia, ib, ic, (uint32_t)json_integer_value(json_array_get(ranks, i)))
+                   : kd_tok_add_merge(c->t, ia, ib, ic);
+        if (st) {
             kiln_error_context(st, "%s: model.merges[%zu]", c->path, i);
             break;
         }
@@ -426,28 +454,22 @@ static kiln_status build_pipeline(loader_ctx *c) {
     if (!st) st = kd_post_parse(json_object_get(c->root, "post_processor"), c->path, "post_processor", t->vocab_size, &t->post);
     if (!st) st = kd_dec_parse(json_object_get(c->root, "decoder"), c->path, "decoder", &t->dec);
     if (!st) st = kd_tok_finish(t, c->defs, c->n_defs);
-    if (!st && !(t->src_path = strdup(c->path))) st = fail(c, KILN_ERR_OOM, "out of memory");
     return st;
 }
 
-kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out) {
+static kiln_status parse(const char *text, size_t len, const char *source, kiln_tokenizer **out) {
     *out = NULL;
     json_error_t jerr;
-    char *text;
-    size_t len;
-    kiln_status rs = kiln_read_file(path, &text, &len); /* one read: jansson's file reader goes byte by byte */
-    if (rs) return kiln_error_context(rs, "cannot open tokenizer %s", path);
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    free(text);
     if (!root)
-        return kiln_error(KILN_ERR_FORMAT, "%s: invalid JSON at line %d, column %d: %s", path, jerr.line, jerr.column,
+        return kiln_error(KILN_ERR_FORMAT, "%s: invalid JSON at line %d, column %d: %s", source, jerr.line, jerr.column,
                           jerr.text);
-    loader_ctx c = {.path = path, .root = root};
+    loader_ctx c = {.path = source, .root = root};
     kiln_status st = find_parts(&c);
     /* the pre-tokenizer decides how the vocabulary is stored: parse it first
      * into a placeholder tokenizer */
     if (!st && !(c.t = kd_tok_new(1))) st = fail(&c, KILN_ERR_OOM, "out of memory");
-    if (!st) st = kd_pretok_parse(json_object_get(root, "pre_tokenizer"), path, "pre_tokenizer", &c.t->pretok);
+    if (!st) st = kd_pretok_parse(json_object_get(root, "pre_tokenizer"), source, "pre_tokenizer", &c.t->pretok);
     if (!st) st = build_vocab(&c);
     if (!st) st = model_options(&c);
     if (!st) st = build_merges(&c);
@@ -460,5 +482,37 @@ kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out) {
         return st;
     }
     *out = c.t;
+    return KILN_OK;
+}
+
+kiln_status kiln_tokenizer_load(const char *path, kiln_tokenizer **out) {
+    *out = NULL;
+    char *text;
+    size_t len;
+    kiln_status st = kiln_read_file(path, &text, &len); /* one read: jansson's file reader goes byte by byte */
+    if (st) return kiln_error_context(st, "cannot open tokenizer %s", path);
+    st = parse(text, len, path, out);
+    free(text);
+    if (!st && !((*out)->src_path = strdup(path))) {
+        kiln_tokenizer_free(*out);
+        *out = NULL;
+        st = kiln_error(KILN_ERR_OOM, "%s: out of memory", path);
+    }
+    return st;
+}
+
+kiln_status kiln_tokenizer_parse(const char *json, size_t len, const char *source, kiln_tokenizer **out) {
+    *out = NULL;
+    if (!json || !source) return kiln_error(KILN_ERR_INVALID, "kiln_tokenizer_parse: NULL argument");
+    kiln_status st = parse(json, len, source, out);
+    if (st) return st;
+    if (!((*out)->src_text = malloc(len + 1))) {
+        kiln_tokenizer_free(*out);
+        *out = NULL;
+        return kiln_error(KILN_ERR_OOM, "%s: out of memory", source);
+    }
+    memcpy((*out)->src_text, json, len);
+    (*out)->src_text[len] = 0;
+    (*out)->src_len = len;
     return KILN_OK;
 }

@@ -416,7 +416,7 @@ static bool ckpt_complete(const char *dir, char *why, size_t n) {
         char w[PATH_CAP];
         if (join(path, dir, "config.json") || !is_file(path)) snprintf(why, n, "config.json is missing");
         else if (join(path, dir, "model.safetensors") || join(w, dir, "model.safetensors.index.json") ||
-                 (!is_file(path) && !is_file(w)))
+                 (!is_file(path) && !is_file(w) && !kiln_base_ref_exists(dir)))
             snprintf(why, n, "model.safetensors is missing");
     }
     json_decref(o);
@@ -432,7 +432,8 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     if (!st) st = kiln_llama_config_save(path, &m->cfg);
     kiln_weights_options wo = {KILN_F32, KILN_DEFAULT_SHARD_BYTES};
     if (!st && c) st = kiln_weights_options_parse(c->save_dtype, c->shard_size, &wo);
-    if (!st) st = kiln_save_model_weights(dir, m, &wo);
+    /* a base held as f16 or blocks is referenced, not copied (base_ref.c) */
+    if (!st) st = kiln_base_is_held(m) ? kiln_base_ref_save(dir, m, c) : kiln_save_model_weights(dir, m, &wo);
     if (!st && m->lora_a) st = kiln_lora_save(dir, m, c ? (c->init[0] ? c->init : c->model) : "");
     if (!st && opt) {
         st = join(path, dir, "optimizer.safetensors");
@@ -615,6 +616,13 @@ kiln_status kiln_checkpoint_latest(const char *run_dir, char *out, size_t n) {
 
 kiln_status kiln_model_dir_resolve(const char *dir, char *out, size_t n) {
     if (!dir || !out || !n) return kiln_error(KILN_ERR_INVALID, "kiln_model_dir_resolve: NULL argument");
+    if (kiln_is_gguf_path(dir)) { /* one file holds the model */
+        struct stat gs;
+        if (stat(dir, &gs)) return kiln_error(KILN_ERR_IO, "%s: %s", dir, strerror(errno));
+        if (!S_ISREG(gs.st_mode)) return kiln_error(KILN_ERR_INVALID, "%s is not a regular file", dir);
+        if (snprintf(out, n, "%s", dir) >= (int)n) return kiln_error(KILN_ERR_INVALID, "path too long: %s", dir);
+        return KILN_OK;
+    }
     ckpt_entry *list = NULL;
     int count = 0;
     kiln_status st = list_checkpoints(dir, &list, &count);

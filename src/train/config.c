@@ -26,6 +26,10 @@ static const kiln_choice choices_compile[] = {
     KILN_COMPILE_MODES(CHOICE_MODE) KILN_COMPILE_MODE_ALIASES(CHOICE_ALIAS){NULL, 0}};
 static const kiln_choice choices_precision[] = {{"fp32", KILN_F32},    {"bf16", KILN_BF16},     {"f32", KILN_F32},
                                                 {"float32", KILN_F32}, {"bfloat16", KILN_BF16}, {NULL, 0}};
+static const kiln_choice choices_base_dtype[] = {
+    {"auto", KILN_BASE_DTYPE_AUTO}, {"fp32", KILN_F32}, {"bf16", KILN_BF16}, {"f16", KILN_F16},   {"q8_0", KILN_Q8_0},
+    {"q4_0", KILN_Q4_0},            {"q4_k", KILN_Q4_K}, {"q5_k", KILN_Q5_K}, {"q6_k", KILN_Q6_K}, {"f32", KILN_F32},
+    {"float32", KILN_F32},          {"bfloat16", KILN_BF16}, {NULL, 0}};
 #define CHOICE_DEVICE(id, name) {name, KILN_DEVICE_##id},
 static const kiln_choice choices_device[] = {KILN_BACKENDS(CHOICE_DEVICE){NULL, 0}};
 #define CHOICE_RECOMPUTE(id, name) {name, KILN_RECOMPUTE_##id},
@@ -209,9 +213,10 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     kiln_lora_config lc;
     kiln_status lst = kiln_train_lora_config(c, &lc);
     if (lst) return lst;
-    if (c->base_dtype == KILN_BF16 && !c->lora_rank)
-        return kiln_error(KILN_ERR_INVALID, "base_dtype bf16 needs lora_rank > 0: a bf16 base is frozen, so it only makes sense "
-                          "with LoRA adapters (for bf16 products in full fine-tuning use precision bf16)");
+    if (c->base_dtype != KILN_BASE_DTYPE_AUTO && c->base_dtype != KILN_F32 && !c->lora_rank)
+        return kiln_error(KILN_ERR_INVALID, "base_dtype %s needs lora_rank > 0: a %s base is frozen, so it only makes sense "
+                          "with LoRA adapters (for bf16 products in full fine-tuning use precision bf16)",
+                          kiln_dtype_name(c->base_dtype), kiln_dtype_name(c->base_dtype));
     return kiln_train_check_batch_settings(c);
 }
 

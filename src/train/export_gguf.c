@@ -2,37 +2,55 @@
  * GGUF file that llama.cpp runs: the metadata of the llama.cpp architecture
  * that represents the family (llama, qwen2, qwen3), the tokenizer as
  * tokenizer.ggml.* (export_gguf_tok.c), the tensors under llama.cpp's names
- * (for the llama architecture with q/k rows reordered for its RoPE),
- * converted to the requested type as they are written. */
+ * (for the llama architecture with q/k rows reordered for its RoPE), each
+ * in the type llama.cpp's quantizer gives it for the file type, converted
+ * (ggml's reference quantizers for the block types) as it is written. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include "kiln/quant.h"
 #include "export_gguf_impl.h"
 #include "hostio.h"
 
 #define PATH_CAP 4096
 
-/* llama.cpp's llama_ftype numbers for general.file_type */
-static uint32_t file_type(kiln_ggml_type t) {
-    switch (t) {
-    case KILN_GGML_F16: return 1;
-    case KILN_GGML_Q8_0: return 7;
-    case KILN_GGML_BF16: return 32;
-    default: return 0;
-    }
+/* The file types: llama.cpp's llama_ftype (general.file_type) and the
+ * block type of its matrices (llama_ftype_get_default_type). */
+static const struct {
+    const char *name;
+    kiln_export_ftype ftype;
+    kiln_ggml_type type;
+} ftypes[] = {
+    {"f32", KILN_FTYPE_F32, KILN_GGML_F32},          {"f16", KILN_FTYPE_F16, KILN_GGML_F16},
+    {"bf16", KILN_FTYPE_BF16, KILN_GGML_BF16},       {"q8_0", KILN_FTYPE_Q8_0, KILN_GGML_Q8_0},
+    {"q4_0", KILN_FTYPE_Q4_0, KILN_GGML_Q4_0},       {"q4_k_m", KILN_FTYPE_Q4_K_M, KILN_GGML_Q4_K},
+    {"q4_k_s", KILN_FTYPE_Q4_K_S, KILN_GGML_Q4_K},   {"q5_k_m", KILN_FTYPE_Q5_K_M, KILN_GGML_Q5_K},
+    {"q5_k_s", KILN_FTYPE_Q5_K_S, KILN_GGML_Q5_K},   {"q6_k", KILN_FTYPE_Q6_K, KILN_GGML_Q6_K},
+};
+#define N_FTYPES (int)(sizeof ftypes / sizeof ftypes[0])
+
+static int ftype_index(kiln_export_ftype t) {
+    for (int i = 0; i < N_FTYPES; i++)
+        if (ftypes[i].ftype == t) return i;
+    return -1;
 }
 
-kiln_status kiln_export_type_parse(const char *s, kiln_ggml_type *out) {
-    static const struct { const char *name; kiln_ggml_type t; } types[] = {
-        {"f32", KILN_GGML_F32}, {"f16", KILN_GGML_F16}, {"bf16", KILN_GGML_BF16}, {"q8_0", KILN_GGML_Q8_0}};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (!strcmp(s, types[i].name)) {
-            *out = types[i].t;
+const char *kiln_export_ftype_name(kiln_export_ftype t) {
+    int i = ftype_index(t);
+    return i < 0 ? NULL : ftypes[i].name;
+}
+
+kiln_status kiln_export_type_parse(const char *s, kiln_export_ftype *out) {
+    for (int i = 0; i < N_FTYPES; i++)
+        if (!strcasecmp(s, ftypes[i].name)) {
+            *out = ftypes[i].ftype;
             return KILN_OK;
         }
-    return kiln_error(KILN_ERR_INVALID, "unknown GGUF type '%s' (f32, f16, bf16 or q8_0)", s);
+    return kiln_error(KILN_ERR_INVALID,
+                      "unknown GGUF type '%s' (f32, f16, bf16, q8_0, q4_0, q4_k_m, q4_k_s, q5_k_m, q5_k_s or q6_k)", s);
 }
 
 /* ---- the model's family ------------------------------------------------ */
@@ -40,18 +58,14 @@ kiln_status kiln_export_type_parse(const char *s, kiln_ggml_type *out) {
 /* How a kiln family is written as one of llama.cpp's architectures
  * (llama-arch.cpp, src/models/): Llama and Mistral as "llama" (Hugging
  * Face's converter does the same for Mistral: llama.cpp's llama graph is
- * the same network), Qwen2 as "qwen2", Qwen3 as "qwen3". */
-typedef struct {
-    const char *arch;     /* general.architecture, and the prefix of its keys */
-    bool permute;         /* llama rotates adjacent pairs: q/k rows reordered */
-    bool rope_freqs;      /* rope_scaling llama3: the rope_freqs.weight tensor */
-    int64_t context;      /* context_length */
-} arch_plan;
+ * the same network), Qwen2 as "qwen2", Qwen3 as "qwen3" (kiln_gguf_arch,
+ * export_gguf_impl.h). */
+typedef kiln_gguf_arch arch_plan;
 
 /* What each architecture of llama.cpp can hold, checked on the parsed
  * config (kiln_llama_config_parse has already refused anything kiln itself
  * does not implement). Each refusal names the field and the reason. */
-static kiln_status plan_arch(const char *path, const kiln_llama_config *c, arch_plan *a) {
+kiln_status kiln_gguf_plan_arch(const char *path, const kiln_llama_config *c, arch_plan *a) {
     memset(a, 0, sizeof *a);
     bool decoupled = c->head_dim * c->num_attention_heads != c->hidden_size;
     kiln_rope_type rope = c->rope_scaling.type;
@@ -91,7 +105,7 @@ static kiln_status plan_arch(const char *path, const kiln_llama_config *c, arch_
 }
 
 static kiln_status set_arch(kiln_gguf_writer *w, const kiln_llama_config *c, const arch_plan *a, const char *name,
-                            kiln_ggml_type type) {
+                            kiln_export_ftype ftype) {
     struct { const char *k; int64_t v; } u[] = {
         {"context_length", a->context},          {"embedding_length", c->hidden_size},
         {"block_count", c->num_hidden_layers},   {"feed_forward_length", c->intermediate_size},
@@ -102,7 +116,7 @@ static kiln_status set_arch(kiln_gguf_writer *w, const kiln_llama_config *c, con
     char key[96];
     kiln_status st = kiln_gguf_set_str(w, "general.architecture", a->arch);
     if (!st) st = kiln_gguf_set_str(w, "general.name", name);
-    if (!st) st = kiln_gguf_set_u32(w, "general.file_type", file_type(type));
+    if (!st) st = kiln_gguf_set_u32(w, "general.file_type", (uint32_t)ftype);
     if (!st) st = kiln_gguf_set_u32(w, "general.quantization_version", 2);
     for (size_t i = 0; i < sizeof u / sizeof u[0] && !st; i++) {
         snprintf(key, sizeof key, "%s.%s", a->arch, u[i].k);
@@ -158,17 +172,64 @@ typedef struct {
     kiln_ggml_type type;
 } out_tensor;
 
-/* 2-D weights get the requested type; norms, biases and rope_freqs stay
- * F32 as llama.cpp's own converter leaves them; a Q8_0 matrix whose rows
- * are not whole blocks of 32 falls back to F16, as it does there. */
-static kiln_ggml_type tensor_type(const kiln_tensor *t, kiln_ggml_type want) {
-    if (!t || t->ndim < 2) return KILN_GGML_F32;
-    if (want == KILN_GGML_Q8_0 && t->shape[t->ndim - 1] % KILN_Q8_0_BLOCK) return KILN_GGML_F16;
-    return want;
+/* Each tensor's type as llama.cpp's llama_model_quantize gives it for the
+ * file type without an importance matrix (llama-quant.cpp: what
+ * tensor_allows_quantization, llama_tensor_get_type_impl and
+ * tensor_type_fallback do for the llama, qwen2 and qwen3 architectures,
+ * which have no experts and no fused qkv): norms, biases and rope_freqs
+ * (1-D) stay F32, as its converter leaves them; the plain types (f32, f16,
+ * bf16) put every matrix in that type. The layer counters llama.cpp keeps
+ * (it visits the tensors sorted by layer, one attn_v and one ffn_down per
+ * layer) are the layer index here. */
+typedef struct {
+    kiln_export_ftype ftype;
+    kiln_ggml_type base; /* the file type's block type */
+    int n_layers;
+    bool tied;           /* no output.weight: token_embd is the output too */
+} type_mix;
+
+/* llama.cpp's use_more_bits: the first and last eighth of the layers and
+ * every third one between */
+static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+static kiln_status tensor_type(const type_mix *mx, const char *name, const kiln_tensor *t, kiln_ggml_type *out) {
+    *out = KILN_GGML_F32;
+    if (!t || t->ndim < 2) return KILN_OK;
+    kiln_ggml_type ty = mx->base;
+    if (!kiln_qtype_find((int)ty)->quantized) { /* f32/f16/bf16: as asked */
+        *out = ty;
+        return KILN_OK;
+    }
+    int64_t nx = t->shape[t->ndim - 1];
+    int layer = -1;
+    sscanf(name, "blk.%d.", &layer);
+    kiln_export_ftype f = mx->ftype;
+    if (!strcmp(name, "output.weight") || (mx->tied && !strcmp(name, "token_embd.weight"))) {
+        if (nx % kiln_ggml_block(ty)) ty = KILN_GGML_Q8_0;
+        else if (ty != KILN_GGML_Q8_0) ty = KILN_GGML_Q6_K;
+    } else if (strstr(name, "attn_v.weight")) {
+        if ((f == KILN_FTYPE_Q4_K_M || f == KILN_FTYPE_Q5_K_M) && more_bits(layer, mx->n_layers)) ty = KILN_GGML_Q6_K;
+        else if (f == KILN_FTYPE_Q4_K_S && layer < 4) ty = KILN_GGML_Q5_K;
+    } else if (strstr(name, "ffn_down")) {
+        if ((f == KILN_FTYPE_Q4_K_M || f == KILN_FTYPE_Q5_K_M) && more_bits(layer, mx->n_layers)) ty = KILN_GGML_Q6_K;
+        else if (f == KILN_FTYPE_Q4_K_S && layer < mx->n_layers / 8) ty = KILN_GGML_Q5_K;
+    }
+    /* rows that are not whole blocks of the chosen type */
+    if (nx % kiln_ggml_block(ty)) {
+        if (ty == KILN_GGML_Q4_K || ty == KILN_GGML_Q5_K)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "tensor %s: rows of %lld values are not whole %s blocks of 256, and llama.cpp writes such a "
+                              "matrix as %s, a block type kiln does not write (q8_0, q6_k and q4_0 take it)",
+                              name, (long long)nx, kiln_ggml_type_name(ty), ty == KILN_GGML_Q4_K ? "Q5_0" : "Q5_1");
+        if (ty == KILN_GGML_Q6_K) ty = KILN_GGML_Q8_0;
+        if (nx % kiln_ggml_block(ty)) ty = KILN_GGML_F16;
+    }
+    *out = ty;
+    return KILN_OK;
 }
 
-static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *rope_freqs, kiln_ggml_type type,
-                        out_tensor *o) {
+/* The tensors in file order, their types still to be chosen (F32). */
+static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *rope_freqs, out_tensor *o) {
     int n = 0;
     const kiln_llama_config *c = &m->cfg;
     int hq = a->permute ? (int)c->num_attention_heads : 0, hk = a->permute ? (int)c->num_key_value_heads : 0;
@@ -177,7 +238,7 @@ static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *ro
         if (tensor) {                                                                       \
             memset(&o[n], 0, sizeof o[n]);                                                  \
             snprintf(o[n].name, sizeof o[n].name, "%s", nm);                                \
-            o[n].t = (tensor), o[n].heads = (h), o[n].type = tensor_type(o[n].t, type);     \
+            o[n].t = (tensor), o[n].heads = (h), o[n].type = KILN_GGML_F32;                 \
             n++;                                                                            \
         }                                                                                   \
     } while (0)
@@ -229,11 +290,13 @@ static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *ro
  * head in the file is row s * (d / 2) + j of the Hugging Face head (a
  * bias's elements move with their rows). qwen2/qwen3 rotate halves (NEOX)
  * as Hugging Face does: nothing moves. */
-static int64_t source_row(const out_tensor *o, int64_t r) {
-    if (o->heads <= 0) return r;
-    int64_t d = o->t->shape[0] / o->heads, h = r / d, i = r % d;
+int64_t kiln_gguf_qk_source_row(int64_t rows, int heads, int64_t r) {
+    if (heads <= 0) return r;
+    int64_t d = rows / heads, h = r / d, i = r % d;
     return h * d + (i % 2) * (d / 2) + i / 2;
 }
+
+static int64_t source_row(const out_tensor *o, int64_t r) { return kiln_gguf_qk_source_row(o->t->shape[0], o->heads, r); }
 
 static kiln_status write_values(kiln_gguf_writer *w, const out_tensor *o, const float *x, void *buf);
 
@@ -266,7 +329,9 @@ static kiln_status write_values(kiln_gguf_writer *w, const out_tensor *o, const 
                 if (!isfinite(src[j]))
                     return kiln_error(KILN_ERR_NUMERIC, "tensor %s (%s): element [%lld, %lld] is %g", t->name, o->name,
                                       (long long)source_row(o, r), (long long)j, src[j]);
-            kiln_status st = kiln_ggml_convert(o->type, src, cols, buf);
+            /* block types as ggml's reference quantizers write them */
+            kiln_status st = kiln_qtype_find((int)o->type)->quantized ? kiln_q_quantize((kiln_qtype)o->type, src, buf, cols)
+                                                                      : kiln_ggml_convert(o->type, src, cols, buf);
             if (!st) st = kiln_gguf_write_data(w, buf, row_bytes);
             if (st) return kiln_error_context(st, "tensor %s", o->name);
         }
@@ -292,14 +357,15 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (opts->tokenizer) snprintf(tok_path, sizeof tok_path, "%s", opts->tokenizer);
     else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
-    if (!kiln_ggml_type_name(opts->type)) return kiln_error(KILN_ERR_INVALID, "unknown GGUF type %d", (int)opts->type);
+    int fi = ftype_index(opts->ftype);
+    if (fi < 0) return kiln_error(KILN_ERR_INVALID, "unknown GGUF file type %d", (int)opts->ftype);
     /* what llama.cpp cannot hold is refused from config.json and
      * tokenizer.json before any weight is read */
     kiln_llama_config cfg;
     arch_plan a;
     kiln_gguf_vocab v = {0};
     kiln_status st = kiln_llama_config_load(path, &cfg);
-    if (!st) st = plan_arch(path, &cfg, &a);
+    if (!st) st = kiln_gguf_plan_arch(path, &cfg, &a);
     if (!st) st = kiln_gguf_vocab_read(tok_path, cfg.vocab_size, &v);
     if (st) return kiln_error_context(st, "exporting %s to %s", run_or_model_dir, out_path);
     kiln_llama *m = NULL;
@@ -318,9 +384,12 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
     const char *name = opts->name ? opts->name : (slash && slash[1] ? slash + 1 : run_or_model_dir);
     if (!st && (!ot || (a.rope_freqs && !freqs))) st = kiln_error(KILN_ERR_OOM, "out of memory");
     if (!st) st = kiln_gguf_writer_new(&w);
-    if (!st) st = set_arch(w, c, &a, name, opts->type);
+    if (!st) st = set_arch(w, c, &a, name, opts->ftype);
     if (!st) st = kiln_gguf_vocab_set(w, c, tok_path, dir, &v);
-    int n = st ? 0 : plan_tensors(m, &a, freqs, opts->type, ot);
+    int n = st ? 0 : plan_tensors(m, &a, freqs, ot);
+    type_mix mx = {opts->ftype, ftypes[fi].type, (int)c->num_hidden_layers, c->tie_word_embeddings};
+    for (int i = 0; i < n && !st; i++)
+        if ((st = tensor_type(&mx, ot[i].name, ot[i].t, &ot[i].type))) st = kiln_error_context(st, "file type %s", ftypes[fi].name);
     int64_t max_cols = 0;
     for (int i = 0; i < n && !st; i++) {
         if (ot[i].t) st = kiln_gguf_add_tensor(w, ot[i].name, ot[i].type, ot[i].t->ndim, ot[i].t->shape);
@@ -341,7 +410,11 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
         stats->n_merges = (int64_t)v.n_merges;
         stats->n_params = kiln_llama_num_params(m);
         stats->data_bytes = 0;
-        for (int i = 0; i < n; i++) stats->data_bytes += kiln_gguf_tensor_nbytes(w, i);
+        memset(stats->n_of_type, 0, sizeof stats->n_of_type);
+        for (int i = 0; i < n; i++) {
+            stats->data_bytes += kiln_gguf_tensor_nbytes(w, i);
+            if ((int)ot[i].type <= KILN_GGML_BF16) stats->n_of_type[ot[i].type]++;
+        }
         stats->arch = a.arch;
         stats->pre = v.pre;
     }

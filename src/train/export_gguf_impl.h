@@ -1,11 +1,30 @@
 /* Shared by the exporters: export_gguf.c (the model: architecture metadata
- * and tensors), export_gguf_tok.c (the tokenizer as tokenizer.ggml.*) and
+ * and tensors), export_gguf_lora.c (a LoRA run's adapters for llama.cpp),
+ * export_gguf_tok.c (the tokenizer as tokenizer.ggml.*) and
  * export_dir.c (model directories, and the checks and clean-up of every
  * export target). Not a public header. */
 #ifndef KILN_EXPORT_GGUF_IMPL_H
 #define KILN_EXPORT_GGUF_IMPL_H
 #include "kiln/gguf.h"
 #include "kiln/train.h"
+
+/* How a kiln family is written as one of llama.cpp's architectures
+ * (export_gguf.c): Llama and Mistral as "llama", Qwen2 as "qwen2", Qwen3 as
+ * "qwen3". */
+typedef struct {
+    const char *arch;     /* general.architecture, and the prefix of its keys */
+    bool permute;         /* llama rotates adjacent pairs: q/k rows reordered */
+    bool rope_freqs;      /* rope_scaling llama3: the rope_freqs.weight tensor */
+    int64_t context;      /* context_length */
+} kiln_gguf_arch;
+/* The architecture of config c (read from path), or the refusal of what it
+ * cannot hold, naming path, the field and the reason. */
+kiln_status kiln_gguf_plan_arch(const char *path, const kiln_llama_config *c, kiln_gguf_arch *a);
+/* Row r of a q/k projection (or its bias, or a LoRA B of it) of `rows`
+ * rows in `heads` heads as the llama architecture's file holds it: the
+ * Hugging Face row it comes from (each head's rotate_half halves made
+ * adjacent pairs). heads <= 0: r. */
+int64_t kiln_gguf_qk_source_row(int64_t rows, int heads, int64_t r);
 
 /* tokenizer.json as llama.cpp's BPE vocabulary: its tokens padded to the
  * model's vocab_size, token types, merges, and the pre-tokenizer name. */

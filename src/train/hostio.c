@@ -13,6 +13,7 @@ static int64_t chunk_elems(const kiln_tensor *t) {
 kiln_status kiln_host_fill(kiln_tensor *t, kiln_host_fill_fn fn, const void *ctx) {
     int64_t n = kiln_tensor_numel(t);
     size_t es = kiln_dtype_size(t->dtype);
+    if (!es) return kiln_error(KILN_ERR_UNSUPPORTED, "%s '%s': a %s tensor is blocks, not elements", "filling", t->name, kiln_dtype_name(t->dtype));
     if (!n) return KILN_OK;
     if (kiln_tensor_buft(t)->host_mappable) {
         fn(kiln_tensor_map(t), 0, n, ctx);
@@ -40,6 +41,7 @@ kiln_status kiln_host_set_all(kiln_tensor *t, const void *src) {
 kiln_status kiln_host_read(const kiln_tensor *t, kiln_host_read_fn fn, void *ctx) {
     int64_t n = kiln_tensor_numel(t);
     size_t es = kiln_dtype_size(t->dtype);
+    if (!es) return kiln_error(KILN_ERR_UNSUPPORTED, "%s '%s': a %s tensor is blocks, not elements", "reading", t->name, kiln_dtype_name(t->dtype));
     if (!n) return KILN_OK;
     if (kiln_tensor_buft(t)->host_mappable) return fn(kiln_tensor_map(t), 0, n, ctx);
     int64_t step = chunk_elems(t);

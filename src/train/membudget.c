@@ -52,6 +52,17 @@ static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_o
                 if (n + 128 > *scratch) *scratch = n + 128;
                 continue;
             }
+            if (x->kind == KILN_V_OP && !x->dead && x->op == KILN_OP_MATMUL && kiln_dtype_is_dequant(g->v[x->in[1]].meta.dtype)) {
+                /* a held base: one tile of dequantized rows (kiln_gemm_dequant, at most 4 MB plus a row) */
+                const kiln_meta *W = &g->v[x->in[1]].meta;
+                int64_t rows = W->shape[0], cols = W->shape[1], per = cols ? (1 << 20) / cols : 0;
+                per = per < 16 ? 16 : per;
+                int64_t tile = (per < rows ? per : rows) * cols;
+                /* a bf16 product: the tile in bf16 too, and A converted */
+                int64_t n = tile * 4 + (x->attrs.i[3] ? tile * 2 + kiln_meta_numel(&g->v[x->in[0]].meta) * 4 : 0) + 128;
+                if (n > *scratch) *scratch = n;
+                continue;
+            }
             if (x->kind != KILN_V_OP || x->dead || x->op != KILN_OP_MATMUL || !x->attrs.i[3]) continue;
             /* native: bf16 copies of fp32 operands; emulated (AVX2): fp32
              * copies of both, a bf16 base weight widened */

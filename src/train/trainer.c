@@ -60,6 +60,14 @@ static kiln_status mkdir_p(const char *dir) {
  * config.json, or the weights of --init. */
 static kiln_status build_model(kiln_trainer *t, const kiln_shard_info *info) {
     kiln_train_config *c = &t->cfg;
+    if (c->init[0] && kiln_is_gguf_path(c->init)) {
+        /* a LoRA base stays as the file holds it (base_dtype auto); full
+         * fine-tuning and an explicit base_dtype start from fp32 */
+        bool keep = c->lora_rank > 0 && c->base_dtype == KILN_BASE_DTYPE_AUTO;
+        kiln_status st = kiln_gguf_model_load(c->init, keep, &t->model);
+        snprintf(t->model_src, sizeof t->model_src, "%s", c->init);
+        return st ? kiln_error_context(st, "--init %s", c->init) : KILN_OK;
+    }
     if (c->init[0]) { /* a run dir: the checkpoint --resume would continue from */
         char dir[1100];
         kiln_status st = kiln_model_dir_resolve(c->init, dir, sizeof dir);
@@ -315,7 +323,9 @@ static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_tr
     }
     /* the frozen base in bf16 (a resumed run reloads it from the saved fp32
      * file, which holds the bf16 values exactly) */
-    if (c->base_dtype == KILN_BF16 && (st = kiln_llama_base_cast(t->model, KILN_BF16))) goto fail;
+    if (c->base_dtype != KILN_BASE_DTYPE_AUTO && c->base_dtype != KILN_F32 &&
+        (st = kiln_llama_base_cast(t->model, (kiln_dtype)c->base_dtype)))
+        goto fail;
     if ((st = check_fit(t, info)) || (st = check_tokenizer(t, resume, info))) goto fail;
     if (c->freeze[0] && kiln_llama_set_trainable(t->model, c->freeze, false) == 0) {
         st = kiln_error(KILN_ERR_INVALID, "--freeze '%s' matches no parameter (names look like model.layers.0.mlp.up_proj.weight)",

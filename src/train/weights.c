@@ -333,6 +333,8 @@ kiln_status kiln_load_model_dir_on(const char *dir, int device, kiln_llama **out
 kiln_status kiln_load_model_dir(const char *dir, kiln_llama **out) {
     if (!dir || !out) return kiln_error(KILN_ERR_INVALID, "kiln_load_model_dir: NULL argument");
     *out = NULL;
+    if (kiln_is_gguf_path(dir)) return kiln_gguf_model_load(dir, true, out); /* frozen: kept in the file's types */
+    if (kiln_base_ref_exists(dir)) return kiln_base_ref_load(dir, out); /* a held base, re-derived */
     char path[PATH_CAP];
     kiln_llama_config cfg;
     kiln_status st = join(path, dir, "config.json");
@@ -460,6 +462,10 @@ kiln_status kiln_save_model_weights(const char *dir, const kiln_llama *m, const 
     if (opt.dtype != KILN_F32 && opt.dtype != KILN_BF16 && opt.dtype != KILN_F16)
         return kiln_error(KILN_ERR_INVALID, "cannot save weights in %s", kiln_dtype_name(opt.dtype));
     if (!opt.shard_bytes) opt.shard_bytes = KILN_DEFAULT_SHARD_BYTES;
+    for (int i = 0; i < m->n_params; i++)
+        if (kiln_dtype_is_dequant(m->params[i]->dtype) && m->params[i]->dtype != KILN_F16)
+            return kiln_error(KILN_ERR_UNSUPPORTED, "%s is held as %s, which safetensors cannot store: merge the adapters "
+                              "(kiln export --merge-lora) or export GGUF", m->params[i]->name, kiln_dtype_name(m->params[i]->dtype));
     /* shards as the HF library cuts them: parameters in order, a new file
      * when the next one would pass the limit (one larger than the limit
      * gets a file of its own) */

@@ -6,7 +6,8 @@
 // usage: node gguf_llama.mjs JOB.json
 //   JOB: {"prompts": ["...", ...], "greedy_prompts": ["...", ...],
 //         "n_predict": 32, "ppl_tokens": [ids...], "threads": 1,
-//         "models": [{"path": "a.gguf", "defaults": false, "ppl_tokens": [...]}, ...]}
+//         "models": [{"path": "a.gguf", "defaults": false, "ppl_tokens": [...],
+//                     "lora": "adapter.gguf"}, ...]}
 //   defaults false: an F32 key/value cache and no flash attention, so an
 //   F32 model computes in f32 throughout; true: llama.cpp's defaults (F16
 //   cache, flash attention "auto", which on the CPU runs attention with
@@ -14,6 +15,8 @@
 //   prompts are tokenized (no bos added); each greedy prompt is continued
 //   from its tokens, after bos where llama.cpp prepends one (the file's
 //   add_bos_token), for n_predict tokens or until eos.
+//   lora (optional): a GGUF LoRA adapter loaded onto the context at scale 1
+//   (llama.cpp's llama_adapter_lora_init + llama_set_adapter_lora).
 //   ppl_tokens (a model's own, else the job's) is a window that starts with
 //   bos where there is one; the perplexity is
 //   exp(mean -log p(t[i] | t[<i])) over i >= 1, from llama.cpp's logits.
@@ -28,9 +31,9 @@ const llama = await getLlama({
     logger: (level, message) => logs.push(`${level}: ${message}`.trimEnd()),
 });
 
-for (const {path, defaults, ppl_tokens} of job.models) {
+for (const {path, defaults, ppl_tokens, lora} of job.models) {
     logs.length = 0;
-    const out = {model: path, defaults: !!defaults};
+    const out = {model: path, defaults: !!defaults, ...(lora ? {lora} : {})};
     try {
         const model = await llama.loadModel({modelPath: path, gpuLayers: 0});
         out.load_log = logs.filter((l) => /print_info|llama_model_loader: - type|file format|file type/.test(l));
@@ -41,7 +44,9 @@ for (const {path, defaults, ppl_tokens} of job.models) {
         const context = await model.createContext({
             contextSize: 256, batchSize: 256, threads: job.threads ?? 1, flashAttention: defaults ? "auto" : false,
             ...(defaults ? {} : {experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32"}),
+            ...(lora ? {lora: {adapters: [{filePath: lora, scale: 1}]}} : {}),
         });
+        if (lora) out.lora_log = logs.filter((l) => /llama_adapter_lora/.test(l));
         const seq = context.getSequence();
         out.greedy = [];
         out.greedy_text = [];

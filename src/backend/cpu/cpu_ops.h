@@ -8,6 +8,7 @@
 #include <string.h>
 #include "kiln/backend.h"
 #include "kiln/kernels.h"
+#include "kiln/quant.h"
 
 #define KILN_CPU_KERNEL_DECL_(id, sym)                                                                            \
     kiln_status kiln_cpu_op_##sym(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out,                  \

@@ -10,7 +10,11 @@ kiln_status kiln_cpu_op_embedding(kiln_tensor *const *in, const kiln_attrs *a, k
         if (ids[i] < 0 || ids[i] >= V)
             return kiln_error(KILN_ERR_RANGE, "op embedding: token id %d at position %lld is outside [0, %lld)",
                               ids[i], (long long)i, (long long)V);
-    kiln_k_embedding(kiln_f32(in[0]), ids, kiln_f32(out), n, in[0]->shape[1]);
+    kiln_qtype wt;
+    if (in[0]->dtype != KILN_F32 && kiln_q_of_dtype(in[0]->dtype, &wt))
+        kiln_k_embedding_dequant(wt, in[0]->data, ids, kiln_f32(out), n, in[0]->shape[1]);
+    else
+        kiln_k_embedding(kiln_f32(in[0]), ids, kiln_f32(out), n, in[0]->shape[1]);
     return KILN_OK;
 }
 
@@ -27,6 +31,9 @@ kiln_status kiln_cpu_op_embedding_bwd(kiln_tensor *const *in, const kiln_attrs *
  * still hold) and the product accumulates in fp32. */
 static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const kiln_tensor *A, const kiln_tensor *B,
                           float *C) {
+    kiln_qtype wt;
+    if (kiln_dtype_is_dequant(B->dtype) && kiln_q_of_dtype(B->dtype, &wt))
+        return kiln_gemm_dequant(d, A->data, A->dtype == KILN_BF16, wt, B->data, a->i[3] != 0, C);
     if (!a->i[3])
         return a->i[4] == KILN_GEMM_SGEMM ? kiln_gemm_f32_sgemm(d, kiln_f32(A), kiln_f32(B), C)
                                           : kiln_gemm_f32(d, kiln_f32(A), kiln_f32(B), C);
