@@ -9,6 +9,7 @@
  * kiln/train.h. */
 #ifndef KILN_TEST_LLAMACPP_REF_H
 #define KILN_TEST_LLAMACPP_REF_H
+#include <dlfcn.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -170,5 +171,121 @@ static inline uint32_t llref_u32(const ggml_ref *G, struct gguf_context *g, cons
 static inline const char *llref_str(const ggml_ref *G, struct gguf_context *g, const char *key) {
     int64_t id = G->find_key(g, key);
     return id >= 0 && G->get_kv_type(g, id) == 8 ? G->get_val_str(g, id) : "";
+}
+/* 400 KB of the KJV at a paragraph boundary (scripts/corpus.sh), or
+ * (without bible-kjv) a made-up corpus of the same words */
+static inline void llref_make_corpus(const char *path) {
+    char cmd[1500];
+    snprintf(cmd, sizeof cmd, "command -v bible >/dev/null 2>&1 && bash %s/scripts/corpus.sh %s.full", cli_root, path);
+    char full[600], *text = NULL;
+    size_t n = 0;
+    snprintf(full, sizeof full, "%s.full", path);
+    if (system(cmd) == 0 && !kiln_read_file(full, &text, &n)) {
+        size_t cut = n < 400000 ? n : 400000;
+        while (cut < n && !(text[cut - 1] == '\n' && text[cut] == '\n')) cut++;
+        CHECK_OK(kiln_write_file_atomic(path, text, cut));
+        free(text);
+        return;
+    }
+    printf("bible-kjv not installed: training on a made-up corpus instead\n");
+    static const char *w[] = {"the", "lord", "said", "unto", "moses", "and", "he", "went", "up", "into", "mountain", "of", "god"};
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < 60000; i++) fprintf(f, "%s%s", w[kiln_rng_u64(5, (uint64_t)i) % 13], i % 97 == 96 ? ".\n\n" : " ");
+    fclose(f);
+}
+
+/* ---- llama.cpp's quantizer: llama_model_quantize of node-llama-cpp's
+ * libllama, its parameters laid out as the llama.h of that version ---- */
+enum llref_ftype {
+    LLAMA_FTYPE_ALL_F32 = 0,
+    LLAMA_FTYPE_MOSTLY_F16 = 1,
+    LLAMA_FTYPE_MOSTLY_Q4_0 = 2,
+    LLAMA_FTYPE_MOSTLY_Q8_0 = 7,
+    LLAMA_FTYPE_MOSTLY_Q4_K_S = 14,
+    LLAMA_FTYPE_MOSTLY_Q4_K_M = 15,
+    LLAMA_FTYPE_MOSTLY_Q5_K_S = 16,
+    LLAMA_FTYPE_MOSTLY_Q5_K_M = 17,
+    LLAMA_FTYPE_MOSTLY_Q6_K = 18,
+};
+enum llref_ggml_type { GGML_TYPE_Q5_0 = 6, GGML_TYPE_Q5_1 = 7, GGML_TYPE_COUNT = 43 };
+struct llama_model_imatrix_data;
+struct llama_model_kv_override;
+struct llama_model_tensor_override;
+typedef struct llama_model_quantize_params {
+    int32_t nthread;
+    enum llref_ftype ftype;
+    enum llref_ggml_type output_tensor_type;
+    enum llref_ggml_type token_embedding_type;
+    bool allow_requantize;
+    bool quantize_output_tensor;
+    bool only_copy;
+    bool pure;
+    bool keep_split;
+    bool dry_run;
+    const struct llama_model_imatrix_data *imatrix;
+    const struct llama_model_kv_override *kv_overrides;
+    const struct llama_model_tensor_override *tt_overrides;
+    const int32_t *prune_layers;
+    size_t max_buf_size;
+} llama_model_quantize_params;
+
+static struct {
+    void *lib, *ggml;
+    llama_model_quantize_params (*default_params)(void);
+    uint32_t (*quantize)(const char *, const char *, const llama_model_quantize_params *);
+    void (*backend_init)(void);
+    void (*log_set)(void (*)(int, const char *, void *), void *);
+    char log[8192]; /* llama.cpp's log, the last 8 KB, for a failure's message */
+} llref_q;
+
+static inline void llref_on_log(int level, const char *text, void *user) {
+    (void)level, (void)user;
+    size_t n = strlen(llref_q.log), k = strlen(text);
+    if (n + k >= sizeof llref_q.log) n = 0;
+    memcpy(llref_q.log + n, text, k + 1 < sizeof llref_q.log ? k + 1 : 0);
+}
+static inline const char *llref_quant_log(void) { return llref_q.log; }
+
+/* dlopens libllama (once); false with the reason in why when absent */
+static inline bool llref_quant_load(char *why, size_t n) {
+    if (llref_q.lib) return true;
+    char bins[1200], path[1300];
+    ggml_ref_bin_dir(bins, sizeof bins);
+    snprintf(path, sizeof path, "%s/libllama.v0.4.0.so", bins);
+    if (access(path, R_OK) != 0) {
+        snprintf(why, n, "%s not found (scripts/deps.sh --test installs node-llama-cpp)", path);
+        return false;
+    }
+    llref_q.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!llref_q.lib) {
+        snprintf(why, n, "dlopen %s: %s", path, dlerror());
+        return false;
+    }
+    *(void **)&llref_q.default_params = dlsym(llref_q.lib, "llama_model_quantize_default_params");
+    *(void **)&llref_q.quantize = dlsym(llref_q.lib, "llama_model_quantize");
+    *(void **)&llref_q.backend_init = dlsym(llref_q.lib, "llama_backend_init");
+    *(void **)&llref_q.log_set = dlsym(llref_q.lib, "llama_log_set");
+    if (!llref_q.default_params || !llref_q.quantize || !llref_q.backend_init || !llref_q.log_set) {
+        snprintf(why, n, "%s lacks llama_model_quantize and friends", path);
+        return false;
+    }
+    /* the CPU backend, which node-llama-cpp's binary loads from its folder */
+    snprintf(path, sizeof path, "%s/libggml.v0.4.0.so", bins);
+    llref_q.ggml = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void (*load_all)(const char *) =
+        llref_q.ggml ? (void (*)(const char *))dlsym(llref_q.ggml, "ggml_backend_load_all_from_path") : NULL;
+    llref_q.log_set(llref_on_log, NULL);
+    llref_q.backend_init();
+    if (load_all) load_all(bins);
+    return true;
+}
+
+/* llama.cpp quantizes in to out as ftype (no importance matrix, one thread) */
+static inline bool llref_quantize(const char *in, const char *out, int ftype) {
+    llama_model_quantize_params p = llref_q.default_params();
+    p.nthread = 1;
+    p.ftype = (enum llref_ftype)ftype;
+    llref_q.log[0] = 0;
+    return llref_q.quantize(in, out, &p) == 0;
 }
 #endif

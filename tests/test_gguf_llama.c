@@ -29,28 +29,6 @@ static const char *chat_template =
 
 static void write_text(const char *path, const char *s) { CHECK_OK(kiln_write_file_atomic(path, s, strlen(s))); }
 
-/* 400 KB of the KJV at a paragraph boundary, or (without bible-kjv) a
- * made-up corpus of the same words */
-static void make_corpus(const char *path) {
-    char cmd[1500];
-    snprintf(cmd, sizeof cmd, "command -v bible >/dev/null 2>&1 && bash %s/scripts/corpus.sh %s.full", cli_root, path);
-    char full[600], *text = NULL;
-    size_t n = 0;
-    snprintf(full, sizeof full, "%s.full", path);
-    if (system(cmd) == 0 && !kiln_read_file(full, &text, &n)) {
-        size_t cut = n < 400000 ? n : 400000;
-        while (cut < n && !(text[cut - 1] == '\n' && text[cut] == '\n')) cut++;
-        CHECK_OK(kiln_write_file_atomic(path, text, cut));
-        free(text);
-        return;
-    }
-    printf("bible-kjv not installed: training on a made-up corpus instead\n");
-    static const char *w[] = {"the", "lord", "said", "unto", "moses", "and", "he", "went", "up", "into", "mountain", "of", "god"};
-    FILE *f = fopen(path, "w");
-    for (int i = 0; i < 60000; i++) fprintf(f, "%s%s", w[kiln_rng_u64(5, (uint64_t)i) % 13], i % 97 == 96 ? ".\n\n" : " ");
-    fclose(f);
-}
-
 static const char *prompts[] = {
     "And God said",
     "In the beginning God created the heaven and the earth.",
@@ -399,7 +377,7 @@ int main(void) {
     snprintf(run_dir, sizeof run_dir, "%s/run", dir);
     snprintf(cfg, sizeof cfg, "%s/model.json", dir);
     snprintf(rnd, sizeof rnd, "%s/random", dir);
-    make_corpus(corpus);
+    llref_make_corpus(corpus);
     /* untied, grouped-query attention (4 heads, 2 kv heads), head_dim 16 */
     write_text(cfg, "{\"vocab_size\": 512, \"hidden_size\": 64, \"intermediate_size\": 192, \"num_hidden_layers\": 2,"
                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256,"

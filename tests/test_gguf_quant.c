@@ -31,88 +31,7 @@ static char dir[256];
 static ggml_ref G;
 static bool have_ggml;
 
-/* ---- llama.h's quantization API, laid out as /tmp/lcpp/include/llama.h
- * (the version node-llama-cpp's binary is built from) ---- */
-enum llama_ftype {
-    LLAMA_FTYPE_ALL_F32 = 0,
-    LLAMA_FTYPE_MOSTLY_F16 = 1,
-    LLAMA_FTYPE_MOSTLY_Q4_0 = 2,
-    LLAMA_FTYPE_MOSTLY_Q8_0 = 7,
-    LLAMA_FTYPE_MOSTLY_Q4_K_S = 14,
-    LLAMA_FTYPE_MOSTLY_Q4_K_M = 15,
-    LLAMA_FTYPE_MOSTLY_Q5_K_S = 16,
-    LLAMA_FTYPE_MOSTLY_Q5_K_M = 17,
-    LLAMA_FTYPE_MOSTLY_Q6_K = 18,
-};
-enum ggml_type { GGML_TYPE_Q5_0 = 6, GGML_TYPE_Q5_1 = 7, GGML_TYPE_COUNT = 43 };
-struct llama_model_imatrix_data;
-struct llama_model_kv_override;
-struct llama_model_tensor_override;
-typedef struct llama_model_quantize_params {
-    int32_t nthread;
-    enum llama_ftype ftype;
-    enum ggml_type output_tensor_type;
-    enum ggml_type token_embedding_type;
-    bool allow_requantize;
-    bool quantize_output_tensor;
-    bool only_copy;
-    bool pure;
-    bool keep_split;
-    bool dry_run;
-    const struct llama_model_imatrix_data *imatrix;
-    const struct llama_model_kv_override *kv_overrides;
-    const struct llama_model_tensor_override *tt_overrides;
-    const int32_t *prune_layers;
-    size_t max_buf_size;
-} llama_model_quantize_params;
-
-static struct {
-    void *lib, *ggml;
-    llama_model_quantize_params (*default_params)(void);
-    uint32_t (*quantize)(const char *, const char *, const llama_model_quantize_params *);
-    void (*backend_init)(void);
-    void (*log_set)(void (*)(int, const char *, void *), void *);
-} L;
-
-/* llama.cpp's log, kept (the last 8 KB) for a failure's message */
-static char llama_log[8192];
-static void on_log(int level, const char *text, void *user) {
-    (void)level, (void)user;
-    size_t n = strlen(llama_log), k = strlen(text);
-    if (n + k >= sizeof llama_log) n = 0;
-    memcpy(llama_log + n, text, k + 1 < sizeof llama_log ? k + 1 : 0);
-}
-
-static bool load_llama(char *why, size_t n) {
-    char bins[1200], path[1300];
-    ggml_ref_bin_dir(bins, sizeof bins);
-    snprintf(path, sizeof path, "%s/libllama.v0.4.0.so", bins);
-    if (access(path, R_OK) != 0) {
-        snprintf(why, n, "%s not found (scripts/deps.sh --test installs node-llama-cpp)", path);
-        return false;
-    }
-    L.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!L.lib) {
-        snprintf(why, n, "dlopen %s: %s", path, dlerror());
-        return false;
-    }
-    *(void **)&L.default_params = dlsym(L.lib, "llama_model_quantize_default_params");
-    *(void **)&L.quantize = dlsym(L.lib, "llama_model_quantize");
-    *(void **)&L.backend_init = dlsym(L.lib, "llama_backend_init");
-    *(void **)&L.log_set = dlsym(L.lib, "llama_log_set");
-    if (!L.default_params || !L.quantize || !L.backend_init || !L.log_set) {
-        snprintf(why, n, "%s lacks llama_model_quantize and friends", path);
-        return false;
-    }
-    /* the CPU backend, which node-llama-cpp's binary loads from its folder */
-    snprintf(path, sizeof path, "%s/libggml.v0.4.0.so", bins);
-    L.ggml = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    void (*load_all)(const char *) = L.ggml ? (void (*)(const char *))dlsym(L.ggml, "ggml_backend_load_all_from_path") : NULL;
-    L.log_set(on_log, NULL);
-    L.backend_init();
-    if (load_all) load_all(bins);
-    return true;
-}
+/* llama.cpp's quantizer: llref_quant_load / llref_quantize (llamacpp_ref.h) */
 
 typedef struct {
     const char *tag, *config;
@@ -138,7 +57,7 @@ static const model_case models[] = {
 
 static const struct {
     const char *name;
-    enum llama_ftype ftype;
+    enum llref_ftype ftype;
 } types[] = {
     {"q8_0", LLAMA_FTYPE_MOSTLY_Q8_0},     {"q4_0", LLAMA_FTYPE_MOSTLY_Q4_0},     {"q4_k_m", LLAMA_FTYPE_MOSTLY_Q4_K_M},
     {"q4_k_s", LLAMA_FTYPE_MOSTLY_Q4_K_S}, {"q5_k_m", LLAMA_FTYPE_MOSTLY_Q5_K_M}, {"q5_k_s", LLAMA_FTYPE_MOSTLY_Q5_K_S},
@@ -262,12 +181,12 @@ static void check_model(const model_case *mc, const char *tok, const char *kiln_
             free(o);
             continue;
         }
-        llama_model_quantize_params qp = L.default_params();
+        llama_model_quantize_params qp = llref_q.default_params();
         qp.ftype = types[ti].ftype;
         qp.nthread = 2;
-        llama_log[0] = 0;
-        uint32_t qrc = L.quantize(f16, lp, &qp);
-        CHECK(qrc == 0, "llama_model_quantize %s -> %s: %u\n%s", f16, type, qrc, llama_log);
+        llref_q.log[0] = 0;
+        uint32_t qrc = llref_q.quantize(f16, lp, &qp);
+        CHECK(qrc == 0, "llama_model_quantize %s -> %s: %u\n%s", f16, type, qrc, llref_quant_log());
         if (qrc) {
             free(o);
             continue;
@@ -295,7 +214,7 @@ int main(void) {
     snprintf(dir, sizeof dir, "/tmp/kiln_test_gguf_quant_XXXXXX");
     if (!cli_init(dir) || !mkdtemp(dir)) return 1;
     char why[1500], tok[600];
-    bool have = load_llama(why, sizeof why);
+    bool have = llref_quant_load(why, sizeof why);
     if (!have) printf("test_gguf_quant: llama.cpp's quantizer not there, kiln's files are only written: %s\n", why);
     if (have) have_ggml = ggml_ref_load(&G, why, sizeof why);
     /* kiln's own byte-level BPE tokenizer, trained on made-up words */
@@ -313,7 +232,7 @@ int main(void) {
     kiln_tokenizer_free(tk);
     if (have) {
         /* the struct as the library lays it out: its defaults where known */
-        llama_model_quantize_params d = L.default_params();
+        llama_model_quantize_params d = llref_q.default_params();
         CHECK(d.ftype == LLAMA_FTYPE_MOSTLY_Q8_0 && d.output_tensor_type == GGML_TYPE_COUNT &&
                   d.token_embedding_type == GGML_TYPE_COUNT && !d.allow_requantize && d.quantize_output_tensor && !d.only_copy &&
                   !d.pure && !d.keep_split && !d.dry_run && !d.imatrix && !d.kv_overrides && !d.tt_overrides && !d.prune_layers &&
