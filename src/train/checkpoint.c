@@ -757,7 +757,7 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
     static const char *const links[] = {"model.safetensors", "model.safetensors.index.json", "config.json",
                                         "tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                         "trainer_state.json", "adapter_config.json",
-                                        "adapter_model.safetensors", "chat_template.jinja"};
+                                        "adapter_model.safetensors", "chat_template.jinja", "base.json"};
     for (size_t i = 0; i < sizeof links / sizeof links[0] && !st; i++) st = update_link(run_dir, name, links[i]);
     if (!st) st = link_shards(run_dir, name);
     if (!st) st = kiln_fsync_dir(run_dir);
