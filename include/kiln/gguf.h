@@ -1,8 +1,9 @@
 /* kiln gguf: a streaming writer of GGUF version 3 files and a checked,
  * memory-mapped reader (below the writer's declarations), the format of
- * llama.cpp (and so Ollama, LM Studio, node-llama-cpp). Part of the data
- * layer; uses core only. What goes into a model's file (names, metadata,
- * tokenizer) is the exporter's business (kiln_export_gguf, train layer).
+ * llama.cpp (and so Ollama, LM Studio, node-llama-cpp). Part of the formats
+ * layer; uses core (the tokenizer section at the end: tokenizer and
+ * model_meta). What goes into a model's file (names, metadata, tokenizer)
+ * is the exporter's business (kiln_export_gguf, train layer).
  *
  * Layout (little endian): "GGUF", u32 version 3, u64 tensor count, u64
  * key/value count; the key/value pairs (string key, u32 value type, value);
@@ -223,8 +224,8 @@ void kiln_gguf_release_pages(const kiln_gguf_file *f, const kiln_gguf_tensor *t)
  * no token; with KILN_ERR_FORMAT naming file and key: a missing key,
  * token_type/scores counts other than the tokens', a text twice, text that
  * is not UTF-8, a merge that names no token, NaN scores, add_bos_token
- * without a bos token. Only valid UTF-8 input is llama.cpp's (it cuts
- * invalid bytes into characters differently). */
+ * without a bos token. Input that is not valid UTF-8 is not checked
+ * against llama.cpp (tests/test_gguf_tok compares valid text only). */
 kiln_status kiln_gguf_tokenizer(const kiln_gguf_file *f, kiln_tokenizer **out);
 /* The special tokens and chat template as llama.cpp reads them: bos/pad
  * from tokenizer.ggml.bos_token_id / padding_token_id (bos: llama.cpp's
@@ -235,6 +236,11 @@ kiln_status kiln_gguf_tokenizer(const kiln_gguf_file *f, kiln_tokenizer **out);
  * (has_add_bos true). tok (NULL ok) must have the file's token count. Free
  * with kiln_model_meta_free. */
 kiln_status kiln_gguf_model_meta(const kiln_gguf_file *f, const kiln_tokenizer *tok, kiln_model_meta *out);
+/* What the commands read a tokenizer and a model's metadata from: a
+ * tokenizer.json (kiln_tokenizer_load) or a GGUF file's (the two above);
+ * the metadata of a model directory (kiln_model_meta_load) or a GGUF. */
+kiln_status kiln_tokenizer_open_any(const char *path, kiln_tokenizer **out);
+kiln_status kiln_model_meta_open_any(const char *dir_or_gguf, const kiln_tokenizer *tok, kiln_model_meta *out);
 
 #ifdef __cplusplus
 }

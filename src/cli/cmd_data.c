@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "kiln/gguf.h"
 #include "kiln/data.h"
 
 static const char *tokenizer_usage =
@@ -272,7 +273,7 @@ int kiln_cmd_tokenizer(int argc, char **argv) {
         if (!a.tokenizer) {
             fprintf(stderr, "kiln %s: --tokenizer FILE is required\n", cmd);
             rc = 2;
-        } else if (kiln_tokenizer_load(a.tokenizer, &t)) {
+        } else if (kiln_tokenizer_open_any(a.tokenizer, &t)) {
             rc = fail(cmd);
         } else {
             rc = sub[0] == 'e' ? cmd_encode(&a, t) : cmd_decode(&a, t);
@@ -381,7 +382,7 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     }
     if (!beside && (config || chat_template) && kiln_chat_load(config, chat_template, &chat)) {
         rc = fail(cmd);
-    } else if ((o.chat = chat), kiln_tokenizer_load(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
+    } else if ((o.chat = chat), kiln_tokenizer_open_any(a.tokenizer, &t) || kiln_tokenize_files(t, a.pos, a.n_pos, a.out, &o, &s)) {
         rc = fail(cmd);
     } else if (record_template(a.out, chat)) {
         rc = fail(cmd);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "cli.h"
 #include "kiln/backend.h"
+#include "kiln/gguf.h"
 #include "kiln/train.h"
 
 static const char *eval_usage =
@@ -121,7 +122,8 @@ static kiln_status run_config(const char *run_dir, const char *model_dir, kiln_t
 static kiln_status text_shard(const char *model_dir, const char *file, kiln_doc_split split, char *tmpdir,
                               char *shard, size_t n) {
     char tok_path[1200];
-    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
+    if (kiln_is_gguf_path(model_dir)) snprintf(tok_path, sizeof tok_path, "%s", model_dir); /* the file's own */
+    else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model_dir);
     if (access(file, R_OK) != 0) return kiln_error(KILN_ERR_IO, "--text %s: %s", file, strerror(errno));
     if (access(tok_path, R_OK) != 0)
         return kiln_error(KILN_ERR_IO, "--text needs the model's tokenizer: %s: %s", tok_path, strerror(errno));
@@ -136,7 +138,7 @@ static kiln_status text_shard(const char *model_dir, const char *file, kiln_doc_
     kiln_tokenize_opts o = {.val_frac = 0, .split = split};
     kiln_tokenize_stats s;
     const char *paths[1] = {file};
-    kiln_status st = kiln_tokenizer_load(tok_path, &tok);
+    kiln_status st = kiln_tokenizer_open_any(tok_path, &tok);
     kiln_log_set_level(KILN_LOG_WARN); /* its progress lines name the temporary directory: noise here */
     if (!st) st = kiln_tokenize_files(tok, paths, 1, tmpdir, &o, &s);
     kiln_log_set_level(KILN_LOG_INFO);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "cli.h"
 #include "kiln/backend.h"
+#include "kiln/gguf.h"
 #include "kiln/train.h"
 #include "kiln/model_meta.h"
 
@@ -172,6 +173,9 @@ static kiln_status chat_prompt(const gen_args *a, const char *dir, const kiln_to
     /* the template: --chat-template, the model's chat_template.jinja (what
      * its chat data was rendered with), tokenizer_config.json's */
     const char *tpl = a->chat_template ? a->chat_template : access(jinja, F_OK) == 0 ? jinja : NULL;
+    if (kiln_is_gguf_path(dir) && !tpl)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "--chat with %s: its tokenizer.chat_template is not used by --chat yet; give "
+                          "--chat-template FILE", dir);
     if (!have_cfg && !tpl)
         return kiln_error(KILN_ERR_INVALID,
                           "--chat: %s has no chat_template.jinja and no tokenizer_config.json (they hold the chat "
@@ -224,6 +228,7 @@ static int generate_on_device(gen_args *ap) {
         return 1;
     }
     if (a.tokenizer) snprintf(tok_path, sizeof tok_path, "%s", a.tokenizer);
+    else if (kiln_is_gguf_path(dir)) snprintf(tok_path, sizeof tok_path, "%s", dir); /* the file's own */
     else snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
     kiln_model_meta meta = {.bos_id = -1, .pad_id = -1};
 
@@ -232,7 +237,7 @@ static int generate_on_device(gen_args *ap) {
     int32_t *prompt = NULL;
     int n_prompt = 0;
     stream s = {0};
-    if (kiln_load_model_dir(dir, &m) || kiln_tokenizer_load(tok_path, &tok) || kiln_model_meta_load(dir, tok, &meta) ||
+    if (kiln_load_model_dir(dir, &m) || kiln_tokenizer_open_any(tok_path, &tok) || kiln_model_meta_open_any(dir, tok, &meta) ||
         (a.chat ? chat_prompt(&a, dir, tok, &prompt, &n_prompt) : encode_prompt(tok, a.prompt, &prompt, &n_prompt))) {
         fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
         rc = 1;

@@ -187,6 +187,10 @@ static int load_run_config(const char *run_dir, kiln_train_config *c) {
 static int need_tokenizer(kiln_train_config *c) {
     if (c->tokenizer[0]) return 0;
     char from[600];
+    if (kiln_is_gguf_path(c->init) && strlen(c->init) < sizeof c->tokenizer) { /* the file holds its tokenizer */
+        memcpy(c->tokenizer, c->init, strlen(c->init) + 1);
+        return 0;
+    }
     snprintf(from, sizeof from, "%s/tokenizer.json", c->init);
     if (c->init[0] && access(from, R_OK) == 0 && strlen(from) < sizeof c->tokenizer) {
         memcpy(c->tokenizer, from, strlen(from) + 1);

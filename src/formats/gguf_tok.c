@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include "kiln/gguf.h"
 
 #define MAX_TOKENS (1 << 24)
@@ -734,4 +735,27 @@ kiln_status kiln_gguf_model_meta(const kiln_gguf_file *f, const kiln_tokenizer *
     }
     *out = m;
     return KILN_OK;
+}
+
+static bool gguf_name(const char *p) {
+    size_t n = p ? strlen(p) : 0;
+    return n > 5 && !strcasecmp(p + n - 5, ".gguf");
+}
+
+kiln_status kiln_tokenizer_open_any(const char *path, kiln_tokenizer **out) {
+    if (!gguf_name(path)) return kiln_tokenizer_load(path, out);
+    kiln_gguf_file *f = NULL;
+    kiln_status st = kiln_gguf_open(path, &f);
+    if (!st) st = kiln_gguf_tokenizer(f, out);
+    kiln_gguf_close(f);
+    return st;
+}
+
+kiln_status kiln_model_meta_open_any(const char *dir_or_gguf, const kiln_tokenizer *tok, kiln_model_meta *out) {
+    if (!gguf_name(dir_or_gguf)) return kiln_model_meta_load(dir_or_gguf, tok, out);
+    kiln_gguf_file *f = NULL;
+    kiln_status st = kiln_gguf_open(dir_or_gguf, &f);
+    if (!st) st = kiln_gguf_model_meta(f, tok, out);
+    kiln_gguf_close(f);
+    return st;
 }

@@ -51,6 +51,7 @@
 #define kd_strmap_init kiln_kd_strmap_init
 #define kd_strmap_put kiln_kd_strmap_put
 #define kd_tok_add_merge kiln_kd_tok_add_merge
+#define kd_tok_add_merge_rank kiln_kd_tok_add_merge_rank
 #define kd_tok_finish kiln_kd_tok_finish
 #define kd_tok_new kiln_kd_tok_new
 #define kd_tok_new_base kiln_kd_tok_new_base

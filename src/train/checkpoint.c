@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kiln/safetensors.h"
+#include "kiln/gguf.h"
 #include "kiln/train.h"
 #include "hostio.h"
 
@@ -449,7 +450,14 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     if (!st && c && c->tokenizer[0]) {
         if (is_file(c->tokenizer)) {
             st = join(path, dir, "tokenizer.json");
-            if (!st) st = kiln_copy_file_atomic(c->tokenizer, path);
+            if (!st && kiln_is_gguf_path(c->tokenizer)) { /* a GGUF's tokenizer, as the tokenizer.json it is */
+                kiln_tokenizer *tk = NULL;
+                st = kiln_tokenizer_open_any(c->tokenizer, &tk);
+                if (!st) st = kiln_tokenizer_save(tk, path);
+                kiln_tokenizer_free(tk);
+            } else if (!st) {
+                st = kiln_copy_file_atomic(c->tokenizer, path);
+            }
         } else {
             kiln_log(KILN_LOG_WARN, "tokenizer %s not found; the checkpoint in %s has no tokenizer.json", c->tokenizer,
                      dir);

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include "kiln/eager.h"
 #include "kiln/model_meta.h"
+#include "kiln/gguf.h"
 #include "kiln/train.h"
 #include "tfevents.h"
 
@@ -262,7 +263,7 @@ static kiln_status check_tokenizer(kiln_trainer *t, bool resume, const kiln_shar
         memcpy(c->tokenizer, own, strlen(own) + 1);
     if (!c->tokenizer[0]) return KILN_OK;
     kiln_tokenizer *tok = NULL;
-    kiln_status st = kiln_tokenizer_load(c->tokenizer, &tok);
+    kiln_status st = kiln_tokenizer_open_any(c->tokenizer, &tok);
     if (st) return kiln_error_context(st, "--tokenizer %s", c->tokenizer);
     int64_t n = kiln_tokenizer_vocab_size(tok), V = t->model->cfg.vocab_size;
     char shard[1100];

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "kiln/safetensors.h"
 #include "kiln/model_meta.h"
+#include "kiln/gguf.h"
 #include "kiln/train.h"
 #include "hostio.h"
 
@@ -543,7 +544,7 @@ static kiln_status write_known(const char *dir, const kiln_llama *m, const kiln_
     for (int i = 0; i < m->cfg.n_eos_more && meta.n_eos < KILN_MAX_EOS; i++) /* the rest of an eos_token_id list */
         meta.eos_ids[meta.n_eos++] = (int32_t)m->cfg.eos_more[i];
     kiln_tokenizer *tok = NULL;
-    if (c && c->tokenizer[0] && is_file(c->tokenizer) && !kiln_tokenizer_load(c->tokenizer, &tok)) {
+    if (c && c->tokenizer[0] && is_file(c->tokenizer) && !kiln_tokenizer_open_any(c->tokenizer, &tok)) {
         int ids[3] = {kiln_tokenizer_bos(tok), kiln_tokenizer_eos(tok), kiln_tokenizer_pad(tok)};
         char **strs[3] = {&meta.bos_token, &meta.eos_token, &meta.pad_token};
         for (int k = 0; k < 3; k++) {
