@@ -147,6 +147,37 @@ int main(void) {
         kiln_llama_free(back);
     }
 
+    /* Llama 3.1's rope scaling: rope_freqs.weight back to its parameters */
+    {
+        char l3[600], l3g[600], pth[700];
+        snprintf(l3, sizeof l3, "%s/llama3", dir);
+        snprintf(l3g, sizeof l3g, "%s/llama3.gguf", dir);
+        mkdir(l3, 0755);
+        kiln_llama_config c3 = m->cfg;
+        c3.rope_scaling = (kiln_rope_scaling){.type = KILN_ROPE_LLAMA3, .factor = 32, .low_freq_factor = 1,
+                                              .high_freq_factor = 4, .original_max_position_embeddings = 8192};
+        c3.rope_theta = 500000;
+        kiln_llama *m3 = kiln_llama_new(&c3, 9);
+        snprintf(pth, sizeof pth, "%s/config.json", l3);
+        CHECK_OK(kiln_llama_config_save(pth, &c3));
+        snprintf(pth, sizeof pth, "%s/model.safetensors", l3);
+        CHECK_OK(kiln_save_weights(pth, m3));
+        snprintf(pth, sizeof pth, "%s/tokenizer.json", l3);
+        CHECK_OK(kiln_tokenizer_save(tk, pth));
+        rc = cli_exec((const char *[]){cli_kiln, "export", l3, "--gguf", l3g, NULL});
+        o = cli_output();
+        CHECK(rc == 0, "export llama3: %s", o);
+        free(o);
+        kiln_llama *b3 = NULL;
+        CHECK_OK(kiln_gguf_model_load(l3g, false, &b3));
+        if (b3) /* the ids come from the tokenizer's keys */
+            c3.bos_token_id = b3->cfg.bos_token_id, c3.eos_token_id = b3->cfg.eos_token_id, c3.pad_token_id = b3->cfg.pad_token_id;
+        CHECK(b3 && kiln_llama_config_equal(&b3->cfg, &c3) && params_equal(b3, m3, false),
+              "rope_freqs.weight reads back as rope_scaling llama3 (factor 32, 1, 4, 8192), the weights bit for bit");
+        kiln_llama_free(b3);
+        kiln_llama_free(m3);
+    }
+
     /* a validation window: bos + the start of val.bin */
     int32_t w[NW];
     int nw = 0;
@@ -261,6 +292,6 @@ int main(void) {
     refusals(path[0]);
     kiln_tokenizer_free(tk);
     kiln_llama_free(m);
-    CHECK(t_rmtree(dir) == 0, "cleanup");
+    if (!getenv("KILN_KEEP")) CHECK(t_rmtree(dir) == 0, "cleanup");
     TEST_END();
 }

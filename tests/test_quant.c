@@ -50,7 +50,10 @@ static void gen(int kind, float *x, int64_t n) {
 static int scale_offsets(kiln_qtype t, int *off) {
     switch (t) {
     case KILN_QT_Q8_0:
-    case KILN_QT_Q4_0: off[0] = 0; return 1;
+    case KILN_QT_Q4_0:
+    case KILN_QT_Q5_0: off[0] = 0; return 1;
+    case KILN_QT_Q4_1:
+    case KILN_QT_Q5_1:
     case KILN_QT_Q4_K:
     case KILN_QT_Q5_K: off[0] = 0, off[1] = 2; return 2;
     case KILN_QT_Q6_K: off[0] = 208; return 1;
@@ -59,7 +62,7 @@ static int scale_offsets(kiln_qtype t, int *off) {
 }
 
 static void check_table(void) {
-    CHECK(kiln_qtype_count() == 8, "%d types", kiln_qtype_count());
+    CHECK(kiln_qtype_count() == 11, "%d types", kiln_qtype_count());
     for (int i = 0; i < kiln_qtype_count(); i++) {
         const kiln_qtype_info *q = kiln_qtype_at(i);
         CHECK(kiln_qtype_find((int)q->type) == q && kiln_qtype_by_name(q->name) == q, "%s lookup", q->name);
@@ -76,11 +79,11 @@ static void check_table(void) {
                   "%s against ggml: %s", q->name, tr ? tr->type_name : why);
         }
     }
-    CHECK(kiln_qtype_find(3) == NULL && kiln_qtype_by_name("q4_1") == NULL, "q4_1 known");
+    CHECK(kiln_qtype_find(10) == NULL && kiln_qtype_by_name("q2_k") == NULL, "q2_k known");
     float x[32] = {0};
     uint8_t y[64];
-    CHECK(kiln_q_quantize((kiln_qtype)3, x, y, 32) == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "type 3"),
-          "q4_1: %s", kiln_last_error());
+    CHECK(kiln_q_quantize((kiln_qtype)10, x, y, 32) == KILN_ERR_UNSUPPORTED && strstr(kiln_last_error(), "type 10"),
+          "q2_k: %s", kiln_last_error());
     CHECK(kiln_q_quantize(KILN_QT_Q4_K, x, y, 32) == KILN_ERR_SHAPE && strstr(kiln_last_error(), "q4_k") &&
               strstr(kiln_last_error(), "256"),
           "q4_k of 32: %s", kiln_last_error());
@@ -197,6 +200,9 @@ static void check_quant(const kiln_qtype_info *q) {
     /* the bound the round trip must keep, of a block's largest magnitude */
     double bound = q->type == KILN_QT_Q8_0 ? 0.006
                    : q->type == KILN_QT_Q4_0 ? 0.13
+                   : q->type == KILN_QT_Q4_1 ? 0.07
+                   : q->type == KILN_QT_Q5_0 ? 0.07
+                   : q->type == KILN_QT_Q5_1 ? 0.04
                    : q->type == KILN_QT_Q4_K ? 0.2
                    : q->type == KILN_QT_Q5_K ? 0.1
                    : q->type == KILN_QT_Q6_K ? 0.05

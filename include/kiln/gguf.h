@@ -59,6 +59,9 @@ typedef enum {
     KILN_GGML_F32 = 0,
     KILN_GGML_F16 = 1,
     KILN_GGML_Q4_0 = 2,  /* blocks of 32 in 18 bytes */
+    KILN_GGML_Q4_1 = 3,  /* blocks of 32 in 20 bytes */
+    KILN_GGML_Q5_0 = 6,  /* blocks of 32 in 22 bytes */
+    KILN_GGML_Q5_1 = 7,  /* blocks of 32 in 24 bytes */
     KILN_GGML_Q8_0 = 8,  /* blocks of 32: f16 scale d, then 32 int8 q; x = d * q */
     KILN_GGML_Q4_K = 12, /* blocks of 256 in 144 bytes */
     KILN_GGML_Q5_K = 13, /* blocks of 256 in 176 bytes */

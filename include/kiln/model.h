@@ -163,11 +163,14 @@ kiln_status kiln_lora_config_validate(const kiln_lora_config *lc);
  * parameter (no gradient, no optimiser state). Once per model. */
 kiln_status kiln_llama_lora_add(kiln_llama *m, const kiln_lora_config *lc, uint64_t seed);
 /* --base-dtype: holds the frozen base's linear weights (the seven
- * projections of every layer, the bulk of the parameters) in dt, KILN_BF16
- * (rounded to nearest even; no fp32 copy is kept) or back in KILN_F32.
- * Their products become bf16 products (kiln_matmul: a bf16 operand makes
- * one); embeddings, norms, biases, the head and the adapters stay fp32.
- * bf16 needs adapters (a frozen base). */
+ * projections of every layer, the bulk of the parameters) in dt: KILN_BF16
+ * (rounded to nearest even; its products become bf16 products), KILN_F16
+ * or one of ggml's block types (kiln_tensor_convert: ggml's reference
+ * quantization; products on the dequantized rows, fp32 or bf16 under
+ * autocast), or back in KILN_F32. No fp32 copy is kept. Embeddings, norms,
+ * biases, the head and the adapters stay as they are. Anything but fp32
+ * needs adapters (a frozen base); a base already held in another type is
+ * not cast again (requantizing loses more). */
 kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt);
 /* W += scaling B A for every adapter (in double), then removes the
  * adapters: the model is a plain one, every parameter trainable again. A

@@ -8,6 +8,13 @@
  *   q8_0  32 values in 34 bytes: f16 d, int8 q[32];            x = d*q
  *   q4_0  32 values in 18 bytes: f16 d, u8 qs[16] (value j in the low
  *         nibble of qs[j], value j+16 in its high nibble);     x = d*(q-8)
+ *   q4_1  32 values in 20 bytes: f16 d, f16 m, u8 qs[16] (nibbles as
+ *         q4_0's);                                         x = d*q + m
+ *   q5_0  32 values in 22 bytes: f16 d, u8 qh[4], u8 qs[16]: q's low four
+ *         bits in nibbles as q4_0's, its fifth bit value j's bit j of qh
+ *         (read as a little-endian u32);                   x = d*(q-16)
+ *   q5_1  32 values in 24 bytes: f16 d, f16 m, u8 qh[4], u8 qs[16] (bits
+ *         as q5_0's);                                      x = d*q + m
  *   q4_k  256 values in 144 bytes: f16 d, f16 dmin, u8 scales[12] (8 six-bit
  *         scales and 8 six-bit mins), u8 qs[128];  x = d*sc*q - dmin*m
  *   q5_k  256 values in 176 bytes: f16 d, f16 dmin, u8 scales[12],
@@ -20,7 +27,8 @@
  * ggml's reference quantizer's bytes (quantize_row_*_ref, which is what
  * ggml_quantize_chunk runs without an importance matrix) for the same
  * input: the same scale search (make_qkx2_quants for q4_k/q5_k,
- * make_qx_quants for q6_k) in float, in ggml's order. tests/test_quant.c
+ * make_qx_quants for q6_k; the block's max |x| for q8_0/q4_0/q5_0, its min
+ * and max for q4_1/q5_1) in float, in ggml's order. tests/test_quant.c
  * checks both against libggml-base.so. Inputs must be finite. An f16 NaN
  * dequantizes quiet, as ggml's conversion gives it.
  *
@@ -41,6 +49,9 @@ typedef enum {
     KILN_QT_F32 = 0,
     KILN_QT_F16 = 1,
     KILN_QT_Q4_0 = 2,
+    KILN_QT_Q4_1 = 3,
+    KILN_QT_Q5_0 = 6,
+    KILN_QT_Q5_1 = 7,
     KILN_QT_Q8_0 = 8,
     KILN_QT_Q4_K = 12,
     KILN_QT_Q5_K = 13,
@@ -50,7 +61,7 @@ typedef enum {
 
 typedef struct {
     kiln_qtype type; /* ggml's type id */
-    const char *name; /* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k" */
+    const char *name; /* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", ... */
     int block;        /* values per block */
     int bytes;        /* bytes per block */
     bool quantized;   /* a block format with scales (not a plain float) */

@@ -44,6 +44,7 @@ static const struct {
     int block, bytes;
 } g_types[] = {
     {KILN_GGML_F32, "F32", 1, 4},      {KILN_GGML_F16, "F16", 1, 2},       {KILN_GGML_Q4_0, "Q4_0", 32, 18},
+    {KILN_GGML_Q4_1, "Q4_1", 32, 20},  {KILN_GGML_Q5_0, "Q5_0", 32, 22},   {KILN_GGML_Q5_1, "Q5_1", 32, 24},
     {KILN_GGML_Q8_0, "Q8_0", 32, 34},  {KILN_GGML_Q4_K, "Q4_K", 256, 144}, {KILN_GGML_Q5_K, "Q5_K", 256, 176},
     {KILN_GGML_Q6_K, "Q6_K", 256, 210}, {KILN_GGML_BF16, "BF16", 1, 2},
 };
@@ -100,6 +101,9 @@ kiln_status kiln_ggml_convert(kiln_ggml_type t, const float *x, int64_t n, void 
         return KILN_OK;
     }
     case KILN_GGML_Q4_0:
+    case KILN_GGML_Q4_1:
+    case KILN_GGML_Q5_0:
+    case KILN_GGML_Q5_1:
     case KILN_GGML_Q4_K:
     case KILN_GGML_Q5_K:
     case KILN_GGML_Q6_K:

@@ -4,6 +4,7 @@
  * bit (the build's -ffp-contract=off keeps a*b+c two roundings, as ggml's
  * portable code computes it). Blocks are read and written as bytes (no
  * struct casts: a row may start at any byte). */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 #include <strings.h>
@@ -15,8 +16,10 @@
 static const kiln_qtype_info g_types[] = {
     {KILN_QT_F32, "f32", 1, 4, false},     {KILN_QT_F16, "f16", 1, 2, false},
     {KILN_QT_BF16, "bf16", 1, 2, false},   {KILN_QT_Q8_0, "q8_0", 32, 34, true},
-    {KILN_QT_Q4_0, "q4_0", 32, 18, true},  {KILN_QT_Q4_K, "q4_k", QK, 144, true},
-    {KILN_QT_Q5_K, "q5_k", QK, 176, true}, {KILN_QT_Q6_K, "q6_k", QK, 210, true},
+    {KILN_QT_Q4_0, "q4_0", 32, 18, true},  {KILN_QT_Q4_1, "q4_1", 32, 20, true},
+    {KILN_QT_Q5_0, "q5_0", 32, 22, true},  {KILN_QT_Q5_1, "q5_1", 32, 24, true},
+    {KILN_QT_Q4_K, "q4_k", QK, 144, true}, {KILN_QT_Q5_K, "q5_k", QK, 176, true},
+    {KILN_QT_Q6_K, "q6_k", QK, 210, true},
 };
 #define N_TYPES ((int)(sizeof g_types / sizeof g_types[0]))
 
@@ -89,6 +92,51 @@ static void deq_q4_0(const uint8_t *x, float *y, int64_t nb) {
             const int x0 = (qs[j] & 0x0F) - 8, x1 = (qs[j] >> 4) - 8;
             y[j] = x0 * d;
             y[j + 16] = x1 * d;
+        }
+    }
+}
+
+static void deq_q4_1(const uint8_t *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 20, y += 32) {
+        const float d = h2f(x), m = h2f(x + 2);
+        const uint8_t *qs = x + 4;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = qs[j] & 0x0F, x1 = qs[j] >> 4;
+            y[j] = x0 * d + m;
+            y[j + 16] = x1 * d + m;
+        }
+    }
+}
+
+/* The 32 fifth bits of a q5_0/q5_1 block: bit j for value j. */
+static inline uint32_t qh_bits(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void deq_q5_0(const uint8_t *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 22, y += 32) {
+        const float d = h2f(x);
+        const uint32_t qh = qh_bits(x + 2);
+        const uint8_t *qs = x + 6;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (int)((qs[j] & 0x0Fu) | ((qh >> j) & 1u) << 4) - 16;
+            const int x1 = (int)((qs[j] >> 4) | ((qh >> (j + 16)) & 1u) << 4) - 16;
+            y[j] = x0 * d;
+            y[j + 16] = x1 * d;
+        }
+    }
+}
+
+static void deq_q5_1(const uint8_t *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 24, y += 32) {
+        const float d = h2f(x), m = h2f(x + 2);
+        const uint32_t qh = qh_bits(x + 4);
+        const uint8_t *qs = x + 8;
+        for (int j = 0; j < 16; j++) {
+            const int x0 = (int)((qs[j] & 0x0Fu) | ((qh >> j) & 1u) << 4);
+            const int x1 = (int)((qs[j] >> 4) | ((qh >> (j + 16)) & 1u) << 4);
+            y[j] = x0 * d + m;
+            y[j + 16] = x1 * d + m;
         }
     }
 }
@@ -198,6 +246,9 @@ kiln_status kiln_q_dequantize(kiln_qtype t, const void *src, float *dst, int64_t
         break;
     case KILN_QT_Q8_0: deq_q8_0(x, dst, nb); break;
     case KILN_QT_Q4_0: deq_q4_0(x, dst, nb); break;
+    case KILN_QT_Q4_1: deq_q4_1(x, dst, nb); break;
+    case KILN_QT_Q5_0: deq_q5_0(x, dst, nb); break;
+    case KILN_QT_Q5_1: deq_q5_1(x, dst, nb); break;
     case KILN_QT_Q4_K: deq_q4_k(x, dst, nb); break;
     case KILN_QT_Q5_K: deq_q5_k(x, dst, nb); break;
     case KILN_QT_Q6_K: deq_q6_k(x, dst, nb); break;
@@ -240,6 +291,81 @@ static void q_q4_0(const float *x, uint8_t *y, int64_t nb) {
             const uint8_t xi1 = (uint8_t)imin(15, (int8_t)trunc_int(x1 + 8.5f));
             y[2 + j] = (uint8_t)(xi0 | (xi1 << 4));
         }
+    }
+}
+
+/* The block's min and max as ggml's q4_1/q5_1 find them (from FLT_MAX). */
+static void min_max(const float *x, float *mn, float *mx) {
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < min) min = x[j];
+        if (x[j] > max) max = x[j];
+    }
+    *mn = min, *mx = max;
+}
+
+static void put_qh(uint8_t *p, uint32_t qh) {
+    for (int k = 0; k < 4; k++) p[k] = (uint8_t)(qh >> (8 * k));
+}
+
+static void q_q4_1(const float *x, uint8_t *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32, y += 20) {
+        float min, max;
+        min_max(x, &min, &max);
+        const float d = (max - min) / 15;
+        const float id = d ? 1.0f / d : 0.0f;
+        f2h(y, d);
+        f2h(y + 2, min);
+        for (int j = 0; j < 16; ++j) {
+            const float x0 = (x[j] - min) * id, x1 = (x[16 + j] - min) * id;
+            const uint8_t xi0 = (uint8_t)imin(15, (int8_t)trunc_int(x0 + 0.5f));
+            const uint8_t xi1 = (uint8_t)imin(15, (int8_t)trunc_int(x1 + 0.5f));
+            y[4 + j] = (uint8_t)(xi0 | (xi1 << 4));
+        }
+    }
+}
+
+static void q_q5_0(const float *x, uint8_t *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32, y += 22) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            const float v = x[j];
+            if (amax < fabsf(v)) {
+                amax = fabsf(v);
+                max = v;
+            }
+        }
+        const float d = max / -16;
+        const float id = d ? 1.0f / d : 0.0f;
+        f2h(y, d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const float x0 = x[j] * id, x1 = x[16 + j] * id;
+            const uint8_t xi0 = (uint8_t)imin(31, (int8_t)trunc_int(x0 + 16.5f));
+            const uint8_t xi1 = (uint8_t)imin(31, (int8_t)trunc_int(x1 + 16.5f));
+            y[6 + j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+            qh |= (uint32_t)((xi0 >> 4) & 1) << j | (uint32_t)((xi1 >> 4) & 1) << (j + 16);
+        }
+        put_qh(y + 2, qh);
+    }
+}
+
+static void q_q5_1(const float *x, uint8_t *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32, y += 24) {
+        float min, max;
+        min_max(x, &min, &max);
+        const float d = (max - min) / 31;
+        const float id = d ? 1.0f / d : 0.0f;
+        f2h(y, d);
+        f2h(y + 2, min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; ++j) {
+            const float x0 = (x[j] - min) * id, x1 = (x[16 + j] - min) * id;
+            const uint8_t xi0 = (uint8_t)trunc_int(x0 + 0.5f), xi1 = (uint8_t)trunc_int(x1 + 0.5f); /* no clamp, as ggml */
+            y[8 + j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+            qh |= (uint32_t)((xi0 >> 4) & 1) << j | (uint32_t)((xi1 >> 4) & 1) << (j + 16);
+        }
+        put_qh(y + 4, qh);
     }
 }
 
@@ -521,6 +647,9 @@ kiln_status kiln_q_quantize(kiln_qtype t, const float *src, void *dst, int64_t n
         break;
     case KILN_QT_Q8_0: q_q8_0(src, y, nb); break;
     case KILN_QT_Q4_0: q_q4_0(src, y, nb); break;
+    case KILN_QT_Q4_1: q_q4_1(src, y, nb); break;
+    case KILN_QT_Q5_0: q_q5_0(src, y, nb); break;
+    case KILN_QT_Q5_1: q_q5_1(src, y, nb); break;
     case KILN_QT_Q4_K: q_q4_k(src, y, nb); break;
     case KILN_QT_Q5_K: q_q5_k(src, y, nb); break;
     case KILN_QT_Q6_K: q_q6_k(src, y, nb); break;

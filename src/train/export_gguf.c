@@ -142,7 +142,7 @@ static kiln_status set_arch(kiln_gguf_writer *w, const kiln_llama_config *c, con
  * wavelengths below original_max / high_freq_factor, factor above
  * original_max / low_freq_factor, and between them the inverse of the
  * interpolation weight (1 - s) / factor + s. */
-static float *llama3_freq_factors(const kiln_llama_config *c) {
+float *kiln_llama3_freq_factors(const kiln_llama_config *c) {
     const kiln_rope_scaling *r = &c->rope_scaling;
     int64_t half = c->head_dim / 2;
     float *f = malloc((size_t)half * sizeof *f);
@@ -379,7 +379,7 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
     const kiln_llama_config *c = &m->cfg;
     kiln_gguf_writer *w = NULL;
     out_tensor *ot = calloc((size_t)(4 + 18 * c->num_hidden_layers), sizeof *ot);
-    float *freqs = a.rope_freqs ? llama3_freq_factors(c) : NULL;
+    float *freqs = a.rope_freqs ? kiln_llama3_freq_factors(c) : NULL;
     const char *slash = strrchr(run_or_model_dir, '/');
     const char *name = opts->name ? opts->name : (slash && slash[1] ? slash + 1 : run_or_model_dir);
     if (!st && (!ot || (a.rope_freqs && !freqs))) st = kiln_error(KILN_ERR_OOM, "out of memory");

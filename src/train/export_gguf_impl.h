@@ -59,4 +59,8 @@ kiln_status kiln_export_check_target(const char *source, const char *model_dir, 
  * <pid>, TARGET.kiln-old-<pid>, TARGET.tmp.<pid>...) whose process is gone,
  * saying so in one log line. */
 kiln_status kiln_export_clean(const char *target);
+/* rope_scaling llama3 as llama.cpp holds it: one divisor per frequency
+ * (rope_freqs.weight, head_dim / 2 floats, malloc'd; NULL on OOM);
+ * gguf_model.c inverts it. */
+float *kiln_llama3_freq_factors(const kiln_llama_config *c);
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 #include "kiln/quant.h"
 #include "kiln/train.h"
+#include "export_gguf_impl.h"
 
 typedef struct {
     const char *arch;
@@ -74,6 +75,16 @@ static kiln_status get_float(const kiln_gguf_file *f, const char *key, double df
     kiln_status st = kiln_gguf_get_f32(f, key, &x);
     if (st) return st;
     if (!isfinite(x) || x <= 0) return kiln_error(KILN_ERR_FORMAT, "%s: key %s = %g must be finite and > 0", kiln_gguf_path(f), key, x);
+    /* the shortest decimal that is this float (1e-5, not 9.99999975e-6):
+     * what the config held before it was stored as f32 */
+    for (int d = 1; d <= 9; d++) {
+        char b[32];
+        snprintf(b, sizeof b, "%.*g", d, (double)x);
+        if (strtof(b, NULL) == x) {
+            *out = strtod(b, NULL);
+            return KILN_OK;
+        }
+    }
     *out = x;
     return KILN_OK;
 }
@@ -104,6 +115,53 @@ static kiln_status check_keys(const kiln_gguf_file *f, const char *arch) {
                               "the network or is another architecture's)", kiln_gguf_path(f), k, arch);
     }
     return KILN_OK;
+}
+
+/* rope_freqs.weight: Llama 3.1's rope scaling as one divisor per
+ * frequency. kiln computes with its four parameters, so they are found
+ * back: the factor is the largest divisor, and the first of the usual
+ * (original context, low, high) triples whose divisors come out the same
+ * (1e-6) is taken; a table no triple reproduces is refused. */
+static kiln_status read_llama3(const kiln_gguf_file *f, const kiln_gguf_tensor *t, kiln_llama_config *c) {
+    const char *path = kiln_gguf_path(f);
+    int64_t half = c->head_dim / 2;
+    if (c->family != KILN_FAMILY_LLAMA)
+        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: tensor rope_freqs.weight outside the llama architecture", path);
+    if (t->type != KILN_GGML_F32 || t->ndim != 1 || t->shape[0] != half)
+        return kiln_error(KILN_ERR_FORMAT, "%s: tensor rope_freqs.weight must be F32 [%lld] (head_dim / 2)", path, (long long)half);
+    const float *v = t->data;
+    float mx = 0;
+    for (int64_t j = 0; j < half; j++) {
+        float x;
+        memcpy(&x, v + j, 4);
+        if (!isfinite(x) || x < 1) return kiln_error(KILN_ERR_FORMAT, "%s: rope_freqs.weight[%lld] = %g is not >= 1", path, (long long)j, x);
+        if (x > mx) mx = x;
+    }
+    static const int64_t origs[] = {8192, 4096, 2048, 16384, 32768, 65536, 131072};
+    static const double lows[] = {1, 2, 0.5, 4}, highs[] = {4, 8, 2, 16, 1};
+    for (size_t o = 0; o < sizeof origs / sizeof *origs; o++)
+        for (size_t l = 0; l < sizeof lows / sizeof *lows; l++)
+            for (size_t h = 0; h < sizeof highs / sizeof *highs; h++) {
+                if (highs[h] <= lows[l]) continue;
+                kiln_llama_config k = *c;
+                k.rope_scaling = (kiln_rope_scaling){.type = KILN_ROPE_LLAMA3, .factor = mx, .low_freq_factor = lows[l],
+                                                     .high_freq_factor = highs[h], .original_max_position_embeddings = origs[o]};
+                float *g = kiln_llama3_freq_factors(&k);
+                if (!g) return kiln_error(KILN_ERR_OOM, "out of memory");
+                bool same = true;
+                for (int64_t j = 0; j < half && same; j++) {
+                    float x;
+                    memcpy(&x, v + j, 4);
+                    same = fabs((double)g[j] - x) <= 1e-6 * x;
+                }
+                free(g);
+                if (same) {
+                    c->rope_scaling = k.rope_scaling;
+                    return KILN_OK;
+                }
+            }
+    return kiln_error(KILN_ERR_UNSUPPORTED, "%s: tensor rope_freqs.weight: no llama3 rope scaling (factor %g; original context, "
+                      "low and high frequency factors of the usual values) gives these divisors", path, mx);
 }
 
 static kiln_status read_config(const kiln_gguf_file *f, kiln_llama_config *c, const arch_row **row) {
@@ -183,9 +241,8 @@ static kiln_status read_config(const kiln_gguf_file *f, kiln_llama_config *c, co
         snprintf(k, sizeof k, "%s.rope.scaling.factor", arch);
         if (kiln_gguf_find(f, k)) return kiln_error(KILN_ERR_FORMAT, "%s: %s without a rope.scaling.type", path, k);
     }
-    if (tensor(f, "rope_freqs.weight"))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: tensor rope_freqs.weight (per-frequency RoPE factors, Llama 3.1's rope "
-                          "scaling): kiln does not read it back from GGUF yet", path);
+    const kiln_gguf_tensor *rf = tensor(f, "rope_freqs.weight");
+    if (rf && (st = read_llama3(f, rf, c))) return st;
     /* the vocabulary is the embedding's row count */
     const kiln_gguf_tensor *e = tensor(f, "token_embd.weight");
     if (!e) return kiln_error(KILN_ERR_FORMAT, "%s: tensor token_embd.weight missing", path);
@@ -333,10 +390,11 @@ static kiln_status load_tensors(const load_ctx *c, kiln_llama *m, int qk_heads_q
         if (st) return kiln_error_context(st, "reading %s", gg);
         used++;
     }
-    if (used != n_file)
+    bool llama3 = m->cfg.rope_scaling.type == KILN_ROPE_LLAMA3; /* rope_freqs.weight went into the config */
+    if (used + llama3 != n_file)
         for (int64_t i = 0; i < n_file; i++) {
             const char *nm = kiln_gguf_tensor_at(c->f, i)->name;
-            bool found = false;
+            bool found = llama3 && !strcmp(nm, "rope_freqs.weight");
             for (int j = 0; j < m->n_base && !found; j++) {
                 char gg[96];
                 found = gguf_name(m->params[j]->name, gg, sizeof gg) && !strcmp(gg, nm);

@@ -1,6 +1,10 @@
-/* GGUF reader: header, metadata of every type, tensor infos, offsets. */
+/* GGUF reader: header, metadata of every type, tensor infos, offsets;
+ * then what kiln builds from a file that opens: its tokenizer
+ * (tokenizer.ggml.*), its metadata, and the model (config from {arch}.*,
+ * tensors checked and read, dequantized to fp32). */
 #include "fuzz.h"
 #include "kiln/gguf.h"
+#include "kiln/train.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzz_quiet();
@@ -21,7 +25,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (kv->data && kv->n) sink ^= ((const uint8_t *)kv->data)[0];
         }
         (void)sink;
+        kiln_tokenizer *tok = NULL;
+        if (kiln_gguf_tokenizer(f, &tok) == KILN_OK) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            if (kiln_tokenizer_encode(tok, "Hello, world 123", 16, &ids, &n) == KILN_OK) free(ids);
+        }
+        kiln_model_meta meta;
+        if (kiln_gguf_model_meta(f, tok, &meta) == KILN_OK) kiln_model_meta_free(&meta);
+        kiln_tokenizer_free(tok);
         kiln_gguf_close(f);
+        kiln_llama *m = NULL;
+        if (kiln_gguf_model_load(fuzz_file(data, size, ".gguf"), false, &m) == KILN_OK) kiln_llama_free(m);
     }
     return 0;
 }
