@@ -12,9 +12,8 @@
  *   qwen2   q/k/v biases, tied embeddings (token_embd is the output: Q6_K)
  *   qwen3   tied; head_dim 40 x 4 heads (attn_output rows of 160: not whole
  *           blocks of 256, so Q6_K falls back to Q8_0) and intermediate 328
- *           (ffn_down rows not whole blocks of 32: F16); the q4_k/q5_k types,
- *           which llama.cpp writes there as Q5_0/Q5_1, are refused by kiln
- *           naming the tensor, and llama.cpp's file is checked to hold them
+ *           (ffn_down rows not whole blocks of 32: F16); with the q4_k/q5_k
+ *           types attn_output falls back to Q5_0/Q5_1, as llama.cpp's does
  * A table per model prints tensors equal / total for each type. Skips with
  * one line when the library is missing. */
 #include <dlfcn.h>
@@ -241,16 +240,11 @@ int main(void) {
               (int)d.ftype, (int)d.output_tensor_type, d.max_buf_size);
     }
     for (int i = 0; i < N_MODELS; i++) check_model(&models[i], tok, have ? NULL : why);
-    /* kiln's refusal also without llama.cpp: the message */
     char mdir[600], out[700];
     snprintf(mdir, sizeof mdir, "%s/qwen3", dir);
     snprintf(out, sizeof out, "%s/refused.gguf", dir);
-    int rc = cli_exec((const char *[]){cli_kiln, "export", mdir, "--gguf", out, "--type", "q4_k_m", NULL});
-    char *o = cli_output();
-    CHECK(rc == 1 && strstr(o, "attn_output.weight") && strstr(o, "Q5_0") && strstr(o, "160") && strstr(o, "q4_k_m"),
-          "q4_k_m of rows of 160: rc %d: %s", rc, o);
-    free(o);
-    CHECK(access(out, F_OK) != 0, "a refused export left %s", out);
+    int rc;
+    char *o;
     rc = cli_exec((const char *[]){cli_kiln, "export", mdir, "--gguf", out, "--type", "q3_k_m", NULL});
     o = cli_output();
     CHECK(rc == 2 && strstr(o, "q3_k_m") && strstr(o, "q4_k_m"), "unknown --type q3_k_m: rc %d: %s", rc, o);

@@ -144,6 +144,9 @@ static tspec *make_tensors(int *nt) {
         {"blk.0.attn_k.weight", KILN_GGML_BF16, 1, {7}, 0, 0},
         {"blk.0.ffn_up.weight", KILN_GGML_Q8_0, 2, {3, 64}, 0, 0},
         {"blk.0.ffn_down.weight", KILN_GGML_Q4_0, 3, {2, 2, 32}, 0, 0},
+        {"blk.1.ffn_up.weight", KILN_GGML_Q4_1, 2, {3, 64}, 0, 0},
+        {"blk.1.ffn_down.weight", KILN_GGML_Q5_0, 3, {2, 1, 96}, 0, 0},
+        {"blk.1.ffn_gate.weight", KILN_GGML_Q5_1, 2, {5, 32}, 0, 0},
         {"blk.0.ffn_gate.weight", KILN_GGML_Q4_K, 2, {2, 256}, 0, 0},
         {"blk.0.attn_v.weight", KILN_GGML_Q5_K, 2, {3, 512}, 0, 0},
         {"output.weight", KILN_GGML_Q6_K, 4, {1, 1, 2, 256}, 0, 0},
@@ -337,8 +340,8 @@ static void check_hostile(void) {
     EDIT("0 dimensions", KILN_ERR_FORMAT, "tensor a.weight has 0 dimensions", put32(b, tinfo("a.weight"), 0));
     EDIT("dimension overflow", KILN_ERR_FORMAT, "tensor a.weight: size",
          put64(b, tinfo("a.weight") + 4, 1ull << 62), put64(b, tinfo("a.weight") + 12, 1ull << 62));
-    EDIT("type q4_1", KILN_ERR_UNSUPPORTED, "tensor b.weight has tensor type 3 (q4_1), which kiln does not read",
-         put32(b, tinfo("b.weight") + 4 + 8, 3));
+    EDIT("type q2_K", KILN_ERR_UNSUPPORTED, "tensor b.weight has tensor type 10 (q2_K), which kiln does not read",
+         put32(b, tinfo("b.weight") + 4 + 8, 10));
     EDIT("type 99", KILN_ERR_UNSUPPORTED, "tensor b.weight has tensor type 99 (unknown to ggml too)",
          put32(b, tinfo("b.weight") + 4 + 8, 99));
     EDIT("q4_k row not whole blocks", KILN_ERR_FORMAT, "tensor b.weight: rows of 128 values are not whole Q4_K blocks of 256",

@@ -332,7 +332,7 @@ static void trainer(void) {
 
 int main(void) {
     kiln_eager_enable();
-    const kiln_dtype types[] = {KILN_F16, KILN_Q8_0, KILN_Q4_0, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K};
+    const kiln_dtype types[] = {KILN_F16, KILN_Q8_0, KILN_Q4_0, KILN_Q4_1, KILN_Q5_0, KILN_Q5_1, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) numerics(types[i]);
     products();
     refusals();

@@ -91,22 +91,23 @@ void kiln_log_set_level(kiln_log_level min_level);
 /* KILN_F16 and the block types hold weights as files ship them: safetensors
  * F16 is converted to the parameter dtype on load; a frozen base (LoRA) may
  * keep its linear weights in F16 or in one of ggml's block formats (a
- * GGUF's Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: kiln/quant.h has their layouts),
+ * GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: kiln/quant.h has their layouts),
  * which only a matmul's weight operand takes (it dequantizes them tile by
  * tile). A block type's tensor has rows (its last dim) of whole blocks; its
  * bytes are rows x blocks per row x bytes per block. */
 typedef enum {
     KILN_F32 = 0, KILN_BF16 = 1, KILN_I32 = 2, KILN_F16 = 3,
     KILN_Q8_0 = 4, KILN_Q4_0 = 5, KILN_Q4_K = 6, KILN_Q5_K = 7, KILN_Q6_K = 8,
+    KILN_Q4_1 = 9, KILN_Q5_0 = 10, KILN_Q5_1 = 11,
 } kiln_dtype;
-#define KILN_N_DTYPES 9
+#define KILN_N_DTYPES 12
 /* Bytes of one element; 0 for a block type (use kiln_shape_bytes). */
 size_t kiln_dtype_size(kiln_dtype dt);
 const char *kiln_dtype_name(kiln_dtype dt); /* "f32", ..., "q4_k"; "?" if unknown */
 /* Values per block (1 for the plain types) and bytes per block. */
 int kiln_dtype_block(kiln_dtype dt);
 int kiln_dtype_block_bytes(kiln_dtype dt);
-static inline bool kiln_dtype_is_block(kiln_dtype dt) { return dt >= KILN_Q8_0 && dt <= KILN_Q6_K; }
+static inline bool kiln_dtype_is_block(kiln_dtype dt) { return dt >= KILN_Q8_0 && dt <= KILN_Q5_1; }
 /* A weight type a matmul dequantizes (F16 and the block types). */
 static inline bool kiln_dtype_is_dequant(kiln_dtype dt) { return dt == KILN_F16 || kiln_dtype_is_block(dt); }
 

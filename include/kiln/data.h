@@ -26,7 +26,7 @@ extern "C" {
 
 /* ---- token shards --------------------------------------------------------
  * File layout (little endian), 64-byte header then the tokens:
- *   0  "KILNTOK1"          8  u32 version (2)     12 u32 token width (2 or 4)
+ *   0  "KILNTOK1"          8  u32 version (2 or 3)  12 u32 token width (2 or 4)
  *   16 u64 token count     24 u32 vocab size      28 u32 eos id
  *   32 u32 pad id          36 u32 bos id (0xffffffff = none)
  *   40 u64 document count  48 u32 flags           52 12 bytes reserved (zero)
@@ -34,11 +34,21 @@ extern "C" {
  * followed by the eos id. Flag bit 0 (KILN_SHARD_MASKED): a loss mask of
  * one byte per token follows the tokens, 1 = the token is a training target,
  * 0 = it is context only (a prompt, a user turn) and never a target.
- * Version 1 files (no flags, no mask: every token a target) are still read. */
+ * Flag bit 1 (KILN_SHARD_PAIRS, version 3 only): the documents are
+ * preference pairs, documents 2i and 2i+1 the chosen and the rejected answer
+ * to one prompt (each the prompt's tokens, the answer's, then the eos), and
+ * after the tokens and the mask, zero-padded to a multiple of 8 bytes from
+ * the file's start, come n_docs u64: the end of each document (the index
+ * after its eos), since a chat template may put the eos id inside a
+ * document. Shards without pairs are still written as version 2; version 1
+ * files (no flags, no mask: every token a target) are still read. A reader
+ * of version 2 refuses a pairs shard (its version, or on a version 2 header
+ * its unknown flag), never reading the pairs as documents. */
 #define KILN_SHARD_MAGIC "KILNTOK1"
-#define KILN_SHARD_VERSION 2
+#define KILN_SHARD_VERSION 3
 #define KILN_SHARD_HEADER 64
 #define KILN_SHARD_MASKED 1u
+#define KILN_SHARD_PAIRS 2u
 
 typedef struct {
     uint32_t version, width, vocab_size, eos_id, pad_id, bos_id;
@@ -49,9 +59,16 @@ typedef struct {
 /* Writes a shard atomically (tokens must be < vocab_size). */
 kiln_status kiln_shard_write(const char *path, const int32_t *tokens, size_t count,
                              const kiln_shard_info *info);
-/* The same with a loss mask (count bytes, each 0 or 1; NULL = none). */
+/* The same with a loss mask (count bytes, each 0 or 1; NULL = none).
+ * Both write version 2 and ignore info->flags. */
 kiln_status kiln_shard_write_masked(const char *path, const int32_t *tokens, const uint8_t *mask, size_t count,
                                     const kiln_shard_info *info);
+/* A shard of preference pairs (version 3, KILN_SHARD_PAIRS): info->n_docs
+ * documents (even: chosen, rejected, chosen, ...), doc_end[i] the index
+ * after document i's eos (increasing, the last = count, each document at
+ * least one token and its eos). mask as above (NULL = none). */
+kiln_status kiln_shard_write_pairs(const char *path, const int32_t *tokens, const uint8_t *mask, size_t count,
+                                   const uint64_t *doc_end, const kiln_shard_info *info);
 
 typedef struct kiln_shard kiln_shard;
 /* Memory-maps and validates the whole shard once (magic, version, width,
@@ -65,6 +82,9 @@ static inline uint32_t kiln_shard_width_token(const void *data, uint32_t width, 
 uint32_t kiln_shard_token(const kiln_shard *s, uint64_t i); /* i < count */
 /* The loss mask (count bytes), or NULL when every token is a target. */
 const uint8_t *kiln_shard_mask(const kiln_shard *s);
+/* A pairs shard's document ends (n_docs values, checked by open), or NULL
+ * when the shard holds no pairs. */
+const uint64_t *kiln_shard_doc_ends(const kiln_shard *s);
 
 /* Document splitting for `kiln tokenize`. */
 typedef enum {
@@ -92,12 +112,25 @@ typedef struct {
     const char *field;      /* non-NULL: the text is this string field of every line */
     kiln_train_on train_on;
     bool skip_bad;          /* count and skip bad lines instead of failing on the first */
+    /* Preference pairs (JSONL lines with "chosen"/"rejected"), as TRL's DPO
+     * truncates them; 0 = no limit. The prompt keeps its last max_prompt_len
+     * tokens (TRL's keep_end); then each answer is cut from the right so
+     * that prompt + answer <= max_len tokens (the eos after a document is
+     * not counted: it is only ever a target, so a row of --seq-len N holds
+     * a pair of --max-len N). A pair whose prompt leaves no room under
+     * max_len for one answer token is skipped (counted in pairs_skipped). */
+    int64_t max_prompt_len, max_len;
 } kiln_tokenize_opts;
 
 typedef struct {
     uint64_t train_tokens, val_tokens, train_docs, val_docs, bytes;
     uint64_t bad_lines;     /* skipped with skip_bad */
     uint64_t masked_tokens; /* tokens that are not targets (train + val) */
+    bool pairs;             /* the shards hold preference pairs (two docs each) */
+    uint64_t train_pairs, val_pairs;
+    uint64_t pairs_skipped;     /* prompt (after max_prompt_len) >= max_len */
+    uint64_t prompts_truncated; /* pairs whose prompt lost its start */
+    uint64_t answers_truncated; /* answers (chosen or rejected) cut to fit max_len */
 } kiln_tokenize_stats;
 
 /* Tokenizes the files into DIR/train.bin and DIR/val.bin (DIR is created).
@@ -112,7 +145,19 @@ typedef struct {
  * trained range (so a merge across a boundary never shifts the mask). The
  * eos after a chat example is not a target (the template's own end-of-turn
  * is); after a completion or a text it is. A bad line fails with FILE:LINE
- * unless skip_bad. */
+ * unless skip_bad.
+ * Preference pairs: a JSONL line with "chosen" or "rejected" is a pair
+ * {"prompt", "chosen", "rejected"}, all strings, or TRL's conversational
+ * form: prompt a list of messages, chosen and rejected lists of assistant
+ * messages. The prompt (a string; or rendered with the generation prompt)
+ * and each answer (a string; or the rendering of prompt + answer after the
+ * prompt's, to the end of the last assistant turn) are encoded apart, as
+ * TRL does, so both documents of a pair begin with the same prompt tokens;
+ * the answer tokens are the targets, and the eos after an answer is one
+ * for plain strings that were not truncated. A corpus is all pairs or none
+ * (anything else is an error naming the file and line); pairs go to val
+ * whole (by the hash of the line's three fields) and the shards are
+ * written with KILN_SHARD_PAIRS. */
 kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *paths, int n_paths,
                                 const char *dir, const kiln_tokenize_opts *opts,
                                 kiln_tokenize_stats *stats);
@@ -133,6 +178,16 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
  *           document, so the model attends within a segment only (block-
  *           diagonal causal) and nothing crosses a document boundary. The
  *           rest of a row is padding as in padded mode.
+ *   pairs: a shard of preference pairs only (KILN_SHARD_PAIRS; the other
+ *           modes refuse one, and this one refuses other shards): the
+ *           items are pairs, and micro-batch i holds pairs [iB/2, iB/2 +
+ *           B/2) of the epoch's permutation (B must be even): row 2k the
+ *           chosen and row 2k+1 the rejected document of its k-th pair,
+ *           each as a padded row (its inputs from t = 0, the rest padding),
+ *           targets the next token where the shard's mask makes it one (the
+ *           answer's tokens), KILN_IGNORE_INDEX elsewhere. A document longer
+ *           than T + 1 tokens (T inputs and the eos) is an error at open
+ *           naming its pair (kiln tokenize --max-len T makes them fit).
  * A shard's loss mask turns the target of every masked token into
  * KILN_IGNORE_INDEX (its input stays, pad_mask 1), so n_targets and the
  * token-normalised loss count only trained targets.
@@ -143,7 +198,7 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
  * order when shuffle is off), once per loader: rows per epoch stay fixed.
  * The final micro-batch of an epoch may hold fewer rows: `rows` says how
  * many; the rows after it are all padding (mask 0, targets ignored). */
-typedef enum { KILN_PACK_PACKED = 0, KILN_PACK_PADDED = 1, KILN_PACK_DOCUMENTS = 2 } kiln_pack_mode;
+typedef enum { KILN_PACK_PACKED = 0, KILN_PACK_PADDED = 1, KILN_PACK_DOCUMENTS = 2, KILN_PACK_PAIRS = 3 } kiln_pack_mode;
 
 typedef struct {
     const char *path;  /* shard */
@@ -179,7 +234,8 @@ typedef struct kiln_loader kiln_loader;
 kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out);
 void kiln_loader_close(kiln_loader *l);
 int64_t kiln_loader_len(const kiln_loader *l);   /* micro-batches per epoch */
-int64_t kiln_loader_items(const kiln_loader *l); /* rows per epoch */
+int64_t kiln_loader_items(const kiln_loader *l); /* rows per epoch (pairs: 2 per pair) */
+int64_t kiln_loader_pairs(const kiln_loader *l); /* pairs per epoch (0 outside pairs mode) */
 const kiln_shard_info *kiln_loader_info(const kiln_loader *l);
 /* Random access. Not safe to call concurrently on one loader (it caches the
  * last epoch's permutation); open one loader per thread instead. */

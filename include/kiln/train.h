@@ -95,7 +95,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
     X(use_rslora, FLAG, 1, false, "", "with --lora-rank: scale the adapters by alpha / sqrt(R) (PEFT's use_rslora), not alpha / R") \
     X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all") \
-    X(base_dtype, ENUM, base_dtype, KILN_BASE_DTYPE_AUTO, "auto|fp32|bf16|f16|q8_0|q4_0|q4_k|q5_k|q6_k", "with --lora-rank: hold the frozen base's linears in this type (auto: a GGUF's own types, else fp32)")
+    X(base_dtype, ENUM, base_dtype, KILN_BASE_DTYPE_AUTO, "auto|fp32|bf16|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "with --lora-rank: hold the frozen base's linears in this type (auto: a GGUF's own types, else fp32)")
 
 #define KILN_BASE_DTYPE_AUTO (-1) /* base_dtype auto: a GGUF base as the file holds it, else fp32 */
 #define KILN_SETTING_FIELD_STR(key, lim) char key[lim];
@@ -547,10 +547,9 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * with qwen2), a tokenizer that llama.cpp would
  * tokenize differently (another pre-tokenizer regex, a normalizer other
  * than Qwen's NFC, ignore_merges not as that pre-tokenizer does it,
- * SentencePiece-style byte fallback); before any byte is written, a
- * matrix that llama.cpp would write as Q5_0 or Q5_1 (a Q4_K/Q5_K matrix
- * whose rows are not a multiple of 256: kiln does not write those block
- * types), non-finite weights. The file is written atomically. */
+ * SentencePiece-style byte fallback), non-finite weights. A Q4_K/Q5_K
+ * matrix whose rows are not a multiple of 256 falls back to Q5_0/Q5_1 as
+ * in llama.cpp. The file is written atomically. */
 /* GGUF file types, numbered as llama.cpp's llama_ftype (general.file_type). */
 typedef enum {
     KILN_FTYPE_F32 = 0,

@@ -35,6 +35,7 @@ static const char *tokenize_usage =
     "                     [--docs paragraph|file|line] [--seed N] [--threads N]\n"
     "                     [--config tokenizer_config.json] [--chat-template FILE]\n"
     "                     [--train-on assistant|completion|all] [--field NAME] [--skip-bad]\n"
+    "                     [--max-prompt-len N] [--max-len N]\n"
     "\n"
     "Encodes text files into DIR/train.bin and DIR/val.bin (token shards, each\n"
     "document followed by <|eos|>). Documents are blank-line-separated\n"
@@ -51,13 +52,27 @@ static const char *tokenize_usage =
     "rest are context only, stored as the shard's loss mask): assistant (default;\n"
     "every assistant turn, or the completion), completion (the last assistant\n"
     "turn, or the completion), all. A bad line stops with FILE:LINE; --skip-bad\n"
-    "counts and skips bad lines.\n";
+    "counts and skips bad lines.\n"
+    "\n"
+    "Preference pairs (TRL's DPO data): lines {\"prompt\", \"chosen\", \"rejected\"},\n"
+    "all strings, or prompt a list of messages and chosen/rejected lists of\n"
+    "assistant messages (rendered with the chat template). The corpus must then\n"
+    "hold only pairs. Each pair becomes two documents, prompt + chosen and\n"
+    "prompt + rejected, the answer tokens the only targets; val.bin gets whole\n"
+    "pairs; train with --pack pairs. Truncation, as TRL's DPO (keep_end):\n"
+    "  --max-prompt-len N  keep the last N prompt tokens (cut from the left)\n"
+    "  --max-len N         cut each answer from the right so that prompt + answer\n"
+    "                      <= N tokens (the eos after it is not counted: a row of\n"
+    "                      --seq-len N holds it); a pair whose prompt leaves no room\n"
+    "                      for an answer token is skipped and counted.\n"
+    "A cut answer's eos is no target. Bad pairs (a missing field, an empty answer,\n"
+    "a field of the wrong type) stop with FILE:LINE: field \"NAME\": reason.\n";
 
 typedef struct {
     const char **pos; /* positional arguments */
     int n_pos;
     const char *vocab_size, *out, *tokenizer, *val_frac, *docs, *seed, *threads;
-    const char *config, *chat_template, *field, *train_on;
+    const char *config, *chat_template, *field, *train_on, *max_prompt_len, *max_len;
     bool help, add_generation_prompt, skip_bad, no_special, skip_special;
 } args;
 
@@ -67,6 +82,7 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
         {"--vocab-size", true}, {"-o", true},           {"--output", true},       {"--tokenizer", true},
         {"--val-frac", true},   {"--docs", true},       {"--seed", true},         {"--threads", true},
         {"--config", true},     {"--chat-template", true}, {"--field", true},     {"--train-on", true},
+        {"--max-prompt-len", true}, {"--max-len", true},
         {"--no-special", false}, {"--skip-special", false}, {"--add-generation-prompt", false}, {"--skip-bad", false}};
     a->pos = calloc((size_t)argc + 1, sizeof *a->pos);
     if (!a->pos) return 1;
@@ -83,18 +99,20 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
         }
         if (k == KILN_ARG_ERROR) return 2;
         /* the valueless flags: --no-special is encode's, --skip-special decode's */
-        if ((k == 12 && strcmp(cmd, "tokenizer encode")) || (k == 13 && strcmp(cmd, "tokenizer decode"))) {
+        enum { VALUED = 14 }; /* flags[VALUED..]: the valueless ones */
+        if ((k == VALUED && strcmp(cmd, "tokenizer encode")) || (k == VALUED + 1 && strcmp(cmd, "tokenizer decode")) ||
+            (k >= 12 && k < VALUED && strcmp(cmd, "tokenize"))) {
             fprintf(stderr, "kiln %s: unknown flag %s (see --help)\n", cmd, flags[k].name);
             return 2;
         }
         bool *set[] = {&a->no_special, &a->skip_special, &a->add_generation_prompt, &a->skip_bad};
-        if (k >= 12) {
-            *set[k - 12] = true;
+        if (k >= VALUED) {
+            *set[k - VALUED] = true;
             continue;
         }
         const char **slot[] = {&a->vocab_size, &a->out, &a->out, &a->tokenizer, &a->val_frac,
                                &a->docs, &a->seed, &a->threads, &a->config, &a->chat_template,
-                               &a->field, &a->train_on};
+                               &a->field, &a->train_on, &a->max_prompt_len, &a->max_len};
         *slot[k] = v;
     }
     return 0;
@@ -365,6 +383,8 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     o.train_on = (kiln_train_on)train_on;
     o.field = a.field;
     o.skip_bad = a.skip_bad;
+    if (!rc && a.max_prompt_len && !kiln_cli_int(cmd, "--max-prompt-len", a.max_prompt_len, 1, INT32_MAX, &o.max_prompt_len)) rc = 2;
+    if (!rc && a.max_len && !kiln_cli_int(cmd, "--max-len", a.max_len, 1, INT32_MAX, &o.max_len)) rc = 2;
     if (rc) goto done;
     kiln_tokenizer *t = NULL;
     kiln_chat *chat = NULL;
@@ -387,10 +407,19 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     } else if (record_template(a.out, chat)) {
         rc = fail(cmd);
     } else {
-        fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu docs), %s/val.bin (%llu tokens, %llu docs)",
-                cmd, s.bytes / 1e6, a.out, (unsigned long long)s.train_tokens, (unsigned long long)s.train_docs, a.out,
-                (unsigned long long)s.val_tokens, (unsigned long long)s.val_docs);
+        if (s.pairs)
+            fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu pairs), %s/val.bin (%llu tokens, %llu pairs)",
+                    cmd, s.bytes / 1e6, a.out, (unsigned long long)s.train_tokens, (unsigned long long)s.train_pairs, a.out,
+                    (unsigned long long)s.val_tokens, (unsigned long long)s.val_pairs);
+        else
+            fprintf(stderr, "kiln %s: %.2f MB -> %s/train.bin (%llu tokens, %llu docs), %s/val.bin (%llu tokens, %llu docs)",
+                    cmd, s.bytes / 1e6, a.out, (unsigned long long)s.train_tokens, (unsigned long long)s.train_docs, a.out,
+                    (unsigned long long)s.val_tokens, (unsigned long long)s.val_docs);
         if (s.masked_tokens) fprintf(stderr, ", %llu tokens masked (not targets)", (unsigned long long)s.masked_tokens);
+        if (s.prompts_truncated) fprintf(stderr, ", %llu prompts truncated", (unsigned long long)s.prompts_truncated);
+        if (s.answers_truncated) fprintf(stderr, ", %llu answers truncated", (unsigned long long)s.answers_truncated);
+        if (s.pairs_skipped)
+            fprintf(stderr, ", %llu pairs skipped (prompt >= --max-len)", (unsigned long long)s.pairs_skipped);
         if (s.bad_lines) fprintf(stderr, ", %llu bad lines skipped", (unsigned long long)s.bad_lines);
         fputc('\n', stderr);
     }

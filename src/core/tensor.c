@@ -47,6 +47,7 @@ static const struct {
     [KILN_F32] = {"f32", 1, 4},    [KILN_BF16] = {"bf16", 1, 2},   [KILN_I32] = {"i32", 1, 4},
     [KILN_F16] = {"f16", 1, 2},    [KILN_Q8_0] = {"q8_0", 32, 34}, [KILN_Q4_0] = {"q4_0", 32, 18},
     [KILN_Q4_K] = {"q4_k", 256, 144}, [KILN_Q5_K] = {"q5_k", 256, 176}, [KILN_Q6_K] = {"q6_k", 256, 210},
+    [KILN_Q4_1] = {"q4_1", 32, 20},   [KILN_Q5_0] = {"q5_0", 32, 22},   [KILN_Q5_1] = {"q5_1", 32, 24},
 };
 static bool dtype_known(kiln_dtype dt) { return (unsigned)dt < KILN_N_DTYPES; }
 

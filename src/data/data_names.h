@@ -6,4 +6,11 @@
 #define KILN_DATA_NAMES_H
 #define kd_tokenize_add kiln_kd_tokenize_add
 #define kd_tokenize_jsonl kiln_kd_tokenize_jsonl
+#define kd_tokenize_kind kiln_kd_tokenize_kind
+#define kd_tokenize_add_pair kiln_kd_tokenize_add_pair
+#define kd_pair_line kiln_kd_pair_line
+#define kd_pair_build kiln_kd_pair_build
+#define kd_pair_encode kiln_kd_pair_encode
+#define kd_pair_add kiln_kd_pair_add
+#define kd_pair_free kiln_kd_pair_free
 #endif

@@ -19,11 +19,14 @@ typedef struct {
     int32_t *ids;
     uint8_t *mask;
     size_t n_ids;
+    bool is_pair;    /* a preference pair: `pair` holds it */
+    kd_pair pair;
     kiln_status st;
     char err[512];
 } example;
 
 static void ex_free(example *e) {
+    kd_pair_free(&e->pair);
     free(e->text);
     free(e->spans);
     free(e->ids);
@@ -132,7 +135,7 @@ static kiln_status flush(kd_tk_ctx *c, const char *path, example *b, int n, kiln
 #pragma omp parallel for schedule(dynamic, 8)
     for (int i = 0; i < n; i++) {
         if (b[i].st) continue;
-        b[i].st = encode(tok, &b[i]);
+        b[i].st = b[i].is_pair ? kd_pair_encode(tok, &b[i].pair) : encode(tok, &b[i]);
         if (b[i].st) snprintf(b[i].err, sizeof b[i].err, "%s", kiln_last_error());
     }
     kiln_status st = KILN_OK;
@@ -144,7 +147,18 @@ static kiln_status flush(kd_tk_ctx *c, const char *path, example *b, int n, kiln
                 kiln_log(KILN_LOG_WARN, "tokenize: skipping %s:%zu: %s", path, b[i].line, b[i].err);
             continue;
         }
-        st = kd_tokenize_add(c, b[i].text, b[i].len, b[i].ids, b[i].mask, b[i].n_ids, b[i].eos_target);
+        if (!b[i].is_pair) {
+            st = kd_tokenize_add(c, b[i].text, b[i].len, b[i].ids, b[i].mask, b[i].n_ids, b[i].eos_target);
+            continue;
+        }
+        bool skipped = false;
+        st = kd_pair_add(c, &b[i].pair, stats, &skipped);
+        if (skipped && stats->pairs_skipped <= 5) {
+            int64_t mp = c->opts->max_prompt_len, pl = (int64_t)b[i].pair.n[0];
+            kiln_log(KILN_LOG_INFO, "tokenize: skipping the pair at %s:%zu: its prompt (%lld tokens%s) leaves no room under --max-len %lld",
+                     path, b[i].line, (long long)(mp && pl > mp ? mp : pl), mp && pl > mp ? " after --max-prompt-len" : "",
+                     (long long)c->opts->max_len);
+        }
     }
     for (int i = 0; i < n; i++) ex_free(&b[i]);
     return st;
@@ -174,10 +188,22 @@ kiln_status kd_tokenize_jsonl(kd_tk_ctx *c, const char *path, kiln_tokenize_stat
         x->line = line;
         json_error_t je;
         json_t *obj = json_loadb(data + s, e - s, JSON_ALLOW_NUL, &je);
+        /* the first example decides whether the corpus is preference pairs */
+        x->is_pair = !c->opts->field && kd_pair_line(obj);
+        if (obj && json_is_object(obj) && (st = kd_tokenize_kind(c, x->is_pair, path, line))) {
+            json_decref(obj);
+            break;
+        }
+        if (x->is_pair && c->opts->train_on == KILN_TRAIN_ALL) {
+            st = kiln_error(KILN_ERR_INVALID, "%s:%zu: --train-on all does not apply to preference pairs (their answers are the targets, the prompt never)",
+                            path, line);
+            json_decref(obj);
+            break;
+        }
         if (!obj) {
             x->st = KILN_ERR_FORMAT;
             snprintf(x->err, sizeof x->err, "invalid JSON at column %d: %s", je.column, je.text);
-        } else if ((x->st = build(c->opts, obj, x))) {
+        } else if ((x->st = x->is_pair ? kd_pair_build(c->opts, obj, &x->pair) : build(c->opts, obj, x))) {
             snprintf(x->err, sizeof x->err, "%s", kiln_last_error());
         }
         json_decref(obj);

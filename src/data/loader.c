@@ -1,6 +1,6 @@
-/* The batch loader: packed windows, document-aligned padded rows, or whole
- * documents packed into rows as segments, in a per-epoch permutation that
- * is a pure function of (seed, epoch). */
+/* The batch loader: packed windows, document-aligned padded rows, whole
+ * documents packed into rows as segments, or preference pairs as two rows
+ * each, in a per-epoch permutation that is a pure function of (seed, epoch). */
 #include <stdlib.h>
 #include <string.h>
 #include "data_impl.h"
@@ -164,7 +164,25 @@ done:
 }
 
 static const char *mode_name(kiln_pack_mode m) {
-    return m == KILN_PACK_PACKED ? "packed" : m == KILN_PACK_PADDED ? "padded" : "documents";
+    return m == KILN_PACK_PACKED ? "packed" : m == KILN_PACK_PADDED ? "padded" : m == KILN_PACK_DOCUMENTS ? "documents" : "pairs";
+}
+
+/* Pairs mode: the items are the pairs, each document one row. */
+static kiln_status check_pairs(kiln_loader *l) {
+    const uint64_t *end = kiln_shard_doc_ends(l->shard);
+    uint64_t T = (uint64_t)l->cfg.seq_len;
+    for (uint64_t d = 0; d < l->info->n_docs; d++) {
+        uint64_t inputs = end[d] - (d ? end[d - 1] : 0) - 1; /* the eos is only a target */
+        if (inputs > T)
+            return kiln_error(KILN_ERR_INVALID,
+                              "%s: pair %llu (documents %llu and %llu): its %s document has %llu inputs (prompt and answer), "
+                              "more than --seq-len %d; tokenize with --max-len %d (answers cut to fit) or raise --seq-len",
+                              l->cfg.path, (unsigned long long)(d / 2), (unsigned long long)(d & ~1ull),
+                              (unsigned long long)(d | 1), d & 1 ? "rejected" : "chosen", (unsigned long long)inputs,
+                              l->cfg.seq_len, l->cfg.seq_len);
+    }
+    l->n_items = (int64_t)(l->info->n_docs / 2);
+    return KILN_OK;
 }
 
 kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out) {
@@ -173,8 +191,13 @@ kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out) {
     if (cfg->batch_size <= 0 || cfg->seq_len <= 0)
         return kiln_error(KILN_ERR_INVALID, "loader: batch size %d and sequence length %d must be positive",
                           cfg->batch_size, cfg->seq_len);
-    if (cfg->mode != KILN_PACK_PACKED && cfg->mode != KILN_PACK_PADDED && cfg->mode != KILN_PACK_DOCUMENTS)
+    if (cfg->mode != KILN_PACK_PACKED && cfg->mode != KILN_PACK_PADDED && cfg->mode != KILN_PACK_DOCUMENTS &&
+        cfg->mode != KILN_PACK_PAIRS)
         return kiln_error(KILN_ERR_INVALID, "loader: unknown packing mode %d", (int)cfg->mode);
+    if (cfg->mode == KILN_PACK_PAIRS && cfg->batch_size % 2)
+        return kiln_error(KILN_ERR_INVALID,
+                          "loader: --pack pairs needs an even batch size (rows 2i and 2i+1 are the chosen and rejected "
+                          "answer of one pair), got %d", cfg->batch_size);
     kiln_loader *l = calloc(1, sizeof *l);
     if (!l) return kiln_error(KILN_ERR_OOM, "out of memory");
     l->cfg = *cfg;
@@ -186,7 +209,20 @@ kiln_status kiln_loader_open(const kiln_loader_config *cfg, kiln_loader **out) {
         l->info = kiln_shard_get_info(l->shard);
         l->pad_id = l->info->pad_id < l->info->vocab_size ? (int32_t)l->info->pad_id : 0;
         uint64_t T = (uint64_t)cfg->seq_len;
-        if (cfg->mode == KILN_PACK_PACKED)
+        bool pairs = l->info->flags & KILN_SHARD_PAIRS;
+        if (pairs && cfg->mode != KILN_PACK_PAIRS)
+            st = kiln_error(KILN_ERR_INVALID,
+                            "%s holds preference pairs (%llu pairs of a chosen and a rejected document): read it with "
+                            "--pack pairs, not %s",
+                            cfg->path, (unsigned long long)(l->info->n_docs / 2), mode_name(cfg->mode));
+        else if (!pairs && cfg->mode == KILN_PACK_PAIRS)
+            st = kiln_error(KILN_ERR_INVALID,
+                            "%s holds no preference pairs (%llu documents): --pack pairs reads the shards kiln tokenize "
+                            "makes of {\"prompt\", \"chosen\", \"rejected\"} JSONL",
+                            cfg->path, (unsigned long long)l->info->n_docs);
+        else if (cfg->mode == KILN_PACK_PAIRS)
+            st = check_pairs(l);
+        else if (cfg->mode == KILN_PACK_PACKED)
             l->n_items = l->info->count > T ? (int64_t)((l->info->count - 1) / T) : 0;
         else
             st = build_rows(l);
@@ -217,10 +253,13 @@ void kiln_loader_close(kiln_loader *l) {
     free(l);
 }
 
-int64_t kiln_loader_items(const kiln_loader *l) { return l->n_items; }
-int64_t kiln_loader_len(const kiln_loader *l) {
-    return (l->n_items + l->cfg.batch_size - 1) / l->cfg.batch_size;
+/* items of the permutation per micro-batch: rows, or pairs of rows */
+static int64_t per_batch(const kiln_loader *l) {
+    return l->cfg.mode == KILN_PACK_PAIRS ? l->cfg.batch_size / 2 : l->cfg.batch_size;
 }
+int64_t kiln_loader_items(const kiln_loader *l) { return l->cfg.mode == KILN_PACK_PAIRS ? 2 * l->n_items : l->n_items; }
+int64_t kiln_loader_pairs(const kiln_loader *l) { return l->cfg.mode == KILN_PACK_PAIRS ? l->n_items : 0; }
+int64_t kiln_loader_len(const kiln_loader *l) { return (l->n_items + per_batch(l) - 1) / per_batch(l); }
 const kiln_shard_info *kiln_loader_info(const kiln_loader *l) { return l->info; }
 
 /* Fisher-Yates driven by the counter-based RNG: depends on (seed, epoch) only. */
@@ -277,7 +316,12 @@ static int64_t fill_row(const kiln_loader *l, int64_t item, int32_t *in, int32_t
                         int32_t *sg) {
     int T = l->cfg.seq_len, used = 0;
     int64_t n = 0;
-    if (l->cfg.mode == KILN_PACK_DOCUMENTS) {
+    if (l->cfg.mode == KILN_PACK_PAIRS) { /* item: a document, 2 * pair + (rejected) */
+        const uint64_t *end = kiln_shard_doc_ends(l->shard);
+        uint64_t start = item ? end[item - 1] : 0;
+        used = (int)(end[item] - start - 1);
+        n = fill_span(l, start, used, 1, in, tg, mask, pos, sg);
+    } else if (l->cfg.mode == KILN_PACK_DOCUMENTS) {
         for (int64_t k = l->row_first[item]; k < l->row_first[item + 1]; k++) {
             int64_t p = l->row_piece[k];
             int len = (int)l->row_len[p];
@@ -304,7 +348,9 @@ kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_b
                           (long long)epoch, (long long)index, (long long)kiln_loader_len(l));
     kiln_status st = ensure_perm(l, epoch);
     if (st) return st;
-    int64_t first = index * B, rows = l->n_items - first < B ? l->n_items - first : B;
+    bool pairs = l->cfg.mode == KILN_PACK_PAIRS;
+    int64_t per = per_batch(l), first = index * per, items = l->n_items - first < per ? l->n_items - first : per;
+    int64_t rows = pairs ? 2 * items : items;
     b->rows = (int)rows;
     b->n_targets = 0;
     b->epoch = epoch;
@@ -314,7 +360,8 @@ kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_b
         size_t o = (size_t)r * T;
         int32_t *in = b->input_ids + o, *tg = b->targets + o, *mk = b->pad_mask + o;
         if (r < rows) {
-            int64_t item = l->cfg.shuffle ? l->perm[first + r] : first + r;
+            int64_t k = first + (pairs ? r / 2 : r), item = l->cfg.shuffle ? l->perm[k] : k;
+            if (pairs) item = 2 * item + (r & 1); /* chosen, then rejected */
             b->n_targets += fill_row(l, item, in, tg, mk, b->positions + o, b->segments + o);
         } else {
             fill_pad(l, 0, in, tg, mk, b->positions + o, b->segments + o);

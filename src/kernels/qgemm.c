@@ -10,7 +10,8 @@ bool kiln_q_of_dtype(kiln_dtype dt, kiln_qtype *out) {
         kiln_dtype d;
         kiln_qtype q;
     } map[] = {{KILN_F32, KILN_QT_F32},   {KILN_F16, KILN_QT_F16},   {KILN_BF16, KILN_QT_BF16}, {KILN_Q8_0, KILN_QT_Q8_0},
-               {KILN_Q4_0, KILN_QT_Q4_0}, {KILN_Q4_K, KILN_QT_Q4_K}, {KILN_Q5_K, KILN_QT_Q5_K}, {KILN_Q6_K, KILN_QT_Q6_K}};
+               {KILN_Q4_0, KILN_QT_Q4_0}, {KILN_Q4_K, KILN_QT_Q4_K}, {KILN_Q5_K, KILN_QT_Q5_K}, {KILN_Q6_K, KILN_QT_Q6_K},
+               {KILN_Q4_1, KILN_QT_Q4_1}, {KILN_Q5_0, KILN_QT_Q5_0}, {KILN_Q5_1, KILN_QT_Q5_1}};
     for (size_t i = 0; i < sizeof map / sizeof *map; i++)
         if (map[i].d == dt) {
             *out = map[i].q;

@@ -28,7 +28,8 @@ static const kiln_choice choices_precision[] = {{"fp32", KILN_F32},    {"bf16", 
                                                 {"float32", KILN_F32}, {"bfloat16", KILN_BF16}, {NULL, 0}};
 static const kiln_choice choices_base_dtype[] = {
     {"auto", KILN_BASE_DTYPE_AUTO}, {"fp32", KILN_F32}, {"bf16", KILN_BF16}, {"f16", KILN_F16},   {"q8_0", KILN_Q8_0},
-    {"q4_0", KILN_Q4_0},            {"q4_k", KILN_Q4_K}, {"q5_k", KILN_Q5_K}, {"q6_k", KILN_Q6_K}, {"f32", KILN_F32},
+    {"q4_0", KILN_Q4_0},            {"q4_k", KILN_Q4_K}, {"q5_k", KILN_Q5_K}, {"q6_k", KILN_Q6_K}, {"q4_1", KILN_Q4_1},
+    {"q5_0", KILN_Q5_0},            {"q5_1", KILN_Q5_1}, {"f32", KILN_F32},
     {"float32", KILN_F32},          {"bfloat16", KILN_BF16}, {NULL, 0}};
 #define CHOICE_DEVICE(id, name) {name, KILN_DEVICE_##id},
 static const kiln_choice choices_device[] = {KILN_BACKENDS(CHOICE_DEVICE){NULL, 0}};

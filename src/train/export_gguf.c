@@ -216,11 +216,9 @@ static kiln_status tensor_type(const type_mix *mx, const char *name, const kiln_
     }
     /* rows that are not whole blocks of the chosen type */
     if (nx % kiln_ggml_block(ty)) {
-        if (ty == KILN_GGML_Q4_K || ty == KILN_GGML_Q5_K)
-            return kiln_error(KILN_ERR_UNSUPPORTED,
-                              "tensor %s: rows of %lld values are not whole %s blocks of 256, and llama.cpp writes such a "
-                              "matrix as %s, a block type kiln does not write (q8_0, q6_k and q4_0 take it)",
-                              name, (long long)nx, kiln_ggml_type_name(ty), ty == KILN_GGML_Q4_K ? "Q5_0" : "Q5_1");
+        /* llama.cpp's fallbacks: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0 */
+        if (ty == KILN_GGML_Q4_K) ty = KILN_GGML_Q5_0;
+        else if (ty == KILN_GGML_Q5_K) ty = KILN_GGML_Q5_1;
         if (ty == KILN_GGML_Q6_K) ty = KILN_GGML_Q8_0;
         if (nx % kiln_ggml_block(ty)) ty = KILN_GGML_F16;
     }
