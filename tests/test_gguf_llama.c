@@ -273,6 +273,27 @@ static void check_model(const char *mdir, const char *tag) {
         CHECK(rc == 0 && !strncmp(o, body, strlen(body)), "kiln generate printed '%s', the greedy ids decode to '%s'", o, body);
         free(text), free(o);
     }
+    if (!strcmp(tag, "random")) {
+        /* --chat on the GGUF: its tokenizer.chat_template and token strings
+         * render the prompt the model directory's tokenizer_config.json does */
+        char g[600];
+        snprintf(g, sizeof g, "%s/%s-f32.gguf", dir, tag);
+        const char *args[] = {"--chat", "Who are you?", "--max-tokens", "8", "--temperature", "0", "--threads", "1", NULL};
+        int rc1 = cli_exec((const char *[]){cli_kiln, "generate", mdir, args[0], args[1], args[2], args[3], args[4], args[5],
+                                       args[6], args[7], NULL});
+        char *from_dir = cli_output();
+        int rc2 = cli_exec((const char *[]){cli_kiln, "generate", g, args[0], args[1], args[2], args[3], args[4], args[5], args[6],
+                                       args[7], NULL});
+        char *from_gguf = cli_output();
+        /* the last line is timing */
+        char *a = strrchr(from_dir, '['), *b = strrchr(from_gguf, '[');
+        if (a) *a = 0;
+        if (b) *b = 0;
+        CHECK(rc1 == 0 && rc2 == 0 && !strcmp(from_dir, from_gguf), "generate --chat on the GGUF = on the directory: '%s' vs '%s'",
+              from_gguf, from_dir);
+        free(from_dir);
+        free(from_gguf);
+    }
     kiln_tokenizer_free(tok);
     kiln_llama_free(m);
 }

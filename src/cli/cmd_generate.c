@@ -2,6 +2,7 @@
  * checkpoint and streams the text as it comes. */
 #include <jansson.h>
 #include <math.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,24 +165,48 @@ static kiln_status encode_prompt(const kiln_tokenizer *tok, const char *text, in
  * generation prompt and encoded as rendered, as transformers'
  * apply_chat_template(..., add_generation_prompt=True) tokenizes it (no
  * special tokens added: the template writes bos where the model has one). */
-static kiln_status chat_prompt(const gen_args *a, const char *dir, const kiln_tokenizer *tok, int32_t **ids, int *n) {
+/* A GGUF's chat template and token strings as the tokenizer_config.json
+ * kiln_chat_load reads, in a temporary file (path: its name; removed by
+ * the caller). */
+static kiln_status gguf_chat_config(const char *gguf, const kiln_model_meta *meta, char *path, size_t n) {
+    if (!meta->chat_template)
+        return kiln_error(KILN_ERR_INVALID, "--chat: %s has no tokenizer.chat_template; give --chat-template FILE", gguf);
+    const char *base = getenv("TMPDIR");
+    snprintf(path, n, "%s/kiln_chat_XXXXXX", base && *base ? base : "/tmp");
+    int fd = mkstemp(path);
+    if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot create %s: %s", path, strerror(errno));
+    close(fd);
+    json_t *o = json_pack("{s:s}", "chat_template", meta->chat_template);
+    if (o && meta->bos_token) json_object_set_new(o, "bos_token", json_string(meta->bos_token));
+    if (o && meta->eos_token) json_object_set_new(o, "eos_token", json_string(meta->eos_token));
+    if (o && meta->pad_token) json_object_set_new(o, "pad_token", json_string(meta->pad_token));
+    int rc = o ? json_dump_file(o, path, 0) : -1;
+    json_decref(o);
+    return rc ? kiln_error(KILN_ERR_IO, "cannot write %s", path) : KILN_OK;
+}
+
+static kiln_status chat_prompt(const gen_args *a, const char *dir, const kiln_model_meta *meta, const kiln_tokenizer *tok,
+                               int32_t **ids, int *n) {
     char cfg[4096], jinja[4096];
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
     snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
     kiln_chat *chat = NULL;
-    bool have_cfg = access(cfg, F_OK) == 0;
+    bool gguf = kiln_is_gguf_path(dir);
+    if (gguf && !a->chat_template) { /* the file's tokenizer.chat_template */
+        kiln_status gs = gguf_chat_config(dir, meta, cfg, sizeof cfg);
+        if (gs) return gs;
+    }
+    bool have_cfg = (!gguf || !a->chat_template) && access(cfg, F_OK) == 0;
     /* the template: --chat-template, the model's chat_template.jinja (what
      * its chat data was rendered with), tokenizer_config.json's */
-    const char *tpl = a->chat_template ? a->chat_template : access(jinja, F_OK) == 0 ? jinja : NULL;
-    if (kiln_is_gguf_path(dir) && !tpl)
-        return kiln_error(KILN_ERR_UNSUPPORTED, "--chat with %s: its tokenizer.chat_template is not used by --chat yet; give "
-                          "--chat-template FILE", dir);
+    const char *tpl = a->chat_template ? a->chat_template : !gguf && access(jinja, F_OK) == 0 ? jinja : NULL;
     if (!have_cfg && !tpl)
         return kiln_error(KILN_ERR_INVALID,
                           "--chat: %s has no chat_template.jinja and no tokenizer_config.json (they hold the chat "
                           "template); give --chat-template FILE",
                           dir);
     kiln_status st = kiln_chat_load(have_cfg ? cfg : NULL, tpl, &chat);
+    if (gguf && !a->chat_template) unlink(cfg);
     if (st) return kiln_error_context(st, "--chat");
     json_t *conv = json_pack("{s:[]}", "messages");
     json_t *msgs = json_object_get(conv, "messages");
@@ -238,7 +263,7 @@ static int generate_on_device(gen_args *ap) {
     int n_prompt = 0;
     stream s = {0};
     if (kiln_load_model_dir(dir, &m) || kiln_tokenizer_open_any(tok_path, &tok) || kiln_model_meta_open_any(dir, tok, &meta) ||
-        (a.chat ? chat_prompt(&a, dir, tok, &prompt, &n_prompt) : encode_prompt(tok, a.prompt, &prompt, &n_prompt))) {
+        (a.chat ? chat_prompt(&a, dir, &meta, tok, &prompt, &n_prompt) : encode_prompt(tok, a.prompt, &prompt, &n_prompt))) {
         fprintf(stderr, "kiln generate: %s\n", kiln_last_error());
         rc = 1;
         goto done;
