@@ -35,6 +35,9 @@ static const run_kind kinds[] = {
     {"compiled_bf16", KILN_RUN_COMPILE_DEFAULT, KILN_BF16, 0, KILN_F32, 0},
     {"compiled_lora_fp32", KILN_RUN_COMPILE_DEFAULT, KILN_F32, 4, KILN_F32, 0},
     {"compiled_lora_bf16", KILN_RUN_COMPILE_DEFAULT, KILN_BF16, 4, KILN_F32, 0},
+    /* a held base (the dequantizing product; f16 takes the tiny model's rows of 48) */
+    {"eager_lora_f16base", KILN_RUN_EAGER, KILN_F32, 4, KILN_F16, 0},
+    {"compiled_lora_f16base_bf16", KILN_RUN_COMPILE_DEFAULT, KILN_BF16, 4, KILN_F16, 0},
 };
 #define N_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
 
@@ -116,7 +119,9 @@ static bool same_doubles(const double *a, const double *b, int from, int to) {
 static void compare_runs(const run_kind *k, const char *a, const char *b, const char *what) {
     char ck[64];
     snprintf(ck, sizeof ck, "checkpoint-%08d/optimizer.safetensors", STEPS);
-    CHECK(same(a, b, "model.safetensors"), "%s: %s: model.safetensors byte-identical", k->name, what);
+    /* a held base is referenced (base.json: its source and the hash of its bytes), not copied */
+    const char *base = k->base_dtype == KILN_F16 ? "base.json" : "model.safetensors";
+    CHECK(same(a, b, base), "%s: %s: %s byte-identical", k->name, what, base);
     CHECK(same(a, b, ck), "%s: %s: optimizer.safetensors byte-identical", k->name, what);
     if (k->lora_rank)
         CHECK(same(a, b, "adapter_model.safetensors"), "%s: %s: adapter_model.safetensors byte-identical", k->name, what);

@@ -664,8 +664,8 @@ static void test_refusals(void) {
     kiln_loader *l = NULL;
     CHECK(kiln_loader_open(&c, &l) == KILN_ERR_INVALID && strstr(kiln_last_error(), "documents"),
           "empty documents refused: %s", kiln_last_error());
-    c.mode = (kiln_pack_mode)3;
-    CHECK(kiln_loader_open(&c, &l) == KILN_ERR_INVALID && strstr(kiln_last_error(), "mode 3"), "unknown mode: %s",
+    c.mode = (kiln_pack_mode)(KILN_PACK_PAIRS + 1);
+    CHECK(kiln_loader_open(&c, &l) == KILN_ERR_INVALID && strstr(kiln_last_error(), "mode 4"), "unknown mode: %s",
           kiln_last_error());
     kiln_train_config tc;
     kiln_train_config_default(&tc);

@@ -762,7 +762,7 @@ static void command(void) {
     CHECK_OK(kiln_tokenizer_save(tok, tp));
     const char *help[] = {"tokenize", "--help", NULL};
     CHECK(cli_kiln_run(help) == 0 && cli_output_has("--max-prompt-len N") && cli_output_has("keep_end") &&
-              cli_output_has("--pack pairs"),
+              cli_output_has("pairs mode"),
           "tokenize --help states the pairs and their truncation");
     const char *args[] = {"tokenize", tpath("trunc.jsonl"), "--tokenizer", tp, "-o", tpath("cli"), "--val-frac", "0",
                           "--max-len", "9", "--max-prompt-len", "8", NULL};

@@ -160,6 +160,9 @@ typedef struct {
     size_t nbytes;
 } kiln_gguf_tensor;
 
+/* A tensor's bytes in the mapping (a file's, never a kiln_tensor's). */
+static inline const void *kiln_gguf_bytes(const kiln_gguf_tensor *t) { return t->data; }
+
 kiln_status kiln_gguf_open(const char *path, kiln_gguf_file **out);
 void kiln_gguf_close(kiln_gguf_file *f);
 const char *kiln_gguf_path(const kiln_gguf_file *f);

@@ -129,7 +129,7 @@ static kiln_status read_llama3(const kiln_gguf_file *f, const kiln_gguf_tensor *
         return kiln_error(KILN_ERR_UNSUPPORTED, "%s: tensor rope_freqs.weight outside the llama architecture", path);
     if (t->type != KILN_GGML_F32 || t->ndim != 1 || t->shape[0] != half)
         return kiln_error(KILN_ERR_FORMAT, "%s: tensor rope_freqs.weight must be F32 [%lld] (head_dim / 2)", path, (long long)half);
-    const float *v = t->data;
+    const float *v = kiln_gguf_bytes(t);
     float mx = 0;
     for (int64_t j = 0; j < half; j++) {
         float x;
@@ -348,7 +348,7 @@ static kiln_status fill_param(const load_ctx *c, kiln_tensor *p, const kiln_gguf
     for (int64_t r0 = 0; r0 < rows && !st; r0 += per) {
         int64_t nr = rows - r0 < per ? rows - r0 : per;
         for (int64_t r = 0; r < nr && !st; r++) {
-            const char *src = (const char *)t->data + (size_t)file_row(r0 + r, rows, heads) * frb;
+            const char *src = (const char *)kiln_gguf_bytes(t) + (size_t)file_row(r0 + r, rows, heads) * frb;
             if (pt == ft) {
                 memcpy(buf + (size_t)r * frb, src, frb);
             } else { /* widened to fp32 exactly as ggml's to_float does */
