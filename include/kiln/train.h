@@ -190,6 +190,52 @@ void kiln_grad_zero(const kiln_adamw *o);
  * `total`; step counts optimiser steps from 0. */
 double kiln_lr_at(const kiln_train_config *c, int64_t step, int64_t total);
 
+/* ---- objectives: what a training step minimises (objective.c) -------------
+ * An objective traces its loss from the model's outputs (the model returns
+ * logits; the loss is not the model's), names the batch fields it reads,
+ * says what one window's loss is divided by, and names its metrics. The
+ * step passes inputs by name (KILN_IN_*): in[] of a trace holds every
+ * name, NULL where the batch has none. A compiled step takes the names of
+ * kiln_objective_inputs in that order. Token cross-entropy ("ce") is the
+ * first objective; every training and evaluation path runs through it. */
+typedef enum {
+    KILN_IN_IDS, KILN_IN_TARGETS, KILN_IN_MASK, KILN_IN_SCALE, KILN_IN_POSITIONS, KILN_IN_SEGMENTS, KILN_IN_KEY, KILN_IN_N
+} kiln_input;
+const char *kiln_input_name(kiln_input i); /* "ids", "targets", ... */
+typedef enum { KILN_NORM_TARGET_TOKENS, KILN_NORM_PAIRS } kiln_norm;
+#define KILN_OBJ_MAX_METRICS 8
+typedef struct kiln_objective kiln_objective;
+struct kiln_objective {
+    const char *name;
+    kiln_norm norm;      /* a window's loss (and metrics) = sums / the window's units */
+    bool docs;           /* reads packed documents (positions, segments) */
+    int n_metrics;
+    const char *metric[KILN_OBJ_MAX_METRICS];
+    /* report[0]: the loss summed over the micro-batch's units ([1] f32);
+     * report[1 + j]: metric j summed the same way */
+    kiln_status (*trace)(const kiln_objective *o, kiln_llama *m, kiln_tensor *const *in, kiln_tensor **report);
+};
+/* Cross-entropy over target tokens (docs: on packed documents). */
+const kiln_objective *kiln_objective_ce(bool docs);
+/* The names a step of o reads, in order: ids, targets, mask, scale, then
+ * positions and segments (docs), then the dropout key (key); returns the
+ * count. */
+int kiln_objective_inputs(const kiln_objective *o, bool key, kiln_input *names);
+/* One micro-batch's units for o: target tokens, or pairs. */
+int64_t kiln_objective_units(const kiln_objective *o, const kiln_batch *b);
+/* The trace of a step (kiln_compile's trace function): ctx is a
+ * kiln_step_trace that outlives the compiled step. */
+typedef struct {
+    kiln_llama *m;
+    const kiln_objective *o;
+    int n_in;
+    kiln_input names[KILN_IN_N];
+} kiln_step_trace;
+kiln_status kiln_train_trace_objective(void *ctx, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
+                                       kiln_tensor **diff);
+/* The compiled step of t (its n_in and names are filled); t must outlive it. */
+kiln_compiled *kiln_train_compile_objective(kiln_step_trace *t, const kiln_compile_options *o, bool backward);
+
 /* ---- one optimiser step over a window of micro-batches ------------------- */
 typedef struct {
     double loss;        /* window loss: summed token losses / target tokens */
@@ -199,6 +245,9 @@ typedef struct {
     int micro_batches;
     bool skipped;       /* non-finite loss or norm: no update was made */
     int bad_micro;      /* with skipped: first micro-batch with a non-finite loss, or -1 (norm) */
+    const struct kiln_objective *objective; /* what loss and metric are */
+    int64_t units;      /* what the window was divided by: target tokens, or pairs */
+    double metric[8];   /* the objective's metrics (KILN_OBJ_MAX_METRICS), window means */
 } kiln_step_result;
 
 /* The end of an optimiser step, after the window's gradients are summed

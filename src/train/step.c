@@ -5,6 +5,7 @@
  * through the seam; the window runs with the model's device as the
  * thread's (tensors the model makes without inputs go there too). */
 #include <math.h>
+#include <string.h>
 #include "kiln/eager.h"
 #include "kiln/train.h"
 #include "hostio.h"
@@ -49,7 +50,6 @@ static kiln_tensor *scalar_new(const kiln_llama *m) {
 
 static kiln_status scalar_set(kiln_tensor *s, float v) { return kiln_tensor_set(s, 0, &v, sizeof v); }
 
-static const kiln_llama_docs *batch_docs(const batch_tensors *t) { return t->docs.segments ? &t->docs : NULL; }
 
 static void release_batch(batch_tensors *t) {
     kiln_tensor_release(t->ids);
@@ -61,34 +61,23 @@ static void release_batch(batch_tensors *t) {
 
 bool kiln_train_uses_dropout(const kiln_llama *m) { return m->lora_a && m->lora.dropout > 0; }
 
+/* The trace of objective o's step on model m (a context on the stack: the
+ * public CE traces take the model as kiln_compile's context). */
+static kiln_status trace_with(kiln_llama *m, const kiln_objective *o, kiln_tensor *const *in, kiln_tensor **report,
+                              int *n_report, kiln_tensor **diff) {
+    kiln_step_trace t = {.m = m, .o = o};
+    t.n_in = kiln_objective_inputs(o, diff && kiln_train_uses_dropout(m), t.names);
+    return kiln_train_trace_objective(&t, in, report, n_report, diff);
+}
+
 kiln_status kiln_train_trace_step(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                   kiln_tensor **diff) {
-    kiln_llama *m = model;
-    /* a training trace of a model with dropout takes the mask key as input 4 */
-    kiln_tensor *keep = m->lora_key;
-    m->lora_key = diff && kiln_train_uses_dropout(m) ? in[4] : NULL;
-    kiln_tensor *sum = kiln_llama_loss(model, in[0], in[1], in[2]);
-    m->lora_key = keep;
-    if (!sum) return kiln_last_status();
-    report[0] = sum;
-    *n_report = 1;
-    if (diff && !(*diff = kiln_scale_by(sum, in[3]))) return kiln_last_status();
-    return KILN_OK;
+    return trace_with(model, kiln_objective_ce(false), in, report, n_report, diff);
 }
 
 kiln_status kiln_train_trace_step_docs(void *model, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                        kiln_tensor **diff) {
-    kiln_llama_docs docs = {in[4], in[5]};
-    kiln_llama *m = model;
-    kiln_tensor *keep = m->lora_key;
-    m->lora_key = diff && kiln_train_uses_dropout(m) ? in[6] : NULL; /* LoRA dropout's key, after the documents */
-    kiln_tensor *sum = kiln_llama_loss_ex(model, in[0], in[1], in[2], &docs);
-    m->lora_key = keep;
-    if (!sum) return kiln_last_status();
-    report[0] = sum;
-    *n_report = 1;
-    if (diff && !(*diff = kiln_scale_by(sum, in[3]))) return kiln_last_status();
-    return KILN_OK;
+    return trace_with(model, kiln_objective_ce(true), in, report, n_report, diff);
 }
 
 kiln_compiled *kiln_train_compile(kiln_llama *m, const kiln_compile_options *o, bool backward) {
@@ -99,9 +88,16 @@ kiln_compiled *kiln_train_compile_ex(kiln_llama *m, const kiln_compile_options *
     kiln_compile_options co = *o;
     co.backward = backward;
     /* LoRA dropout's key follows the other inputs of a training step */
-    int drop = backward && kiln_train_uses_dropout(m);
-    if (documents) return kiln_compile(kiln_train_trace_step_docs, m, m->params, m->n_params, 6 + drop, &co);
-    return kiln_compile(kiln_train_trace_step, m, m->params, m->n_params, 4 + drop, &co);
+    kiln_input names[KILN_IN_N];
+    int n_in = kiln_objective_inputs(kiln_objective_ce(documents), backward && kiln_train_uses_dropout(m), names);
+    return kiln_compile(documents ? kiln_train_trace_step_docs : kiln_train_trace_step, m, m->params, m->n_params, n_in, &co);
+}
+
+kiln_compiled *kiln_train_compile_objective(kiln_step_trace *t, const kiln_compile_options *o, bool backward) {
+    kiln_compile_options co = *o;
+    co.backward = backward;
+    t->n_in = kiln_objective_inputs(t->o, backward && kiln_train_uses_dropout(t->m), t->names);
+    return kiln_compile(kiln_train_trace_objective, t, t->m->params, t->m->n_params, t->n_in, &co);
 }
 
 /* The dropout key of global micro-batch `micro` of optimiser step `step`:
@@ -113,28 +109,39 @@ float kiln_train_dropout_key(uint64_t seed, int64_t step, int64_t micro) {
     return (float)(h >> 40);
 }
 
-/* One micro-batch through a compiled step: the scale is a runtime input, so
- * a new window's token count never rebuilds anything. Returns
- * KILN_ERR_LIMIT past the variant limit (the caller runs eager). */
-static kiln_status compiled_micro(const kiln_llama *m, kiln_compiled *cs, const kiln_batch *b, double scale,
-                                  kiln_tensor *key, double *sum) {
+/* A micro-batch's named inputs (KILN_IN_*): the batch's tensors, the
+ * scale, the dropout key (NULL where absent). */
+static void named_inputs(const batch_tensors *bt, kiln_tensor *scale, kiln_tensor *key, kiln_tensor **by) {
+    memset(by, 0, sizeof(kiln_tensor *) * KILN_IN_N);
+    by[KILN_IN_IDS] = bt->ids, by[KILN_IN_TARGETS] = bt->targets, by[KILN_IN_MASK] = bt->mask, by[KILN_IN_SCALE] = scale;
+    by[KILN_IN_POSITIONS] = bt->docs.positions, by[KILN_IN_SEGMENTS] = bt->docs.segments, by[KILN_IN_KEY] = key;
+}
+
+/* One micro-batch through a compiled step of objective o: the scale is a
+ * runtime input, so a new window's unit count never rebuilds anything.
+ * rep gets the loss sum and the metric sums. Returns KILN_ERR_LIMIT past
+ * the variant limit (the caller runs eager). */
+static kiln_status compiled_micro(const kiln_llama *m, const kiln_objective *o, kiln_compiled *cs, const kiln_batch *b,
+                                  double scale, kiln_tensor *key, double *rep) {
     /* a step compiled for one kind of row must not silently run the other;
      * a training step with LoRA dropout takes the key as one more input */
-    int want = b->segmented ? 6 : 4, n_in = kiln_compiled_n_inputs(cs);
-    if (n_in != want && !(key && n_in == want + 1))
+    kiln_input names[KILN_IN_N];
+    int want = kiln_objective_inputs(o, false, names), n_in = kiln_compiled_n_inputs(cs);
+    if (b->segmented != o->docs || (n_in != want && !(key && n_in == want + 1)))
         return kiln_error(KILN_ERR_INVALID, "the compiled step takes %s rows, the batch holds %s (--pack documents needs "
                           "kiln_train_compile_ex(..., documents = true))",
-                          n_in >= 6 ? "packed-document" : "plain",
-                          b->segmented ? "packed documents" : "plain rows");
+                          o->docs ? "packed-document" : "plain", b->segmented ? "packed documents" : "plain rows");
+    n_in = kiln_objective_inputs(o, n_in == want + 1, names);
     batch_tensors bt;
     kiln_status st = wrap_batch(m, b, &bt);
     kiln_tensor *s = st ? NULL : scalar_new(m);
     if (s && !(st = scalar_set(s, (float)scale))) {
-        kiln_tensor *in[7] = {bt.ids, bt.targets, bt.mask, s, bt.docs.positions, bt.docs.segments, NULL};
-        in[want] = key; /* read only by a step with dropout */
-        float rep[1] = {0};
-        st = kiln_compiled_run(cs, in, rep);
-        *sum = rep[0];
+        kiln_tensor *by[KILN_IN_N], *in[KILN_IN_N];
+        named_inputs(&bt, s, key, by);
+        for (int i = 0; i < n_in; i++) in[i] = by[names[i]]; /* the key is read only by a step with dropout */
+        float r[1 + KILN_OBJ_MAX_METRICS] = {0};
+        st = kiln_compiled_run(cs, in, r);
+        for (int i = 0; i <= o->n_metrics; i++) rep[i] = r[i];
     } else if (!st && !s) {
         st = kiln_last_status();
     }
@@ -143,7 +150,7 @@ static kiln_status compiled_micro(const kiln_llama *m, kiln_compiled *cs, const 
     return st;
 }
 
-/* The summed token loss of a [1] f32 loss tensor, read through the seam. */
+/* The value of a [1] f32 reported tensor, read through the seam. */
 static kiln_status read_loss(const kiln_tensor *l, double *out) {
     if (l->dtype != KILN_F32)
         return kiln_error(KILN_ERR_INVALID, "the loss '%s' is %s, not f32", l->name, kiln_dtype_name(l->dtype));
@@ -153,37 +160,51 @@ static kiln_status read_loss(const kiln_tensor *l, double *out) {
     return st;
 }
 
+/* Forward (and, with backward, backward of the loss times `scale`, a
+ * runtime scalar) of one micro-batch, eager; rep gets the loss sum and the
+ * metric sums. */
+static kiln_status eager_micro(kiln_llama *m, const kiln_objective *o, const kiln_batch *b, double scale, kiln_tensor *key,
+                               bool backward, double *rep) {
+    batch_tensors bt;
+    kiln_status st = wrap_batch(m, b, &bt);
+    kiln_tensor *s = st ? NULL : scalar_new(m);
+    if (!st && (!s || (st = scalar_set(s, (float)scale)))) st = st ? st : kiln_last_status();
+    kiln_tensor *by[KILN_IN_N], *report[1 + KILN_OBJ_MAX_METRICS] = {0};
+    if (!st) {
+        named_inputs(&bt, s, key, by);
+        m->lora_key = key; /* dropout on (NULL: off) for this forward only */
+        st = o->trace(o, m, by, report);
+        m->lora_key = NULL;
+    }
+    for (int i = 0; !st && i <= o->n_metrics; i++) st = read_loss(report[i], &rep[i]);
+    if (!st && backward && isfinite(rep[0])) {
+        kiln_tensor *scaled = kiln_scale_by(report[0], s);
+        st = scaled ? kiln_backward(scaled) : kiln_last_status();
+        kiln_tensor_release(scaled);
+    }
+    for (int i = 0; i <= o->n_metrics; i++) kiln_tensor_release(report[i]);
+    kiln_tensor_release(s);
+    release_batch(&bt);
+    return st;
+}
+
 /* Forward + backward of one micro-batch whose summed loss is multiplied by
- * `scale` (a runtime scalar input) before backward. *sum gets the summed
- * token loss. */
-static kiln_status micro_step(kiln_llama *m, const kiln_batch *b, double scale, kiln_tensor *key, double *sum,
-                              kiln_compiled *cs) {
+ * `scale` before backward. rep[0] gets the summed loss, rep[1..] the
+ * metric sums. */
+static kiln_status micro_step(kiln_llama *m, const kiln_objective *o, const kiln_batch *b, double scale, kiln_tensor *key,
+                              double *rep, kiln_compiled *cs) {
     if (cs) {
-        kiln_status cst = compiled_micro(m, cs, b, scale, key, sum);
+        kiln_status cst = compiled_micro(m, o, cs, b, scale, key, rep);
         if (cst != KILN_ERR_LIMIT) return cst;
         kiln_clear_error(); /* past the variant limit: eager */
     }
-    batch_tensors bt;
-    kiln_status st = wrap_batch(m, b, &bt);
-    m->lora_key = key; /* dropout on (NULL: off) for this forward only */
-    kiln_tensor *loss = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
-    m->lora_key = NULL;
-    if (!loss) {
-        release_batch(&bt);
-        return kiln_last_status();
-    }
-    st = read_loss(loss, sum);
-    if (!st && isfinite(*sum)) {
-        kiln_tensor *s = scalar_new(m);
-        if (s && (st = scalar_set(s, (float)scale))) kiln_tensor_release(s), s = NULL;
-        kiln_tensor *scaled = s ? kiln_scale_by(loss, s) : NULL;
-        st = scaled ? kiln_backward(scaled) : kiln_last_status();
-        kiln_tensor_release(scaled);
-        kiln_tensor_release(s);
-    }
-    kiln_tensor_release(loss);
-    release_batch(&bt);
-    return st;
+    return eager_micro(m, o, b, scale, key, true, rep);
+}
+
+/* The objective of a run's micro-batch. */
+static const kiln_objective *objective_of(const kiln_train_config *c, const kiln_batch *b) {
+    (void)c;
+    return kiln_objective_ce(b->segmented);
 }
 
 kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
@@ -215,8 +236,11 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
                                  int k, double lr, kiln_step_result *res, kiln_compiled *cs, const kiln_window_totals *g) {
     bool dist = g && kiln_dist_size() > 1;
     *res = (kiln_step_result){.lr = lr, .micro_batches = g ? g->micro_batches : k, .bad_micro = -1};
+    const kiln_objective *o = k ? objective_of(c, mb[0]) : kiln_objective_ce(false);
     for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
-    if (g) res->tokens = g->tokens; /* normalise by the whole window across ranks */
+    int64_t units = 0; /* what the window is divided by: target tokens, or pairs */
+    for (int i = 0; i < k; i++) units += kiln_objective_units(o, mb[i]);
+    if (g) res->tokens = g->tokens, units = o->norm == KILN_NORM_TARGET_TOKENS ? g->tokens : units; /* the whole window across ranks */
     double total = 0;
     int bad = -1;
     kiln_status st = KILN_OK;
@@ -224,14 +248,17 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
     if (kiln_train_uses_dropout(m) && !key) return kiln_last_status();
     for (int i = 0; i < k && !st; i++) {
         double scale;
+        int64_t u = kiln_objective_units(o, mb[i]);
         if (c->loss_norm == KILN_LOSS_NORM_TOKENS)
-            scale = res->tokens ? 1.0 / (double)res->tokens : 0.0;
+            scale = units ? 1.0 / (double)units : 0.0;
         else
-            scale = mb[i]->n_targets ? 1.0 / ((double)mb[i]->n_targets * res->micro_batches) : 0.0;
-        double sum = 0;
+            scale = u ? 1.0 / ((double)u * res->micro_batches) : 0.0;
+        double rep[1 + KILN_OBJ_MAX_METRICS] = {0}, sum = 0;
         if (dist && i == k - 1 && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
         if (key) st = scalar_set(key, kiln_train_dropout_key(c->seed, g ? g->step : 0, (g ? g->first_micro : 0) + i));
-        if (!st) st = micro_step(m, mb[i], scale, key, &sum, cs);
+        if (!st) st = micro_step(m, o, mb[i], scale, key, rep, cs);
+        sum = rep[0];
+        for (int j = 0; j < o->n_metrics; j++) res->metric[j] += rep[1 + j];
         if (st) {
             kiln_set_grad_ready_hook(NULL, NULL);
             kiln_tensor_release(key);
@@ -250,7 +277,10 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
         res->skipped = true;
         res->bad_micro = bad >= 0 ? bad : 0;
     }
-    res->loss = res->tokens ? total / (double)res->tokens : 0.0;
+    res->loss = units ? total / (double)units : 0.0;
+    res->objective = o;
+    res->units = units;
+    for (int j = 0; j < o->n_metrics; j++) res->metric[j] = units ? res->metric[j] / (double)units : 0.0;
     return kiln_adamw_apply(opt, c, lr, res);
 }
 
@@ -273,12 +303,13 @@ static kiln_status evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double 
     int64_t count = 0;
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && !st; i++) {
+        const kiln_objective *o = objective_of(NULL, mb[i]);
+        double rep[1 + KILN_OBJ_MAX_METRICS] = {0};
         if (cs) {
-            double sum = 0;
-            kiln_status cst = compiled_micro(m, cs, mb[i], 1.0, NULL, &sum);
+            kiln_status cst = compiled_micro(m, o, cs, mb[i], 1.0, NULL, rep);
             if (cst == KILN_OK) {
-                total += sum;
-                count += mb[i]->n_targets;
+                total += rep[0];
+                count += kiln_objective_units(o, mb[i]);
                 continue;
             }
             if (cst != KILN_ERR_LIMIT) {
@@ -287,18 +318,8 @@ static kiln_status evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double 
             }
             kiln_clear_error();
         }
-        batch_tensors bt;
-        st = wrap_batch(m, mb[i], &bt);
-        kiln_tensor *l = st ? NULL : kiln_llama_loss_ex(m, bt.ids, bt.targets, bt.mask, batch_docs(&bt));
-        double sum = 0;
-        if (l && !(st = read_loss(l, &sum))) {
-            total += sum;
-            count += mb[i]->n_targets;
-        } else if (!l) {
-            st = kiln_last_status();
-        }
-        kiln_tensor_release(l);
-        release_batch(&bt);
+        st = eager_micro(m, o, mb[i], 1.0, NULL, false, rep);
+        if (!st) total += rep[0], count += kiln_objective_units(o, mb[i]);
     }
     kiln_grad_set_enabled(was);
     *loss = count ? total / (double)count : NAN;
