@@ -292,6 +292,19 @@ static void ops_nn(int v) {
          ints(2, T, 0, -V));
     CASE("cross_entropy_backward", KILN_OP_CROSS_ENTROPY_BWD, false, A(.i = {KILN_IGNORE_INDEX}), RND(-3, 3, 2, T, V),
          ints(2, T, 0, -V), scalar(0.25f));
+    /* the preference objectives' pieces: rows (2i, 2i+1) a pair */
+    CASE("row_nll", KILN_OP_ROW_NLL, true, A(.i = {KILN_IGNORE_INDEX}), RND(-3, 3, 4, T, V), ints(4, T, 0, -V));
+    CASE("row_nll_backward", KILN_OP_ROW_NLL_BWD, false, A(.i = {KILN_IGNORE_INDEX}), RND(-3, 3, 4, T, V), ints(4, T, 0, -V),
+         RND(-1, 1, 4));
+    CASE("row_inv_count", KILN_OP_ROW_INV_COUNT, false, A(.i = {KILN_IGNORE_INDEX}), ints(4, T, 0, -V));
+    CASE("pair_diff", KILN_OP_PAIR_DIFF, true, NOATTR, RND(-3, 3, 6));
+    CASE("pair_diff_backward", KILN_OP_PAIR_DIFF_BWD, false, NOATTR, RND(-3, 3, 3));
+    CASE("pair_diff (sum)", KILN_OP_PAIR_DIFF, true, A(.i = {1}), RND(-3, 3, 6));
+    CASE("logsigmoid", KILN_OP_LOGSIGMOID, true, NOATTR, RND(-30, 30, 3, T, C));
+    CASE("logsigmoid_backward", KILN_OP_LOGSIGMOID_BWD, false, NOATTR, RND(-30, 30, 3, T, C), RND(-1, 1, 3, T, C));
+    CASE("relu", KILN_OP_RELU, true, NOATTR, RND(-1, 1, 3, T, C));
+    CASE("relu_backward", KILN_OP_RELU_BWD, false, NOATTR, RND(-1, 1, 3, T, C), RND(-1, 1, 3, T, C));
+    CASE("gt0", KILN_OP_GT0, false, NOATTR, RND(-1, 1, 3, T, C));
 }
 
 static void ops_fused(int v) {

@@ -119,6 +119,11 @@ static kiln_tensor *f_mul(kiln_tensor **in) { return kiln_mul(in[0], in[1]); }
 static kiln_tensor *f_scale(kiln_tensor **in) { return kiln_scale(in[0], -0.37); }
 static kiln_tensor *f_scale_by(kiln_tensor **in) { return kiln_scale_by(in[0], in[1]); }
 static kiln_tensor *f_silu(kiln_tensor **in) { return kiln_silu(in[0]); }
+static kiln_tensor *f_logsigmoid(kiln_tensor **in) { return kiln_logsigmoid(in[0]); }
+static kiln_tensor *f_relu(kiln_tensor **in) { return kiln_relu(in[0]); }
+static kiln_tensor *f_pair_diff(kiln_tensor **in) { return kiln_pair_diff(in[0]); }
+static kiln_tensor *f_pair_sum(kiln_tensor **in) { return kiln_pair_sum(in[0]); }
+static kiln_tensor *f_row_nll(kiln_tensor **in) { return kiln_row_nll(in[0], in[1], KILN_IGNORE_INDEX); }
 static kiln_tensor *f_rmsnorm(kiln_tensor **in) { return kiln_rmsnorm(in[0], in[1], 1e-5); }
 static kiln_tensor *f_rope(kiln_tensor **in) { return kiln_rope(in[0], 10000.0, 5, false); }
 static kiln_tensor *f_rope_at(kiln_tensor **in) { return kiln_rope_at(in[0], in[1], 10000.0, false, NULL); }
@@ -180,6 +185,9 @@ static const struct {
     {KILN_OP_ATTN_MASK, "made from an integer mask only: nothing to differentiate (it runs in the masked-softmax "
                         "check; eager-vs-compiled tests compare it with flash attention's own masking)"},
     {KILN_OP_FILL, "no inputs: it only seeds a traced graph's backward (checked by every eager-vs-compiled test)"},
+    {KILN_OP_ROW_INV_COUNT, "made from integer targets only: nothing to differentiate (the DPO/SimPO tests check it against "
+                            "PyTorch's token counts)"},
+    {KILN_OP_GT0, "a step function: its gradient is 0 almost everywhere and kiln gives it none (a metric, never a loss)"},
     {KILN_OP_CAST_BF16, "a rounding step: finite differences of it are 0 or spikes; its pass-through gradient is checked "
                         "in test_bf16"},
 };
@@ -237,6 +245,15 @@ int main(void) {
     RUN("scale", f_scale, 1, 1, RND(-1, 1, 37, 24));
     RUN("scale_by", f_scale_by, 2, 1, RND(-1, 1, 37, 24), RND(0.5f, 2, 1));
     RUN("silu", f_silu, 1, 1, RND(-4, 4, 37, 24));
+    RUN("logsigmoid", f_logsigmoid, 1, 1, RND(-6, 6, 37, 24));
+    {
+        kiln_tensor *x = RND(-1, 1, 37, 24); /* away from the kink, both signs */
+        for (int64_t i = 0; i < kiln_tensor_numel(x); i++) kiln_f32(x)[i] += kiln_f32(x)[i] < 0 ? -0.1f : 0.1f;
+        RUN("relu", f_relu, 1, 1, x);
+    }
+    RUN("pair_diff", f_pair_diff, 1, 1, RND(-1, 1, 38));
+    RUN("pair_diff (sum)", f_pair_sum, 1, 1, RND(-1, 1, 38));
+    RUN("row_nll", f_row_nll, 2, 1, RND(-2, 2, 4, 9, 11), ids_tensor(4, 9, 11, true));
     {
         int64_t one = 1;
         kiln_tensor *key = kiln_tensor_new(KILN_F32, 1, &one);

@@ -33,6 +33,9 @@ typedef enum {
 
 #define KILN_GROUP_NONE (-1)
 
+/* values a traced function may return (a loss and an objective's metrics) */
+#define KILN_GRAPH_MAX_OUTPUTS 12
+
 typedef struct {
     kiln_value_kind kind;
     int op;                     /* KILN_V_OP */
@@ -63,7 +66,7 @@ typedef struct kiln_graph {
     int n_inputs, n_params;
     kiln_tensor **params;       /* borrowed: the model's parameters */
     int n_outputs;
-    int outputs[4];             /* values returned to the caller */
+    int outputs[KILN_GRAPH_MAX_OUTPUTS]; /* values returned to the caller */
     int diff;                   /* the value differentiated, or -1 */
     int n_forward;              /* values [0, n_forward) are the forward pass */
     int64_t arena_bytes;        /* after planning */

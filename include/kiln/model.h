@@ -122,6 +122,9 @@ typedef struct {
      * kiln_dropout), borrowed; NULL (evaluation, generation): no dropout.
      * Each adapter's mask is its own op instance (layer * KILN_LORA_N + target). */
     kiln_tensor *lora_key;
+    /* true: the forward runs the base alone, adapters skipped (a preference
+     * objective's reference pass: the same weights, no second copy) */
+    bool lora_off;
 } kiln_llama;
 
 /* Parameters initialised as HF does: normal(0, 0.02), norms at one. The

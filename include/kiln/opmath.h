@@ -84,6 +84,11 @@ static inline float kiln_silu_bwd_f(float x, float g) {
     return g * (s * (1.0f + x * (1.0f - s)));
 }
 
+/* log sigmoid(x) = min(x, 0) - log(1 + e^-|x|), finite for every finite x */
+static inline float kiln_logsigmoid_f(float x) { return (x < 0.0f ? x : 0.0f) - log1pf(kiln_expf_fast(-fabsf(x))); }
+/* g * d logsigmoid / dx = g * sigmoid(-x) = g / (1 + e^x) */
+static inline float kiln_logsigmoid_bwd_f(float x, float g) { return g / (1.0f + kiln_expf_fast(x)); }
+
 /* RMSNorm's row factor 1 / sqrt(ss / n + eps) from the row's sum of squares
  * ss (summed in float), in double. */
 static inline float kiln_rms_rstd(float ss, float n, float eps) {

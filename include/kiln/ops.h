@@ -74,7 +74,18 @@ extern "C" {
                                            i1=need_dh i2=need_dW i3=bf16 products i4=seed given      \
                                            -> loss sum [1]; aux dh, dW (of seed·loss; seed 1) */     \
     X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */ \
-    X(DROPOUT, dropout)                 /* (x, key[1]) f0=p i0=instance i5=index offset -> masked  */
+    X(DROPOUT, dropout)                 /* (x, key[1]) f0=p i0=instance i5=index offset -> masked  */ \
+    /* what preference objectives are built of (objective.c) */                                    \
+    X(ROW_NLL, row_nll)                 /* (logits[R,T,V], targets[R,T] i32) i0=ignore -> [R] sums */ \
+    X(ROW_NLL_BWD, row_nll_bwd)         /* (logits, targets, g[R]) i0=ignore -> dlogits */           \
+    X(ROW_INV_COUNT, row_inv_count)     /* (targets[R,T] i32) i0=ignore -> [R] 1/targets (0: none) */ \
+    X(PAIR_DIFF, pair_diff)             /* (x[2P]) -> [P]: x[2i] - x[2i+1] (i0=1: + x[2i+1]) */      \
+    X(PAIR_DIFF_BWD, pair_diff_bwd)     /* (g[P]) -> [2P]: g[i], -g[i] (i0=1: g[i]) */               \
+    X(LOGSIGMOID, logsigmoid)           /* log(1 / (1 + e^-x)) */                                    \
+    X(LOGSIGMOID_BWD, logsigmoid_bwd)   /* (x, g) -> g / (1 + e^x) */                                \
+    X(RELU, relu)                                                                                    \
+    X(RELU_BWD, relu_bwd)               /* (x, g) -> g where x > 0 */                                \
+    X(GT0, gt0)                         /* x > 0 ? 1 : 0, no gradient */
 
 typedef enum {
 #define KILN_OP_ENUM_(id, sym) KILN_OP_##id,
@@ -303,6 +314,21 @@ kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
 kiln_tensor *kiln_cast_bf16(kiln_tensor *x);
+/* Preference objectives' pieces: per-row sums of -log p(target) over
+ * targets != ignore ([R] from logits [R, T, V]); 1 / the row's target
+ * count (0 for a row without); chosen - rejected of rows (2i, 2i+1);
+ * log-sigmoid; relu; the indicator x > 0 (no gradient). */
+kiln_tensor *kiln_row_nll(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index);
+kiln_tensor *kiln_row_nll_backward(kiln_tensor *logits, kiln_tensor *targets, kiln_tensor *g, int32_t ignore_index);
+kiln_tensor *kiln_row_inv_count(kiln_tensor *targets, int32_t ignore_index);
+kiln_tensor *kiln_pair_diff(kiln_tensor *x);
+kiln_tensor *kiln_pair_sum(kiln_tensor *x); /* x[2i] + x[2i+1] */
+kiln_tensor *kiln_pair_diff_backward(kiln_tensor *g);
+kiln_tensor *kiln_logsigmoid(kiln_tensor *x);
+kiln_tensor *kiln_logsigmoid_backward(kiln_tensor *x, kiln_tensor *g);
+kiln_tensor *kiln_relu(kiln_tensor *x);
+kiln_tensor *kiln_relu_backward(kiln_tensor *x, kiln_tensor *g);
+kiln_tensor *kiln_gt0(kiln_tensor *x);
 /* A new tensor holding W in storage dtype dt (f32, bf16, f16 or one of
  * ggml's block types), on W's device, with W's name; requires_grad only
  * for an f32 result of a trainable W. Values go through fp32: f16/bf16

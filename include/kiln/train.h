@@ -95,6 +95,10 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
     X(use_rslora, FLAG, 1, false, "", "with --lora-rank: scale the adapters by alpha / sqrt(R) (PEFT's use_rslora), not alpha / R") \
     X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all") \
+    X(objective, ENUM, objective, KILN_OBJECTIVE_CE, "ce|dpo|simpo", "what a step minimises: token cross-entropy, or a preference objective on --pack pairs data") \
+    X(beta, F64, POS, 0.1, "B", "dpo/simpo: beta (TRL: 0.1 for DPO, 2.0 for SimPO)")                                  \
+    X(dpo_loss, ENUM, dpo_loss, KILN_DPO_SIGMOID, "sigmoid|ipo|hinge", "dpo: the loss of the margin (TRL's loss_type)") \
+    X(simpo_gamma, F64, NONNEG, 0.5, "G", "simpo: the target reward margin gamma (TRL's simpo_gamma)")               \
     X(base_dtype, ENUM, base_dtype, KILN_BASE_DTYPE_AUTO, "auto|fp32|bf16|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "with --lora-rank: hold the frozen base's linears in this type (auto: a GGUF's own types, else fp32)")
 
 #define KILN_BASE_DTYPE_AUTO (-1) /* base_dtype auto: a GGUF base as the file holds it, else fp32 */
@@ -214,7 +218,28 @@ struct kiln_objective {
     /* report[0]: the loss summed over the micro-batch's units ([1] f32);
      * report[1 + j]: metric j summed the same way */
     kiln_status (*trace)(const kiln_objective *o, kiln_llama *m, kiln_tensor *const *in, kiln_tensor **report);
+    /* the preference objectives' parameters (the run's settings) */
+    int kind;            /* KILN_OBJECTIVE_* */
+    int loss;            /* dpo: KILN_DPO_* */
+    double beta, gamma;  /* dpo and simpo: beta; simpo: gamma, the target margin */
 };
+typedef enum { KILN_OBJECTIVE_CE, KILN_OBJECTIVE_DPO, KILN_OBJECTIVE_SIMPO } kiln_objective_kind;
+typedef enum { KILN_DPO_SIGMOID, KILN_DPO_IPO, KILN_DPO_HINGE } kiln_dpo_loss;
+/* The run's objective (the objective, beta, dpo_loss and simpo_gamma
+ * settings; ce on packed documents when pack is documents). The
+ * preference objectives read pairs (pack pairs: rows 2i chosen, 2i+1
+ * rejected) and divide a window by its pairs:
+ *   dpo sigmoid  -logsigmoid(beta d),  d = (pc - rc) - (pr - rr)
+ *   dpo ipo      (d' - 1 / (2 beta))^2, d' = the same of per-token means
+ *   dpo hinge    relu(1 - beta d)
+ *   simpo        -logsigmoid(beta (pc/nc - pr/nr) - gamma)
+ * with p the policy's summed log-probabilities of an answer's targets, r
+ * the reference's (the base with its LoRA adapters off: same weights,
+ * no copy), n the answer's target count; TRL's formulas (DPOTrainer,
+ * CPOTrainer loss_type simpo). Metrics as TRL names them:
+ * rewards/chosen, rewards/rejected (beta (p - r), simpo: beta p/n),
+ * rewards/accuracies, rewards/margins, logps/chosen, logps/rejected. */
+kiln_status kiln_objective_from_config(const kiln_train_config *c, kiln_objective *out);
 /* Cross-entropy over target tokens (docs: on packed documents). */
 const kiln_objective *kiln_objective_ce(bool docs);
 /* The names a step of o reads, in order: ids, targets, mask, scale, then
@@ -245,9 +270,10 @@ typedef struct {
     int micro_batches;
     bool skipped;       /* non-finite loss or norm: no update was made */
     int bad_micro;      /* with skipped: first micro-batch with a non-finite loss, or -1 (norm) */
-    const struct kiln_objective *objective; /* what loss and metric are */
     int64_t units;      /* what the window was divided by: target tokens, or pairs */
-    double metric[8];   /* the objective's metrics (KILN_OBJ_MAX_METRICS), window means */
+    int n_metrics;      /* the objective's metrics, window means, and their names (static) */
+    double metric[8];   /* KILN_OBJ_MAX_METRICS */
+    const char *metric_name[8];
 } kiln_step_result;
 
 /* The end of an optimiser step, after the window's gradients are summed
@@ -291,6 +317,10 @@ kiln_compiled *kiln_train_compile_ex(kiln_llama *m, const kiln_compile_options *
 kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs);
 /* Mean token loss over batches, no gradient work. */
 kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens);
+/* The same for objective o (NULL: cross-entropy): the loss and metrics
+ * (o->n_metrics of them) as means over the batches' units (*units). */
+kiln_status kiln_evaluate_objective(kiln_llama *m, const kiln_objective *o, kiln_batch *const *mb, int n, double *loss,
+                                    double *metrics, int64_t *units, kiln_compiled *cs);
 
 /* ---- memory-aware micro-batch choice (membudget.c) ----------------------- */
 /* What a compiled run with micro-batches of b x T needs, in bytes. The

@@ -226,13 +226,15 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, kiln_tensor **params, int n
         in_sym[i] = symbolic(&v.meta);
         st = id < 0 || !in_sym[i] ? kiln_last_status() : bind(t, id, in_sym[i]);
     }
-    kiln_tensor *report[4] = {0}, *diff = NULL;
+    kiln_tensor *report[KILN_GRAPH_MAX_OUTPUTS] = {0}, *diff = NULL;
     int n_report = 0;
     if (!st) {
         kiln_dispatcher prev = kiln_op_set_dispatcher((kiln_dispatcher){trace_dispatch, t});
         st = fn(user, in_sym, report, &n_report, backward ? &diff : NULL);
         kiln_op_set_dispatcher(prev);
     }
+    if (!st && n_report > KILN_GRAPH_MAX_OUTPUTS)
+        st = kiln_error(KILN_ERR_INVALID, "traced function returned %d values (at most %d)", n_report, KILN_GRAPH_MAX_OUTPUTS);
     for (int i = 0; i < n_report && !st; i++) {
         int id = report[i] ? map_get(t, report[i]) : -1;
         if (id < 0) st = kiln_error(KILN_ERR_INVALID, "traced function returned output %d that is not a graph value", i);

@@ -369,7 +369,7 @@ static kiln_tensor *proj(kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
  * eager and compiled both see it and the frozen W's gradient is never formed. */
 static kiln_tensor *lproj(kiln_llama *m, int64_t l, int which, kiln_tensor *x, kiln_tensor *w, kiln_tensor *b) {
     kiln_tensor *y = proj(x, w, b);
-    kiln_tensor *A = m->lora_a ? m->lora_a[l * KILN_LORA_N + which] : NULL;
+    kiln_tensor *A = m->lora_a && !m->lora_off ? m->lora_a[l * KILN_LORA_N + which] : NULL;
     if (!A || !y) return y;
     /* PEFT: lora_B(lora_A(dropout(x))), the base product on x itself */
     bool drop = m->lora_key && m->lora.dropout > 0;

@@ -201,9 +201,10 @@ static kiln_status micro_step(kiln_llama *m, const kiln_objective *o, const kiln
     return eager_micro(m, o, b, scale, key, true, rep);
 }
 
-/* The objective of a run's micro-batch. */
-static const kiln_objective *objective_of(const kiln_train_config *c, const kiln_batch *b) {
-    (void)c;
+/* The objective of a run's micro-batch (into *buf: its parameters are the
+ * run's settings). */
+static const kiln_objective *objective_of(const kiln_train_config *c, const kiln_batch *b, kiln_objective *buf) {
+    if (c && c->objective != KILN_OBJECTIVE_CE && !kiln_objective_from_config(c, buf)) return buf;
     return kiln_objective_ce(b->segmented);
 }
 
@@ -236,7 +237,9 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
                                  int k, double lr, kiln_step_result *res, kiln_compiled *cs, const kiln_window_totals *g) {
     bool dist = g && kiln_dist_size() > 1;
     *res = (kiln_step_result){.lr = lr, .micro_batches = g ? g->micro_batches : k, .bad_micro = -1};
-    const kiln_objective *o = k ? objective_of(c, mb[0]) : kiln_objective_ce(false);
+    kiln_objective ob;
+    if (c->objective != KILN_OBJECTIVE_CE && kiln_objective_from_config(c, &ob)) return kiln_last_status();
+    const kiln_objective *o = k ? objective_of(c, mb[0], &ob) : kiln_objective_ce(false);
     for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
     int64_t units = 0; /* what the window is divided by: target tokens, or pairs */
     for (int i = 0; i < k; i++) units += kiln_objective_units(o, mb[i]);
@@ -278,9 +281,10 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
         res->bad_micro = bad >= 0 ? bad : 0;
     }
     res->loss = units ? total / (double)units : 0.0;
-    res->objective = o;
     res->units = units;
-    for (int j = 0; j < o->n_metrics; j++) res->metric[j] = units ? res->metric[j] / (double)units : 0.0;
+    res->n_metrics = o->n_metrics;
+    for (int j = 0; j < o->n_metrics; j++)
+        res->metric[j] = units ? res->metric[j] / (double)units : 0.0, res->metric_name[j] = o->metric[j];
     return kiln_adamw_apply(opt, c, lr, res);
 }
 
@@ -297,39 +301,44 @@ kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *l
     return kiln_evaluate_ex(m, mb, n, loss, tokens, NULL);
 }
 
-static kiln_status evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
+static kiln_status evaluate(kiln_llama *m, const kiln_objective *obj, kiln_batch *const *mb, int n, double *loss,
+                            double *metrics, int64_t *units, kiln_compiled *cs) {
     bool was = kiln_grad_set_enabled(false);
-    double total = 0;
+    double total = 0, msum[KILN_OBJ_MAX_METRICS] = {0};
     int64_t count = 0;
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && !st; i++) {
-        const kiln_objective *o = objective_of(NULL, mb[i]);
+        const kiln_objective *o = obj ? obj : kiln_objective_ce(mb[i]->segmented);
         double rep[1 + KILN_OBJ_MAX_METRICS] = {0};
-        if (cs) {
-            kiln_status cst = compiled_micro(m, o, cs, mb[i], 1.0, NULL, rep);
-            if (cst == KILN_OK) {
-                total += rep[0];
-                count += kiln_objective_units(o, mb[i]);
-                continue;
-            }
-            if (cst != KILN_ERR_LIMIT) {
-                st = cst;
-                break;
-            }
-            kiln_clear_error();
+        kiln_status cst = cs ? compiled_micro(m, o, cs, mb[i], 1.0, NULL, rep) : KILN_ERR_LIMIT;
+        if (cst == KILN_ERR_LIMIT) {
+            if (cs) kiln_clear_error();
+            cst = eager_micro(m, o, mb[i], 1.0, NULL, false, rep);
         }
-        st = eager_micro(m, o, mb[i], 1.0, NULL, false, rep);
-        if (!st) total += rep[0], count += kiln_objective_units(o, mb[i]);
+        st = cst;
+        if (st) break;
+        total += rep[0];
+        count += kiln_objective_units(o, mb[i]);
+        for (int j = 0; j < o->n_metrics; j++) msum[j] += rep[1 + j];
     }
     kiln_grad_set_enabled(was);
     *loss = count ? total / (double)count : NAN;
-    if (tokens) *tokens = count;
+    for (int j = 0; metrics && obj && j < obj->n_metrics; j++) metrics[j] = count ? msum[j] / (double)count : NAN;
+    if (units) *units = count;
+    return st;
+}
+
+kiln_status kiln_evaluate_objective(kiln_llama *m, const kiln_objective *o, kiln_batch *const *mb, int n, double *loss,
+                                    double *metrics, int64_t *units, kiln_compiled *cs) {
+    const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
+    kiln_status st = evaluate(m, o, mb, n, loss, metrics, units, cs);
+    kiln_backend_use(was);
     return st;
 }
 
 kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
     const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
-    kiln_status st = evaluate(m, mb, n, loss, tokens, cs);
+    kiln_status st = evaluate(m, NULL, mb, n, loss, NULL, tokens, cs);
     kiln_backend_use(was);
     return st;
 }

@@ -30,6 +30,8 @@ struct kiln_trainer {
     int n_val;
     kiln_trainer_state st;
     kiln_compiled *cs_train, *cs_eval; /* NULL: eager */
+    kiln_objective obj;                /* what the steps minimise (the settings') */
+    kiln_step_trace tr_train, tr_eval; /* the compiled steps' traces of a preference objective */
     kiln_mem_choice mem;               /* --global-batch: the micro-batch choice (membudget.c) */
     bool has_mem;
     FILE *metrics;
@@ -120,7 +122,7 @@ static kiln_status open_loaders(kiln_trainer *t) {
                           S_ISDIR(vs.st_mode) ? "a directory" : "not a regular file");
     if (have_val && kiln_dist_rank() == 0) { /* only rank 0 evaluates */
         lc.shuffle = false;
-        lc.mode = KILN_PACK_PACKED;
+        lc.mode = c->pack == KILN_PACK_PAIRS ? KILN_PACK_PAIRS : KILN_PACK_PACKED;
         st = kiln_loader_open(&lc, &t->val);
         if (st) return st;
         int64_t n = kiln_loader_len(t->val);
@@ -367,7 +369,17 @@ static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_tr
         kiln_log(KILN_LOG_WARN, "cleaning %s: %s", c->run_dir, kiln_last_error());
     kiln_compile_options co;
     kiln_train_compile_options(c, &co); /* validated above */
-    if (co.mode != KILN_COMPILE_OFF) {
+    if ((st = kiln_objective_from_config(c, &t->obj))) goto fail;
+    if (co.mode != KILN_COMPILE_OFF && t->obj.kind != KILN_OBJECTIVE_CE) {
+        t->tr_train = (kiln_step_trace){.m = t->model, .o = &t->obj};
+        t->tr_eval = t->tr_train;
+        t->cs_train = kiln_train_compile_objective(&t->tr_train, &co, true);
+        t->cs_eval = kiln_train_compile_objective(&t->tr_eval, &co, false);
+        if (!t->cs_train || !t->cs_eval) {
+            st = kiln_last_status();
+            goto fail;
+        }
+    } else if (co.mode != KILN_COMPILE_OFF) {
         t->cs_train = kiln_train_compile_ex(t->model, &co, true, c->pack == KILN_PACK_DOCUMENTS);
         t->cs_eval = kiln_train_compile(t->model, &co, false);
         if (!t->cs_train || !t->cs_eval) {
@@ -407,11 +419,19 @@ static void emit(kiln_event_fn fn, void *user, kiln_event e) {
 
 static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
     if (!t->n_val || !t->metrics) return KILN_OK; /* rank 0 only */
-    double loss;
-    kiln_status st = kiln_evaluate_ex(t->model, t->vb, t->n_val, &loss, NULL, t->cs_eval);
+    double loss, mv[KILN_OBJ_MAX_METRICS];
+    bool pref = t->obj.kind != KILN_OBJECTIVE_CE;
+    kiln_status st = kiln_evaluate_objective(t->model, pref ? &t->obj : NULL, t->vb, t->n_val, &loss, mv, NULL, t->cs_eval);
     if (st) return kiln_error_context(st, "evaluation at step %lld", (long long)t->st.step);
     t->st.last_val_loss = loss;
-    fprintf(t->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)t->st.step, loss, exp(loss));
+    if (pref) { /* TRL's names, eval_ prefixed as TRL logs them */
+        fprintf(t->metrics, "{\"step\": %lld, \"val_loss\": %.6f", (long long)t->st.step, loss);
+        for (int j = 0; j < t->obj.n_metrics; j++) fprintf(t->metrics, ", \"val_%s\": %.6g", t->obj.metric[j], mv[j]);
+        fprintf(t->metrics, "}\n");
+        log_events(t, t->obj.metric, mv, t->obj.n_metrics);
+    } else {
+        fprintf(t->metrics, "{\"step\": %lld, \"val_loss\": %.6f, \"val_ppl\": %.4f}\n", (long long)t->st.step, loss, exp(loss));
+    }
     fflush(t->metrics);
     log_events(t, (const char *const[]){"val_loss", "val_ppl"}, (const double[]){loss, exp(loss)}, 2);
     emit(fn, user, (kiln_event){.kind = KILN_EVENT_EVAL, .state = &t->st, .val_loss = loss});
@@ -498,9 +518,11 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
         t->st.last_loss = res.loss;
         if (t->metrics) fprintf(t->metrics,
                 "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"tokens\": %lld, "
-                "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+                "\"tokens_per_s\": %.1f, \"elapsed_s\": %.3f",
                 (long long)t->st.step, (long long)t->st.epoch, res.loss, res.lr, res.grad_norm, (long long)res.tokens,
                 positions / dt, t->st.elapsed_s);
+        for (int j = 0; t->metrics && j < res.n_metrics; j++) fprintf(t->metrics, ", \"%s\": %.6g", res.metric_name[j], res.metric[j]);
+        if (t->metrics) fprintf(t->metrics, "}\n");
         if (t->metrics) fflush(t->metrics);
         log_events(t, (const char *const[]){"loss", "lr", "grad_norm", "tokens_per_s"},
                    (const double[]){res.loss, res.lr, res.grad_norm, positions / dt}, 4);
