@@ -373,6 +373,9 @@ typedef struct {
     const kiln_trainer_state *state;
     const kiln_step_result *step;  /* KILN_EVENT_STEP / NAN */
     double val_loss;               /* KILN_EVENT_EVAL */
+    int n_val_metrics;             /* KILN_EVENT_EVAL of a preference objective: its metrics */
+    const double *val_metrics;
+    const char *const *val_metric_names;
     double tokens_per_s;
     const char *message;           /* KILN_EVENT_SAVE (path) / INFO */
 } kiln_event;

@@ -59,7 +59,7 @@ static const char *tokenize_usage =
     "assistant messages (rendered with the chat template). The corpus must then\n"
     "hold only pairs. Each pair becomes two documents, prompt + chosen and\n"
     "prompt + rejected, the answer tokens the only targets; val.bin gets whole\n"
-    "pairs (the loader's pairs mode; kiln train has no preference objective yet).\n"
+    "pairs (the loader's pairs mode: kiln train --objective dpo|simpo --pack pairs).\n"
     "Truncation, as TRL's DPO (keep_end):\n"
     "  --max-prompt-len N  keep the last N prompt tokens (cut from the left)\n"
     "  --max-len N         cut each answer from the right so that prompt + answer\n"

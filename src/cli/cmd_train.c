@@ -326,7 +326,15 @@ static void on_event(const kiln_event *e, void *user) {
     case KILN_EVENT_STEP: on_step(p, e); return;
     case KILN_EVENT_EVAL:
         clear_bar(p);
-        fprintf(stderr, "step %lld: val loss %.4f (perplexity %.2f)\n", step, e->val_loss, exp(e->val_loss));
+        if (e->n_val_metrics) { /* a preference objective: its loss has no perplexity; TRL's metrics instead */
+            fprintf(stderr, "step %lld: val loss %.4f", step, e->val_loss);
+            for (int j = 0; j < e->n_val_metrics; j++)
+                if (strstr(e->val_metric_names[j], "accuracies") || strstr(e->val_metric_names[j], "margins"))
+                    fprintf(stderr, ", %s %.4f", e->val_metric_names[j], e->val_metrics[j]);
+            fprintf(stderr, "\n");
+        } else {
+            fprintf(stderr, "step %lld: val loss %.4f (perplexity %.2f)\n", step, e->val_loss, exp(e->val_loss));
+        }
         break;
     case KILN_EVENT_SAVE:
         clear_bar(p);
@@ -394,8 +402,10 @@ static void summary(const kiln_trainer_state *st, const kiln_train_config *c, do
             (long long)st->total_steps, (long long)st->tokens_seen, t);
     if (st->elapsed_s > 0) fprintf(stderr, " (%.0f tok/s)", (double)st->tokens_seen / st->elapsed_s);
     fprintf(stderr, ", loss %.4f", st->last_loss);
-    if (isfinite(st->last_val_loss) && st->last_val_loss > 0)
+    if (isfinite(st->last_val_loss) && st->last_val_loss > 0 && c->objective == KILN_OBJECTIVE_CE)
         fprintf(stderr, ", val loss %.4f (perplexity %.2f)", st->last_val_loss, exp(st->last_val_loss));
+    else if (isfinite(st->last_val_loss))
+        fprintf(stderr, ", val loss %.4f", st->last_val_loss);
     fprintf(stderr, "\nrun: %s\n", c->run_dir);
 }
 

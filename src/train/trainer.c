@@ -434,7 +434,8 @@ static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
     }
     fflush(t->metrics);
     log_events(t, (const char *const[]){"val_loss", "val_ppl"}, (const double[]){loss, exp(loss)}, 2);
-    emit(fn, user, (kiln_event){.kind = KILN_EVENT_EVAL, .state = &t->st, .val_loss = loss});
+    emit(fn, user, (kiln_event){.kind = KILN_EVENT_EVAL, .state = &t->st, .val_loss = loss, .n_val_metrics = pref ? t->obj.n_metrics : 0,
+                                .val_metrics = mv, .val_metric_names = t->obj.metric});
     return KILN_OK;
 }
 
