@@ -31,15 +31,7 @@ static bool is_linear(const char *name) {
 /* tiny model, all-linear adapters of rank 4 with B away from zero */
 static kiln_llama *lora_model(void) {
     kiln_llama_config mc = test_tiny_config();
-    kiln_llama *m = kiln_llama_new(&mc, 5);
-    kiln_lora_config lc = {.rank = 4, .alpha = 8, .targets = (1u << KILN_LORA_N) - 1};
-    CHECK_OK(kiln_llama_lora_add(m, &lc, 9));
-    for (int i = m->n_base; i < m->n_params; i++)
-        if (strstr(m->params[i]->name, "lora_B")) {
-            kiln_rng r = {77, (uint64_t)i << 32};
-            kiln_rng_uniform(&r, kiln_f32(m->params[i]), kiln_tensor_numel(m->params[i]), -0.2f, 0.2f);
-        }
-    return m;
+    return test_lora_model(&mc, 0);
 }
 
 /* the fp32 reference: the same model with its base linears rounded to bf16 */
@@ -48,41 +40,6 @@ static void round_linears(kiln_llama *m) {
         if (is_linear(m->params[i]->name))
             for (int64_t j = 0; j < kiln_tensor_numel(m->params[i]); j++)
                 kiln_f32(m->params[i])[j] = kiln_bf16_to_f32(kiln_f32_to_bf16(kiln_f32(m->params[i])[j]));
-}
-
-static void fill_batch(kiln_batch *b, uint64_t seed) {
-    for (int i = 0; i < b->B * b->T; i++) {
-        b->input_ids[i] = (int32_t)(kiln_rng_u64(seed, (uint64_t)i) % 61);
-        b->pad_mask[i] = 1;
-    }
-    for (int i = 0; i < b->B * b->T; i++) b->targets[i] = (i + 1) % b->T ? b->input_ids[i + 1] : KILN_IGNORE_INDEX;
-    b->rows = b->B;
-    test_count_targets(b);
-}
-
-static double loss_of(kiln_llama *m, kiln_tensor *const *in, bool backward) {
-    kiln_llama_zero_grad(m);
-    kiln_tensor *sum = kiln_llama_loss(m, in[0], in[1], in[2]);
-    kiln_tensor *loss = kiln_scale_by(sum, in[3]);
-    CHECK(loss != NULL, "loss: %s", kiln_last_error());
-    double l = loss ? kiln_f32(loss)[0] : NAN;
-    if (loss && backward) CHECK_OK(kiln_backward(loss));
-    kiln_tensor_release(loss);
-    kiln_tensor_release(sum);
-    return l;
-}
-
-/* adapter gradients, concatenated (caller frees) */
-static float *adapter_grads(const kiln_llama *m, int64_t *n) {
-    *n = 0;
-    for (int i = m->n_base; i < m->n_params; i++) *n += kiln_tensor_numel(m->params[i]);
-    float *g = calloc((size_t)*n, 4);
-    int64_t o = 0;
-    for (int i = m->n_base; i < m->n_params; i++) {
-        if (m->params[i]->grad) memcpy(g + o, m->params[i]->grad->data, kiln_tensor_nbytes(m->params[i]));
-        o += kiln_tensor_numel(m->params[i]);
-    }
-    return g;
 }
 
 static double max_diff(const float *a, const float *b, int64_t n, double *scale) {
@@ -127,21 +84,21 @@ static void numerics(void) {
     CHECK(same, "bf16 base = bf16-rounded fp32 weights");
 
     kiln_batch *b = kiln_batch_alloc(2, 24);
-    fill_batch(b, 3);
+    test_fill_batch(b, 3, 61);
     kiln_tensor *in[4];
     test_step_inputs(b, 1.0f / (float)b->n_targets, in);
     int64_t n;
     /* both with bf16 products (the reference under autocast): the same numbers */
     kiln_dtype was = kiln_autocast_set(KILN_BF16);
-    double lr = loss_of(ref, in, true);
-    float *gr = adapter_grads(ref, &n);
+    double lr = test_loss_of(ref, in, true);
+    float *gr = test_adapter_grads(ref, &n);
     kiln_autocast_set(KILN_F32);
-    double lm = loss_of(m, in, true); /* its base products are bf16 without autocast; the adapters' fp32 */
-    float *gm = adapter_grads(m, &n);
+    double lm = test_loss_of(m, in, true); /* its base products are bf16 without autocast; the adapters' fp32 */
+    float *gm = test_adapter_grads(m, &n);
     kiln_autocast_set(KILN_BF16);
-    double lm_auto = loss_of(m, in, false);
+    double lm_auto = test_loss_of(m, in, false);
     kiln_autocast_set(was);
-    double lref32 = loss_of(ref, in, false);
+    double lref32 = test_loss_of(ref, in, false);
     double scale, d = max_diff(gm, gr, n, &scale);
     printf("  loss: bf16 base %.7f; fp32 rounded weights with bf16 products %.7f (bf16 base under autocast %.7f); fp32 "
            "products %.7f\n", lm, lr, lm_auto, lref32);
@@ -161,7 +118,7 @@ static void numerics(void) {
     if (cs) {
         float rep[1];
         CHECK_OK(kiln_compiled_run(cs, in, rep));
-        float *gc = adapter_grads(m, &n);
+        float *gc = test_adapter_grads(m, &n);
         double dc = max_diff(gc, gm, n, &scale), lc = rep[0] / (double)b->n_targets;
         printf("  compiled: loss %.7f (eager %.7f), adapter gradients max difference %.2e of %.2e\n", lc, lm, dc, scale);
         /* as test_bf16: a one-ulp difference in a fused reduction can move an
@@ -185,7 +142,7 @@ static void numerics(void) {
                            "model.layers.0.self_attn.v_proj.lora_B.weight"};
     const double tol[] = {5e-3, 5e-3, 5e-2};
     for (int k = 0; k < 3; k++) {
-        loss_of(m, in, true);
+        test_loss_of(m, in, true);
         kiln_tensor *p = kiln_llama_param(m, probe[k]);
         if (!p || !p->grad) {
             CHECK(0, "gradient of %s", probe[k]);
@@ -197,9 +154,9 @@ static void numerics(void) {
         double an = kiln_f32(p->grad)[at];
         float keep = kiln_f32(p)[at], h = 3e-2f;
         kiln_f32(p)[at] = keep + h;
-        double up = loss_of(m, in, false);
+        double up = test_loss_of(m, in, false);
         kiln_f32(p)[at] = keep - h;
-        double dn = loss_of(m, in, false);
+        double dn = test_loss_of(m, in, false);
         kiln_f32(p)[at] = keep;
         double fd = (up - dn) / (2.0 * ((double)(keep + h) - (double)keep));
         printf("  finite difference %s[%lld]: analytic %.6e, fd %.6e\n", probe[k], (long long)at, an, fd);

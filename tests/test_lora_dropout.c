@@ -77,25 +77,7 @@ static void mask_stats(void) {
 /* ---- a tiny LoRA model with non-zero B and dropout 0.3 ------------------ */
 static kiln_llama *lora_model(double p) {
     kiln_llama_config mc = test_tiny_config();
-    kiln_llama *m = kiln_llama_new(&mc, 5);
-    kiln_lora_config lc = {.rank = 4, .alpha = 8, .dropout = p, .targets = (1u << KILN_LORA_N) - 1};
-    CHECK_OK(kiln_llama_lora_add(m, &lc, 9));
-    for (int i = m->n_base; i < m->n_params; i++) /* B away from zero so A has a gradient */
-        if (strstr(m->params[i]->name, "lora_B")) {
-            kiln_rng r = {77, (uint64_t)i << 32};
-            kiln_rng_uniform(&r, kiln_f32(m->params[i]), kiln_tensor_numel(m->params[i]), -0.2f, 0.2f);
-        }
-    return m;
-}
-
-static void fill_batch(kiln_batch *b, uint64_t seed) {
-    for (int i = 0; i < b->B * b->T; i++) {
-        b->input_ids[i] = (int32_t)(kiln_rng_u64(seed, (uint64_t)i) % 61);
-        b->pad_mask[i] = 1;
-    }
-    for (int i = 0; i < b->B * b->T; i++) b->targets[i] = (i + 1) % b->T ? b->input_ids[i + 1] : KILN_IGNORE_INDEX;
-    b->rows = b->B;
-    test_count_targets(b);
+    return test_lora_model(&mc, p);
 }
 
 static double loss_of(kiln_llama *m, kiln_tensor *const *in, bool backward) {
@@ -114,7 +96,7 @@ static double loss_of(kiln_llama *m, kiln_tensor *const *in, bool backward) {
 static void gradients(void) {
     kiln_llama *m = lora_model(0.3);
     kiln_batch *b = kiln_batch_alloc(2, 24);
-    fill_batch(b, 3);
+    test_fill_batch(b, 3, 61);
     kiln_tensor *in[5];
     test_step_inputs(b, 1.0f / (float)b->n_targets, in);
     in[4] = key_tensor(777.0f);
@@ -258,7 +240,7 @@ static void trainer(void) {
         CHECK(ms->lora.dropout == 0.2, "lora_dropout 0.2 read back from adapter_config.json");
         /* evaluation runs without dropout: the same loss as with p = 0 */
         kiln_batch *vb = kiln_batch_alloc(2, 32);
-        fill_batch(vb, 8);
+        test_fill_batch(vb, 8, 61);
         double l1 = NAN, l2 = NAN;
         CHECK_OK(kiln_evaluate(ms, &vb, 1, &l1, NULL));
         ms->lora.dropout = 0;

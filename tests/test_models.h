@@ -67,4 +67,57 @@ static inline void test_step_inputs(const kiln_batch *b, float scale, kiln_tenso
 static inline void test_release_inputs(kiln_tensor **in) {
     for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
 }
+/* ---- the LoRA tests' model, batch, loss and gradients --------------------- */
+/* mc's model (seed 5) with rank-4 adapters (alpha 8, dropout p) on all seven
+ * linears, B drawn away from zero so that A has a gradient */
+static inline kiln_llama *test_lora_model(const kiln_llama_config *mc, double p) {
+    kiln_llama *m = kiln_llama_new(mc, 5);
+    kiln_lora_config lc = {.rank = 4, .alpha = 8, .dropout = p, .targets = (1u << KILN_LORA_N) - 1};
+    CHECK_OK(kiln_llama_lora_add(m, &lc, 9));
+    for (int i = m->n_base; i < m->n_params; i++)
+        if (strstr(m->params[i]->name, "lora_B")) {
+            kiln_rng r = {77, (uint64_t)i << 32};
+            kiln_rng_uniform(&r, kiln_f32(m->params[i]), kiln_tensor_numel(m->params[i]), -0.2f, 0.2f);
+        }
+    return m;
+}
+
+/* full rows of random ids below vocab, each predicting the next */
+static inline void test_fill_batch(kiln_batch *b, uint64_t seed, int vocab) {
+    for (int i = 0; i < b->B * b->T; i++) {
+        b->input_ids[i] = (int32_t)(kiln_rng_u64(seed, (uint64_t)i) % (uint64_t)vocab);
+        b->pad_mask[i] = 1;
+    }
+    for (int i = 0; i < b->B * b->T; i++) b->targets[i] = (i + 1) % b->T ? b->input_ids[i + 1] : KILN_IGNORE_INDEX;
+    b->rows = b->B;
+    test_count_targets(b);
+}
+
+/* the step's loss (the sum scaled by in[3]) from zeroed gradients; with
+ * backward, its gradients */
+static inline double test_loss_of(kiln_llama *m, kiln_tensor *const *in, bool backward) {
+    kiln_llama_zero_grad(m);
+    kiln_tensor *sum = kiln_llama_loss(m, in[0], in[1], in[2]);
+    kiln_tensor *loss = sum ? kiln_scale_by(sum, in[3]) : NULL;
+    CHECK(loss != NULL, "loss: %s", kiln_last_error());
+    double l = loss ? kiln_f32(loss)[0] : NAN;
+    if (loss && backward) CHECK_OK(kiln_backward(loss));
+    kiln_tensor_release(loss);
+    kiln_tensor_release(sum);
+    return l;
+}
+
+/* the adapters' gradients, concatenated (malloc'd; *n values) */
+static inline float *test_adapter_grads(const kiln_llama *m, int64_t *n) {
+    *n = 0;
+    for (int i = m->n_base; i < m->n_params; i++) *n += kiln_tensor_numel(m->params[i]);
+    float *g = calloc((size_t)*n, 4);
+    int64_t o = 0;
+    for (int i = m->n_base; i < m->n_params; i++) {
+        if (m->params[i]->grad) memcpy(g + o, m->params[i]->grad->data, kiln_tensor_nbytes(m->params[i]));
+        o += kiln_tensor_numel(m->params[i]);
+    }
+    return g;
+}
+
 #endif

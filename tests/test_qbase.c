@@ -30,52 +30,6 @@ static kiln_llama_config qconfig(void) {
     return c;
 }
 
-static kiln_llama *lora_model(const kiln_llama_config *mc) {
-    kiln_llama *m = kiln_llama_new(mc, 5);
-    kiln_lora_config lc = {.rank = 4, .alpha = 8, .targets = (1u << KILN_LORA_N) - 1};
-    CHECK_OK(kiln_llama_lora_add(m, &lc, 9));
-    for (int i = m->n_base; i < m->n_params; i++)
-        if (strstr(m->params[i]->name, "lora_B")) {
-            kiln_rng r = {77, (uint64_t)i << 32};
-            kiln_rng_uniform(&r, kiln_f32(m->params[i]), kiln_tensor_numel(m->params[i]), -0.2f, 0.2f);
-        }
-    return m;
-}
-
-static void fill_batch(kiln_batch *b, uint64_t seed) {
-    for (int i = 0; i < b->B * b->T; i++) {
-        b->input_ids[i] = (int32_t)(kiln_rng_u64(seed, (uint64_t)i) % 97);
-        b->pad_mask[i] = 1;
-    }
-    for (int i = 0; i < b->B * b->T; i++) b->targets[i] = (i + 1) % b->T ? b->input_ids[i + 1] : KILN_IGNORE_INDEX;
-    b->rows = b->B;
-    test_count_targets(b);
-}
-
-static double loss_of(kiln_llama *m, kiln_tensor *const *in, bool backward) {
-    kiln_llama_zero_grad(m);
-    kiln_tensor *sum = kiln_llama_loss(m, in[0], in[1], in[2]);
-    kiln_tensor *loss = sum ? kiln_scale_by(sum, in[3]) : NULL;
-    CHECK(loss != NULL, "loss: %s", kiln_last_error());
-    double l = loss ? kiln_f32(loss)[0] : NAN;
-    if (loss && backward) CHECK_OK(kiln_backward(loss));
-    kiln_tensor_release(loss);
-    kiln_tensor_release(sum);
-    return l;
-}
-
-static float *adapter_grads(const kiln_llama *m, int64_t *n) {
-    *n = 0;
-    for (int i = m->n_base; i < m->n_params; i++) *n += kiln_tensor_numel(m->params[i]);
-    float *g = calloc((size_t)*n, 4);
-    int64_t o = 0;
-    for (int i = m->n_base; i < m->n_params; i++) {
-        if (m->params[i]->grad) memcpy(g + o, m->params[i]->grad->data, kiln_tensor_nbytes(m->params[i]));
-        o += kiln_tensor_numel(m->params[i]);
-    }
-    return g;
-}
-
 static double rel_diff(const float *a, const float *b, int64_t n) {
     double d = 0, s = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -98,7 +52,7 @@ static void copy_dequantized(kiln_llama *ref, const kiln_llama *m) {
 
 static void numerics(kiln_dtype dt) {
     kiln_llama_config mc = qconfig();
-    kiln_llama *ref = lora_model(&mc), *m = lora_model(&mc);
+    kiln_llama *ref = test_lora_model(&mc, 0), *m = test_lora_model(&mc, 0);
     int64_t before = 0, after = 0;
     for (int i = 0; i < m->n_params; i++) before += (int64_t)kiln_tensor_nbytes(m->params[i]);
     CHECK_OK(kiln_llama_base_cast(m, dt));
@@ -111,14 +65,14 @@ static void numerics(kiln_dtype dt) {
     copy_dequantized(ref, m);
 
     kiln_batch *b = kiln_batch_alloc(2, 24);
-    fill_batch(b, 3);
+    test_fill_batch(b, 3, 97);
     kiln_tensor *in[4];
     test_step_inputs(b, 1.0f / (float)b->n_targets, in);
     int64_t n;
-    double lr = loss_of(ref, in, true);
-    float *gr = adapter_grads(ref, &n);
-    double lm = loss_of(m, in, true);
-    float *gm = adapter_grads(m, &n);
+    double lr = test_loss_of(ref, in, true);
+    float *gr = test_adapter_grads(ref, &n);
+    double lm = test_loss_of(m, in, true);
+    float *gm = test_adapter_grads(m, &n);
     double dg = rel_diff(gm, gr, n);
     int base_grads = 0;
     for (int i = 0; i < m->n_base; i++) base_grads += m->params[i]->grad != NULL;
@@ -133,10 +87,10 @@ static void numerics(kiln_dtype dt) {
     for (int emu = 0; emu < 2; emu++) {
         kiln_bf16_force_emulation(emu);
         kiln_dtype was = kiln_autocast_set(KILN_BF16);
-        double br = loss_of(ref, in, true);
-        float *gbr = adapter_grads(ref, &n);
-        double bm = loss_of(m, in, true);
-        float *gbm = adapter_grads(m, &n);
+        double br = test_loss_of(ref, in, true);
+        float *gbr = test_adapter_grads(ref, &n);
+        double bm = test_loss_of(m, in, true);
+        float *gbm = test_adapter_grads(m, &n);
         kiln_autocast_set(was);
         double db = rel_diff(gbm, gbr, n);
         printf("        bf16 products (%s): loss %.7f (reference %.7f, rel %.1e), adapter gradients rel %.1e\n",
@@ -159,7 +113,7 @@ static void numerics(kiln_dtype dt) {
     if (cs) {
         float rep[1];
         CHECK_OK(kiln_compiled_run(cs, in, rep));
-        float *gc = adapter_grads(m, &n);
+        float *gc = test_adapter_grads(m, &n);
         double lc = rep[0] / (double)b->n_targets, dc = rel_diff(gc, gm, n);
         printf("        compiled: loss %.9f (rel %.1e), adapter gradients rel %.1e\n", lc, t_rel(lc, lm), dc);
         CHECK(t_rel(lc, lm) < 1e-6 && dc < 1e-6, "%s: compiled = eager (loss rel %.2e, gradients %.2e)", kiln_dtype_name(dt),
@@ -247,7 +201,7 @@ static void products(void) {
 
 static void refusals(void) {
     kiln_llama_config mc = test_tiny_config(); /* hidden 48: not whole blocks of 32 or 256 */
-    kiln_llama *m = lora_model(&mc);
+    kiln_llama *m = test_lora_model(&mc, 0);
     CHECK(kiln_llama_base_cast(m, KILN_Q4_K) != KILN_OK && strstr(kiln_last_error(), "whole blocks of 256"),
           "q4_k on rows of 48 refused: %s", kiln_last_error());
     kiln_llama_free(m);
@@ -256,7 +210,7 @@ static void refusals(void) {
     CHECK(kiln_llama_base_cast(plain, KILN_Q8_0) == KILN_ERR_INVALID && strstr(kiln_last_error(), "--lora-rank"),
           "a quantized base without adapters refused: %s", kiln_last_error());
     kiln_llama_free(plain);
-    kiln_llama *q = lora_model(&qc);
+    kiln_llama *q = test_lora_model(&qc, 0);
     CHECK_OK(kiln_llama_base_cast(q, KILN_Q8_0));
     CHECK(kiln_llama_base_cast(q, KILN_Q4_K) == KILN_ERR_INVALID && strstr(kiln_last_error(), "already q8_0"),
           "requantizing a q8_0 base refused: %s", kiln_last_error());
@@ -269,7 +223,6 @@ static void refusals(void) {
     CHECK(!c && strstr(kiln_last_error(), "[2, 188]"), "a NaN is refused naming the element: %s", kiln_last_error());
     kiln_tensor_release(w);
 }
-
 
 /* a run on a q8_0 base (a config of rows of 64): checkpoints reference the
  * base (base.json, no model.safetensors), a resumed run is byte-identical
