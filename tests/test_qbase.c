@@ -283,12 +283,40 @@ static void trainer(void) {
     free(text);
 }
 
+/* the memory estimate behind --micro-batch auto counts a held base at its
+ * block bytes */
+static void estimate(void) {
+    kiln_llama_config mc = qconfig();
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    CHECK_OK(kiln_compile_mode_parse("default", &co));
+    const kiln_dtype dts[] = {KILN_F32, KILN_Q8_0, KILN_Q4_K};
+    kiln_mem_estimate e[3];
+    int64_t held[3] = {0};
+    for (int k = 0; k < 3; k++) {
+        kiln_llama *m = test_lora_model(&mc, 0);
+        if (dts[k] != KILN_F32) CHECK_OK(kiln_llama_base_cast(m, dts[k]));
+        int64_t bytes = 0;
+        for (int i = 0; i < m->n_params; i++) bytes += (int64_t)kiln_tensor_nbytes(m->params[i]);
+        for (int i = 0; i < m->n_base; i++) held[k] += kiln_dtype_is_dequant(m->params[i]->dtype) ? (int64_t)kiln_tensor_nbytes(m->params[i]) : 0;
+        CHECK_OK(kiln_train_plan_bytes(m, 2, 32, &co, &e[k]));
+        printf("  estimate, %-4s base: params %lld bytes (held %lld), total %lld\n", kiln_dtype_name(dts[k]), (long long)e[k].params,
+               (long long)held[k], (long long)e[k].total);
+        CHECK(e[k].params == bytes, "%s: the estimate counts the parameters' bytes (%lld vs %lld)", kiln_dtype_name(dts[k]),
+              (long long)e[k].params, (long long)bytes);
+        kiln_llama_free(m);
+    }
+    CHECK(e[1].params < e[0].params && e[2].params < e[1].params, "the estimate shrinks with the base: %lld > %lld > %lld",
+          (long long)e[0].params, (long long)e[1].params, (long long)e[2].params);
+}
+
 int main(void) {
     kiln_eager_enable();
     const kiln_dtype types[] = {KILN_F16, KILN_Q8_0, KILN_Q4_0, KILN_Q4_1, KILN_Q5_0, KILN_Q5_1, KILN_Q4_K, KILN_Q5_K, KILN_Q6_K};
     for (size_t i = 0; i < sizeof types / sizeof *types; i++) numerics(types[i]);
     products();
     refusals();
+    estimate();
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_qbase_%d", (int)getpid());
     mkdir(tmpdir, 0755);
     trainer();
