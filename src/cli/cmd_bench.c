@@ -48,6 +48,8 @@ static const char *bench_help =
     "LoRA mode (a frozen base with adapters, as kiln train --lora-rank):\n"
     "  --lora-rank R       adapters of rank R (alpha 2R)\n"
     "  --lora-targets L    q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default all)\n"
+    "  --objective O       ce (default), dpo or simpo: the step of that objective (dpo: sigmoid, beta 0.1, the\n"
+    "                      adapters-off reference pass included; --batch even, rows 2i and 2i+1 a pair)\n"
     "  --base-dtype D      fp32 (default), bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k: the frozen base held so\n"
     "Bench-only model names: smollm2-135m (SmolLM2-135M's shape), llama-1b (a 1.1B Llama:\n"
     "hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 kv heads, vocab 32000), llama3-8b\n"
@@ -148,6 +150,8 @@ typedef struct {
     double flops;
     bool profile;
     int recompute; /* KILN_RECOMPUTE_* for the compiled modes */
+    kiln_objective obj; /* --objective: what the step minimises (ce: the model's loss) */
+    kiln_step_trace tr;
 } bench_ctx;
 
 static void print_profile(const kiln_op_profile *table, int steps) {
@@ -173,7 +177,9 @@ static result run_mode(bench_ctx *b, const char *mode) {
         return r;
     }
     reset_peak();
-    kiln_compiled *cs = eager ? NULL : kiln_train_compile(b->m, &co, true);
+    bool pref = b->obj.kind != KILN_OBJECTIVE_CE;
+    b->tr = (kiln_step_trace){.m = b->m, .o = &b->obj};
+    kiln_compiled *cs = eager ? NULL : pref ? kiln_train_compile_objective(&b->tr, &co, true) : kiln_train_compile(b->m, &co, true);
     if (!eager && !cs) return r;
     kiln_op_profile table[KILN_OP_COUNT];
     double *ms = calloc(2 * (size_t)b->steps, sizeof *ms), *opt_ms = ms + b->steps;
@@ -182,14 +188,21 @@ static result run_mode(bench_ctx *b, const char *mode) {
         if (eager && b->profile && i == b->warmup) kiln_eager_profile(table);
         double t0 = kiln_time_now();
         kiln_status st;
-        if (eager) {
+        if (eager && pref) { /* the objective's trace, inputs by name */
+            kiln_tensor *by[KILN_IN_N] = {b->in[0], b->in[1], b->in[2], b->in[3]}, *report[1 + KILN_OBJ_MAX_METRICS] = {0};
+            st = b->obj.trace(&b->obj, b->m, by, report);
+            kiln_tensor *scaled = st ? NULL : kiln_scale_by(report[0], b->in[3]);
+            if (!st) st = scaled ? kiln_backward(scaled) : kiln_last_status();
+            kiln_tensor_release(scaled);
+            for (int k = 0; k <= b->obj.n_metrics; k++) kiln_tensor_release(report[k]);
+        } else if (eager) {
             kiln_tensor *sum = kiln_llama_loss(b->m, b->in[0], b->in[1], b->in[2]);
             kiln_tensor *scaled = kiln_scale_by(sum, b->in[3]);
             st = kiln_backward(scaled);
             kiln_tensor_release(scaled);
             kiln_tensor_release(sum);
         } else {
-            float rep[1];
+            float rep[1 + KILN_OBJ_MAX_METRICS];
             st = kiln_compiled_run(cs, b->in, rep);
         }
         double t1 = kiln_time_now();
@@ -267,7 +280,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     double peak = 0;
     kiln_dtype prec = KILN_F32;
     bool no_optim = false, results = false;
-    int compete = 0, lora_rank = 0, base_dtype = KILN_F32, precision = KILN_F32;
+    int compete = 0, lora_rank = 0, base_dtype = KILN_F32, precision = KILN_F32, objective = KILN_OBJECTIVE_CE;
     int pack = KILN_PACK_PACKED;
     int64_t doc_len = 0;
     const char *lora_targets = "all";
@@ -291,6 +304,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         KILN_OPT_RANGE("--lora-rank", KILN_OPT_INT, &lora_rank, 1, 65536),
         KILN_OPT("--lora-targets", KILN_OPT_STR, &lora_targets),
         KILN_OPT_SETTING("--base-dtype", &base_dtype, "base_dtype"),
+        KILN_OPT_SETTING("--objective", &objective, "objective"),
         KILN_OPT("--device", KILN_OPT_DEVICE, &dev),
     };
     int pr = kiln_cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), bench_help, NULL, 0, NULL);
@@ -310,6 +324,21 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         fprintf(stderr, "kiln bench: --base-dtype %s needs --lora-rank: a %s base is frozen, only adapters train\n",
                 kiln_dtype_name(base_dtype), kiln_dtype_name(base_dtype));
         return 2;
+    }
+    {
+        kiln_train_config oc;
+        kiln_train_config_default(&oc);
+        oc.objective = objective, oc.pack = objective == KILN_OBJECTIVE_CE ? oc.pack : KILN_PACK_PAIRS;
+        if (objective != KILN_OBJECTIVE_CE && (B % 2 || (objective == KILN_OBJECTIVE_DPO && !lora_rank))) {
+            fprintf(stderr, "kiln bench: --objective %s needs an even --batch (rows 2i, 2i+1 a pair)%s\n",
+                    objective == KILN_OBJECTIVE_DPO ? "dpo" : "simpo",
+                    objective == KILN_OBJECTIVE_DPO ? " and --lora-rank (the reference is the base with the adapters off)" : "");
+            return 2;
+        }
+        if (kiln_objective_from_config(&oc, &b.obj)) {
+            fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
+            return 2;
+        }
     }
     kiln_dtype held = (kiln_dtype)base_dtype;
     bool in_type = kiln_dtype_is_dequant(held); /* made in its type, never fp32 */
