@@ -59,7 +59,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(batch, INT, 1, 8, "N", "rows per micro-batch")                                                                       \
     X(accum, INT, 1, 4, "N", "micro-batches per optimiser step")                                                           \
     X(seq_len, INT, 2, 128, "N", "tokens per row")                                                                         \
-    X(pack, ENUM, pack, KILN_PACK_PACKED, "packed|padded|documents", "contiguous windows, document-aligned padded rows, or whole documents packed with attention within each") \
+    X(pack, ENUM, pack, KILN_PACK_PACKED, "packed|padded|documents|pairs", "contiguous windows, document-aligned padded rows, whole documents packed with attention within each, or preference pairs (rows 2i, 2i+1)") \
     X(shuffle, FLAG, 0, true, "", "keep the data in order (default: shuffled each epoch)")                                  \
     X(loss_norm, ENUM, loss_norm, KILN_LOSS_NORM_TOKENS, "tokens|steps", "normalise by target tokens in the window, or by k") \
     X(lr, F64, POS, 1e-3, "X", "peak learning rate")                                                                       \
