@@ -87,8 +87,22 @@ int main(void) {
         CHECK(count(svg, "<polyline class=\"train\"") == 2, "two training curves");
         CHECK(count(svg, "<polyline class=\"val\"") == 2, "two validation curves");
         CHECK(strstr(svg, "fp32 training loss") && strstr(svg, "bf16 validation loss"), "run names in the legend");
+        CHECK(strstr(svg, "reward accuracy") == NULL, "no accuracy panel without accuracies");
     }
     free(svg);
+
+    /* a preference run: a third panel with the reward accuracies; a plain
+     * run has none */
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_b);
+    write_text(path, "{\"step\":1,\"loss\":0.69,\"lr\":1e-5,\"rewards/accuracies\":0.5}\n"
+                     "{\"step\":2,\"loss\":0.5,\"lr\":2e-5,\"rewards/accuracies\":0.75}\n"
+                     "{\"step\":2,\"val_loss\":0.4,\"val_rewards/accuracies\":1}\n");
+    CHECK_OK((kiln_status)kiln_cli_write_plot(run_b, NULL));
+    snprintf(out, sizeof out, "%s/loss.svg", run_b);
+    char *ps = read_text(out);
+    CHECK(ps && strstr(ps, "reward accuracy") && strstr(ps, "val rewards/accuracies") && count(ps, "<polyline class=\"train\"") == 2,
+          "the preference run's plot has the accuracy panel");
+    free(ps);
 
     /* a malformed line names the file and the line */
     write_text(path, "{\"step\":1,\"loss\":9.0}\n{\"step\":2,\"loss\":8.0}\n{\"step\":3,\"loss\":7.0,}\n"

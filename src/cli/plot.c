@@ -20,6 +20,7 @@ typedef struct {
 typedef struct {
     char name[128];
     plot_series train, val, lr;
+    plot_series acc, val_acc; /* a preference objective's rewards/accuracies */
 } plot_run;
 
 /* ---- reading metrics.jsonl --------------------------------------------- */
@@ -51,13 +52,13 @@ static int get_num(json_t *o, const char *key, double *v) {
 }
 
 static kiln_status parse_line(const char *path, int line_no, json_t *o, plot_run *r) {
-    static const char *const keys[] = {"loss", "val_loss", "lr"};
-    plot_series *dst[] = {&r->train, &r->val, &r->lr};
+    static const char *const keys[] = {"loss", "val_loss", "lr", "rewards/accuracies", "val_rewards/accuracies"};
+    plot_series *dst[] = {&r->train, &r->val, &r->lr, &r->acc, &r->val_acc};
     if (!json_is_object(o)) return kiln_error(KILN_ERR_FORMAT, "%s:%d: expected a JSON object", path, line_no);
     double step = 0, v = 0;
     int has = get_num(o, "step", &step);
     if (has < 0) return kiln_error(KILN_ERR_FORMAT, "%s:%d: \"step\" is not a number", path, line_no);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 5; k++) {
         int got = get_num(o, keys[k], &v);
         if (got < 0) return kiln_error(KILN_ERR_FORMAT, "%s:%d: \"%s\" is not a number", path, line_no, keys[k]);
         if (got && !has) return kiln_error(KILN_ERR_FORMAT, "%s:%d: \"%s\" without a \"step\"", path, line_no, keys[k]);
@@ -255,7 +256,9 @@ static void range_of(const plot_series *s, double *xlo, double *xhi, double *ylo
 }
 
 static void render(sbuf *b, const plot_run *runs, int n_runs) {
-    const double W = 960, H = 720;
+    bool acc = false; /* a third panel: the reward accuracy of preference runs */
+    for (int r = 0; r < n_runs; r++) acc = acc || runs[r].acc.n || runs[r].val_acc.n;
+    const double W = 960, H = acc ? 930 : 720;
     double xlo = INFINITY, xhi = -INFINITY, llo = INFINITY, lhi = -INFINITY, rlo = INFINITY, rhi = -INFINITY, d0, d1;
     for (int r = 0; r < n_runs; r++) {
         range_of(&runs[r].train, &xlo, &xhi, &llo, &lhi);
@@ -302,6 +305,19 @@ static void render(sbuf *b, const plot_run *runs, int n_runs) {
                   lr.x0 + lr.w / 2, lr.y0 + lr.h / 2);
     else if (n_runs > 1)
         draw_legend(b, &lr, le, ne);
+    if (acc) {
+        plot_panel ap = {90, 720, W - 120, 150, xa, make_axis(0, 1, 4, false), 2};
+        draw_axes(b, &ap, "reward accuracy", "accuracy");
+        ne = 0;
+        for (int r = 0; r < n_runs; r++) {
+            const char *tc = train_colors[r % 4], *vc = val_colors[r % 4], *name = n_runs > 1 ? runs[r].name : NULL;
+            draw_series(b, &ap, &runs[r].acc, "train", tc, false);
+            draw_series(b, &ap, &runs[r].val_acc, "val", vc, true);
+            if (runs[r].acc.n) le[ne++] = (legend_entry){"rewards/accuracies", name, tc, false};
+            if (runs[r].val_acc.n) le[ne++] = (legend_entry){"val rewards/accuracies", name, vc, false};
+        }
+        draw_legend(b, &ap, le, ne);
+    }
     sb_printf(b, "</svg>\n");
 }
 
@@ -334,6 +350,8 @@ kiln_status kiln_plot_runs(const char *const *run_dirs, int n_runs, const char *
         free(runs[r].train.p);
         free(runs[r].val.p);
         free(runs[r].lr.p);
+        free(runs[r].acc.p);
+        free(runs[r].val_acc.p);
     }
     free(runs);
     return st;
