@@ -15,6 +15,10 @@
 #include "kiln/train.h"
 #include "test.h"
 #include "test_models.h"
+#include "test_runs.h"
+#include "cli_run.h"
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define NP 3
 #define NR 6
@@ -238,6 +242,66 @@ static void refusals(void) {
     }
 }
 
+/* a DPO run resumed mid-way is byte-identical to the uninterrupted one,
+ * eager and compiled (pairs tokenized by kiln tokenize from made-up lines) */
+static char tmp[256];
+static bool dpo_run(const char *name, int compile, int64_t stop_at, bool resume) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    snprintf(c.data, sizeof c.data, "%s/data", tmp);
+    snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmp, name);
+    snprintf(c.model, sizeof c.model, "%s/m.json", tmp);
+    c.objective = KILN_OBJECTIVE_DPO, c.pack = KILN_PACK_PAIRS, c.lora_rank = 4, c.lora_alpha = 8;
+    snprintf(c.lora_targets, sizeof c.lora_targets, "all");
+    c.batch = 4, c.accum = 2, c.seq_len = 24, c.steps = 6, c.warmup = 1, c.lr = 1e-2, c.min_lr = 1e-3;
+    c.eval_every = 3, c.eval_batches = 1, c.save_every = 3, c.log_every = 0, c.compile = compile;
+    kiln_trainer *t = NULL;
+    CHECK_OK(kiln_trainer_open(&c, resume, &t));
+    if (!t) return false;
+    test_watch w = {t, stop_at, 0, 0, 0};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
+    kiln_trainer_free(t);
+    return true;
+}
+
+static void resume(void) {
+    snprintf(tmp, sizeof tmp, "/tmp/kiln_test_dpo_XXXXXX");
+    if (!cli_init(tmp) || !mkdtemp(tmp)) return;
+    char jl[400], tok[400], data[400], cfg[400];
+    snprintf(jl, sizeof jl, "%s/prefs.jsonl", tmp);
+    snprintf(tok, sizeof tok, "%s/tok.json", tmp);
+    snprintf(data, sizeof data, "%s/data", tmp);
+    snprintf(cfg, sizeof cfg, "%s/m.json", tmp);
+    FILE *f = fopen(jl, "w");
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "{\"prompt\": \"Q%d: which?\", \"chosen\": \" yes, the answer %d\", \"rejected\": \" no no no\"}\n", i, i * 7);
+    fclose(f);
+    CHECK(cli_exec((const char *[]){cli_kiln, "tokenizer", "train", jl, "--vocab-size", "300", "-o", tok, NULL}) == 0, "tokenizer");
+    CHECK(cli_exec((const char *[]){cli_kiln, "tokenize", jl, "--tokenizer", tok, "-o", data, "--val-frac", "0.1", NULL}) == 0,
+          "tokenize pairs");
+    kiln_llama_config mc = test_tiny_config();
+    mc.vocab_size = 300;
+    CHECK_OK(kiln_llama_config_save(cfg, &mc));
+    for (int compile = 0; compile < 2; compile++) {
+        int mode = compile ? KILN_RUN_COMPILE_DEFAULT : KILN_RUN_EAGER;
+        const char *a = compile ? "straight_c" : "straight", *b = compile ? "resumed_c" : "resumed";
+        if (!dpo_run(a, mode, -1, false) || !dpo_run(b, mode, 3, false) || !dpo_run(b, mode, -1, true)) return;
+        char pa[600], pb[600];
+        snprintf(pa, sizeof pa, "%s/%s/adapter_model.safetensors", tmp, a);
+        snprintf(pb, sizeof pb, "%s/%s/adapter_model.safetensors", tmp, b);
+        CHECK(test_same_file(pa, pb), "DPO %s: resumed at step 3 = uninterrupted, byte for byte", compile ? "compiled" : "eager");
+        snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tmp, a);
+        char *text = NULL;
+        size_t n = 0;
+        CHECK_OK(kiln_read_file(pa, &text, &n));
+        CHECK(text && strstr(text, "\"rewards/accuracies\"") && strstr(text, "\"val_rewards/margins\""),
+              "metrics.jsonl holds TRL's metrics");
+        free(text);
+    }
+    printf("  DPO runs resumed at step 3 are byte-identical to uninterrupted ones (eager and compiled)\n");
+    CHECK(t_rmtree(tmp) == 0, "cleanup");
+}
+
 int main(void) {
     kiln_eager_enable();
     kiln_llama *m = model();
@@ -250,6 +314,7 @@ int main(void) {
     for (size_t i = 0; m && i < sizeof vs / sizeof *vs; i++) check_variant(m, &vs[i]);
     if (m) accumulation(m);
     refusals();
+    resume();
     kiln_llama_free(m);
     kiln_st_close(F);
     TEST_END();
