@@ -272,16 +272,21 @@ static void q_q8_0(const float *x, uint8_t *y, int64_t nb) {
     }
 }
 
+/* The first of a block's 32 values of the largest magnitude, with its sign
+ * (q4_0 and q5_0 scale by it, as ggml's reference quantizers do). */
+static float signed_absmax(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
 static void q_q4_0(const float *x, uint8_t *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32, y += 18) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            const float v = x[j];
-            if (amax < fabsf(v)) {
-                amax = fabsf(v);
-                max = v;
-            }
-        }
+        const float max = signed_absmax(x);
         const float d = max / -8;
         const float id = d ? 1.0f / d : 0.0f;
         f2h(y, d);
@@ -327,14 +332,7 @@ static void q_q4_1(const float *x, uint8_t *y, int64_t nb) {
 
 static void q_q5_0(const float *x, uint8_t *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32, y += 22) {
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            const float v = x[j];
-            if (amax < fabsf(v)) {
-                amax = fabsf(v);
-                max = v;
-            }
-        }
+        const float max = signed_absmax(x);
         const float d = max / -16;
         const float id = d ? 1.0f / d : 0.0f;
         f2h(y, d);
