@@ -194,6 +194,22 @@ static inline void llref_make_corpus(const char *path) {
     fclose(f);
 }
 
+/* kiln's own byte-level BPE tokenizer (vocabulary 512) trained on
+ * made-up words of 16 letters, saved to path */
+static inline void llref_words_tokenizer(const char *path) {
+    static char text[60000];
+    size_t len = 0;
+    for (uint64_t i = 0; len + 16 < sizeof text; i++) {
+        int wl = 1 + (int)(kiln_rng_u64(9, 2 * i) % 7);
+        for (int c = 0; c < wl; c++) text[len++] = (char)('a' + kiln_rng_u64(9, 1000003 * i + (uint64_t)c) % 16);
+        text[len++] = i % 13 == 12 ? '\n' : ' ';
+    }
+    kiln_tokenizer *tk = NULL;
+    CHECK_OK(kiln_tokenizer_train_text(text, len, 512, &tk));
+    if (tk) CHECK_OK(kiln_tokenizer_save(tk, path));
+    kiln_tokenizer_free(tk);
+}
+
 /* ---- llama.cpp's quantizer: llama_model_quantize of node-llama-cpp's
  * libllama, its parameters laid out as the llama.h of that version ---- */
 enum llref_ftype {

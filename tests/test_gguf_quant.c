@@ -218,17 +218,7 @@ int main(void) {
     if (have) have_ggml = ggml_ref_load(&G, why, sizeof why);
     /* kiln's own byte-level BPE tokenizer, trained on made-up words */
     snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
-    static char text[60000];
-    size_t len = 0;
-    for (uint64_t i = 0; len + 16 < sizeof text; i++) {
-        int wl = 1 + (int)(kiln_rng_u64(9, 2 * i) % 7);
-        for (int c = 0; c < wl; c++) text[len++] = (char)('a' + kiln_rng_u64(9, 1000003 * i + (uint64_t)c) % 16);
-        text[len++] = i % 13 == 12 ? '\n' : ' ';
-    }
-    kiln_tokenizer *tk = NULL;
-    CHECK_OK(kiln_tokenizer_train_text(text, len, 512, &tk));
-    if (tk) CHECK_OK(kiln_tokenizer_save(tk, tok));
-    kiln_tokenizer_free(tk);
+    llref_words_tokenizer(tok);
     if (have) {
         /* the struct as the library lays it out: its defaults where known */
         llama_model_quantize_params d = llref_q.default_params();

@@ -251,15 +251,7 @@ static void run_config(kiln_train_config *c, const char *run, bool bf16, int ran
 static bool train(const char *run, int64_t stop_at, bool resume) {
     kiln_train_config c;
     run_config(&c, run, true, 4);
-    kiln_trainer *t = NULL;
-    CHECK_OK(kiln_trainer_open(&c, resume, &t));
-    if (!t) return false;
-    kiln_llama *m = kiln_trainer_model(t);
-    CHECK(m->layers[0].q_proj->dtype == KILN_BF16, "the trainer holds the base in bf16 (%s)", resume ? "resumed" : "new");
-    test_watch w = {t, stop_at, 0, 0, 0};
-    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
-    kiln_trainer_free(t);
-    return true;
+    return test_run_held(&c, stop_at, resume, KILN_BF16);
 }
 
 static void trainer(void) {

@@ -65,6 +65,21 @@ static inline void test_watch_event(const kiln_event *e, void *user) {
     w->saves += e->kind == KILN_EVENT_SAVE;
 }
 
+/* A run of c (resumed or new) until step stop_at (-1: its end), its
+ * frozen base checked to be held as `base` */
+static inline bool test_run_held(const kiln_train_config *c, int64_t stop_at, bool resume, kiln_dtype base) {
+    kiln_trainer *t = NULL;
+    CHECK_OK(kiln_trainer_open(c, resume, &t));
+    if (!t) return false;
+    kiln_llama *m = kiln_trainer_model(t);
+    CHECK(m->layers[0].q_proj->dtype == base, "the trainer holds the base in %s (%s)", kiln_dtype_name(base),
+          resume ? "resumed" : "new");
+    test_watch w = {t, stop_at, 0, 0, 0};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
+    kiln_trainer_free(t);
+    return true;
+}
+
 /* both files read and byte for byte the same */
 static inline bool test_same_file(const char *a, const char *b) {
     char *x = NULL, *y = NULL;
