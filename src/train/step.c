@@ -204,8 +204,8 @@ static kiln_status micro_step(kiln_llama *m, const kiln_objective *o, const kiln
 /* The objective of a run's micro-batch (into *buf: its parameters are the
  * run's settings). */
 static const kiln_objective *objective_of(const kiln_train_config *c, const kiln_batch *b, kiln_objective *buf) {
-    if (c && c->objective != KILN_OBJECTIVE_CE && !kiln_objective_from_config(c, buf)) return buf;
-    return kiln_objective_ce(b->segmented);
+    if (c->objective == KILN_OBJECTIVE_CE) return kiln_objective_ce(b && b->segmented);
+    return kiln_objective_from_config(c, buf) ? NULL : buf; /* NULL: the settings' error */
 }
 
 kiln_status kiln_train_window(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb, int k,
@@ -238,8 +238,8 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
     bool dist = g && kiln_dist_size() > 1;
     *res = (kiln_step_result){.lr = lr, .micro_batches = g ? g->micro_batches : k, .bad_micro = -1};
     kiln_objective ob;
-    if (c->objective != KILN_OBJECTIVE_CE && kiln_objective_from_config(c, &ob)) return kiln_last_status();
-    const kiln_objective *o = k ? objective_of(c, mb[0], &ob) : kiln_objective_ce(false);
+    const kiln_objective *o = objective_of(c, k ? mb[0] : NULL, &ob);
+    if (!o) return kiln_last_status();
     for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
     int64_t units = 0; /* what the window is divided by: target tokens, or pairs */
     for (int i = 0; i < k; i++) units += kiln_objective_units(o, mb[i]);
