@@ -47,6 +47,24 @@ static kiln_llama *model(void) {
     return m;
 }
 
+/* full fine-tuning: the fixture's base with every weight replaced by the
+ * perturbed policy's (the reference stays the base: its stored log-probs) */
+static kiln_llama *model_full(void) {
+    kiln_llama_config cfg;
+    kiln_llama *m = NULL;
+    kiln_st_file *f2 = NULL;
+    CHECK(test_fixture_model("tests/fixtures/pref_ref.config.json", "tests/fixtures/pref_ref.safetensors", &cfg, &m, &f2),
+          "fixture model");
+    kiln_st_close(f2);
+    for (int i = 0; m && i < m->n_params; i++) {
+        char nm[200];
+        snprintf(nm, sizeof nm, "full.policy.%s", m->params[i]->name);
+        const float *v = fx(nm, kiln_tensor_numel(m->params[i]));
+        if (v) memcpy(m->params[i]->data, v, kiln_tensor_nbytes(m->params[i]));
+    }
+    return m;
+}
+
 /* rows [r0, r0 + n) of the fixture's pairs as a batch */
 static kiln_batch *batch(int r0, int n) {
     kiln_batch *b = kiln_batch_alloc(n, NT);
@@ -67,24 +85,44 @@ static void settings(kiln_train_config *c, int objective, int loss, double beta,
     c->pack = KILN_PACK_PAIRS, c->lora_rank = 4, c->batch = NR;
 }
 
-/* the step's inputs by name for batch b, scale s */
-static void inputs(const kiln_batch *b, float s, kiln_tensor **by) {
-    int64_t sh[2] = {b->B, b->T}, one = 1;
+/* the step's inputs by name for batch b, each term j scaled by 1 / the
+ * units (of its kind) of `of` (the window); the fixture's reference
+ * log-probs as ref_logps */
+static void inputs(const kiln_objective *o, const kiln_batch *b, const kiln_batch *of, int r0, kiln_tensor **by) {
+    int64_t sh[2] = {b->B, b->T}, one = 1, rows = b->B, u[KILN_NORM_N];
+    kiln_batch_units(of, u);
     memset(by, 0, sizeof(kiln_tensor *) * KILN_IN_N);
     by[KILN_IN_IDS] = kiln_tensor_wrap(b->input_ids, KILN_I32, 2, sh);
     by[KILN_IN_TARGETS] = kiln_tensor_wrap(b->targets, KILN_I32, 2, sh);
     by[KILN_IN_MASK] = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, sh);
-    by[KILN_IN_SCALE] = kiln_tensor_new(KILN_F32, 1, &one);
-    kiln_f32(by[KILN_IN_SCALE])[0] = s;
+    for (int j = 0; j < o->n_terms; j++) {
+        kiln_input k = j ? KILN_IN_SCALE_2 : KILN_IN_SCALE;
+        by[k] = kiln_tensor_new(KILN_F32, 1, &one);
+        kiln_f32(by[k])[0] = 1.0f / (float)u[o->norm[j]];
+    }
+    by[KILN_IN_REF_LOGPS] = kiln_tensor_new(KILN_F32, 1, &rows);
+    memcpy(kiln_f32(by[KILN_IN_REF_LOGPS]), fx("ref.logps", NR) + r0, sizeof(float) * (size_t)rows);
+}
+
+/* the loss of a window = sum_j term_j / units_j */
+static double window_loss(const kiln_objective *o, const double *rep, const kiln_batch *of) {
+    int64_t u[KILN_NORM_N];
+    kiln_batch_units(of, u);
+    double l = 0;
+    for (int j = 0; j < o->n_terms; j++) l += rep[j] / (double)u[o->norm[j]];
+    return l;
 }
 
 static void release(kiln_tensor **by) {
     for (int i = 0; i < KILN_IN_N; i++) kiln_tensor_release(by[i]);
 }
 
+/* the largest gradient difference to the fixture's <prefix>.grad.*, over
+ * the adapters (LoRA: the base gets none) or every parameter (full) */
 static double grad_diff(const kiln_llama *m, const char *prefix, double *scale_out) {
     double d = 0, s = 0;
-    for (int i = m->n_base; i < m->n_params; i++) {
+    bool lora = m->n_base < m->n_params;
+    for (int i = lora ? m->n_base : 0; i < m->n_params; i++) {
         char nm[200];
         snprintf(nm, sizeof nm, "%s.grad.%s", prefix, m->params[i]->name);
         const float *want = fx(nm, kiln_tensor_numel(m->params[i]));
@@ -95,7 +133,7 @@ static double grad_diff(const kiln_llama *m, const char *prefix, double *scale_o
             s = fmax(s, fabs((double)want[j]));
         }
     }
-    for (int i = 0; i < m->n_base; i++) CHECK(m->params[i]->grad == NULL, "base weight %s got a gradient", m->params[i]->name);
+    for (int i = 0; lora && i < m->n_base; i++) CHECK(m->params[i]->grad == NULL, "base weight %s got a gradient", m->params[i]->name);
     *scale_out = s;
     return s > 0 ? d / s : d;
 }
@@ -104,53 +142,79 @@ typedef struct {
     const char *tag;
     int objective, loss;
     double beta, gamma;
+    int dpo_ref; /* KILN_DPO_REF_*: file reads the fixture's reference log-probs */
 } variant;
+
+/* the fixture's value of metric `name` of variant `tag`: a mean over the
+ * pairs, the scalar itself, or chosen - rejected (margins not stored) */
+static bool fixture_metric(const char *tag, const char *name, double *want) {
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s.%s", tag, name);
+    bool scalar = strstr(name, "accuracies") || !strcmp(name, "nll_loss");
+    if (!strcmp(name, "nll_loss")) snprintf(nm, sizeof nm, "%s.nll", tag);
+    if (!kiln_st_find(F, nm) && !strcmp(name, "rewards/margins")) {
+        char a[160], r[160];
+        snprintf(a, sizeof a, "%s.rewards/chosen", tag);
+        snprintf(r, sizeof r, "%s.rewards/rejected", tag);
+        const float *wc = fx(a, NP), *wr = fx(r, NP);
+        *want = wc && wr ? mean3(wc) - mean3(wr) : NAN;
+        return wc && wr;
+    }
+    if (!kiln_st_find(F, nm) && (!strcmp(name, "log_odds_ratio") || !strcmp(name, "log_odds_chosen"))) {
+        snprintf(nm, sizeof nm, "%s.log_odds", tag); /* mean log odds, and the mean of logsigmoid(log odds) */
+        const float *lo = fx(nm, NP);
+        if (!lo) return false;
+        double m = 0;
+        for (int i = 0; i < NP; i++) m += strstr(name, "ratio") ? -log1p(exp(-(double)lo[i])) : lo[i];
+        *want = m / NP;
+        return true;
+    }
+    const float *w = fx(nm, scalar ? 1 : NP);
+    *want = w ? (scalar ? w[0] : mean3(w)) : NAN;
+    return w != NULL;
+}
 
 static void check_variant(kiln_llama *m, const variant *v) {
     kiln_train_config c;
     settings(&c, v->objective, v->loss, v->beta, v->gamma);
+    c.dpo_ref = v->dpo_ref;
+    if (m->n_base == m->n_params) c.lora_rank = 0;
     CHECK_OK(kiln_train_config_validate(&c));
     kiln_objective o;
     CHECK_OK(kiln_objective_from_config(&c, &o));
+    CHECK(o.ref_logps == (v->dpo_ref == KILN_DPO_REF_FILE || (v->objective == KILN_OBJECTIVE_DPO && !c.lora_rank)),
+          "%s: reads ref_logps", v->tag);
     kiln_batch *b = batch(0, NR);
-    kiln_tensor *by[KILN_IN_N], *report[1 + KILN_OBJ_MAX_METRICS] = {0};
-    inputs(b, 1.0f / NP, by);
+    kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    inputs(&o, b, b, 0, by);
     kiln_llama_zero_grad(m);
     CHECK_OK(o.trace(&o, m, by, report));
-    double rep[1 + KILN_OBJ_MAX_METRICS] = {0};
-    for (int i = 0; i <= o.n_metrics && report[i]; i++) rep[i] = kiln_f32(report[i])[0];
-    kiln_tensor *scaled = report[0] ? kiln_scale_by(report[0], by[KILN_IN_SCALE]) : NULL;
+    int nr = o.n_terms + o.n_metrics;
+    double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    for (int i = 0; i < nr && report[i]; i++) rep[i] = kiln_f32(report[i])[0];
+    kiln_tensor *scaled = report[0] ? kiln_objective_diff(&o, report, by) : NULL;
     CHECK_OK(scaled ? kiln_backward(scaled) : kiln_last_status());
     kiln_tensor_release(scaled);
-    for (int i = 0; i <= o.n_metrics; i++) kiln_tensor_release(report[i]);
+    for (int i = 0; i < nr; i++) kiln_tensor_release(report[i]);
     char nm[160];
     snprintf(nm, sizeof nm, "%s.loss", v->tag);
     const float *want_loss = fx(nm, 1);
-    double loss = rep[0] / NP, gs, gd = grad_diff(m, v->tag, &gs);
-    printf("  %-12s loss %.8f (PyTorch %.8f, rel %.1e); adapter gradients rel %.1e of %.2e\n", v->tag, loss,
-           want_loss ? want_loss[0] : NAN, want_loss ? t_rel(loss, want_loss[0]) : NAN, gd, gs);
+    double loss = window_loss(&o, rep, b), gs, gd = grad_diff(m, v->tag, &gs);
+    printf("  %-12s loss %.8f (PyTorch %.8f, rel %.1e); %s gradients rel %.1e of %.2e\n", v->tag, loss,
+           want_loss ? want_loss[0] : NAN, want_loss ? t_rel(loss, want_loss[0]) : NAN, c.lora_rank ? "adapter" : "all",
+           gd, gs);
     CHECK(want_loss && t_rel(loss, want_loss[0]) < 1e-5, "%s: loss %.8f vs PyTorch %.8f", v->tag, loss, want_loss ? want_loss[0] : 0);
-    CHECK(gd < 1e-5, "%s: adapter gradients rel %.2e", v->tag, gd);
-    /* TRL's metrics: means over the pairs */
+    CHECK(gd < 1e-5, "%s: gradients rel %.2e", v->tag, gd);
+    /* TRL's metrics: means over the pairs (nll_loss: over the chosen tokens) */
+    int64_t u[KILN_NORM_N];
+    kiln_batch_units(b, u);
+    double got_m[KILN_OBJ_MAX_METRICS];
     for (int j = 0; j < o.n_metrics; j++) {
-        snprintf(nm, sizeof nm, "%s.%s", v->tag, o.metric[j]);
-        bool scalar = strstr(o.metric[j], "accuracies") != NULL;
-        double want, got = rep[1 + j] / NP;
-        const float *w = NULL;
-        if (!kiln_st_find(F, nm) && strstr(nm, "margins")) { /* simpo's: chosen - rejected */
-            char a[160], r[160];
-            snprintf(a, sizeof a, "%s.rewards/chosen", v->tag);
-            snprintf(r, sizeof r, "%s.rewards/rejected", v->tag);
-            const float *wc = fx(a, NP), *wr = fx(r, NP);
-            w = wc && wr ? wc : NULL;
-            want = w ? mean3(wc) - mean3(wr) : NAN;
-        } else {
-            w = fx(nm, scalar ? 1 : NP);
-            want = w ? (scalar ? w[0] : mean3(w)) : NAN;
-        }
-        CHECK(w && fabs(got - want) < 1e-5 * fmax(1.0, fabs(want)), "%s: %s %.7f vs PyTorch %.7f", v->tag, o.metric[j], got, want);
+        double want, got = got_m[j] = rep[o.n_terms + j] / (double)u[o.metric_norm[j]];
+        bool have = fixture_metric(v->tag, o.metric[j], &want);
+        CHECK(have && fabs(got - want) < 1e-5 * fmax(1.0, fabs(want)), "%s: %s %.7f vs PyTorch %.7f", v->tag, o.metric[j], got, want);
     }
-    printf("               %s %.5f, %s %.5f, %s %.3f\n", o.metric[0], rep[1] / NP, o.metric[1], rep[2] / NP, o.metric[2], rep[3] / NP);
+    printf("               %s %.5f, %s %.5f, %s %.3f\n", o.metric[0], got_m[0], o.metric[1], got_m[1], o.metric[2], got_m[2]);
 
     /* compiled: the same numbers */
     kiln_compile_options co;
@@ -164,14 +228,16 @@ static void check_variant(kiln_llama *m, const variant *v) {
     if (cs) {
         kiln_tensor *in[KILN_IN_N];
         for (int i = 0; i < st.n_in; i++) in[i] = by[st.names[i]];
-        float r[1 + KILN_OBJ_MAX_METRICS];
+        float r[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
         CHECK_OK(kiln_compiled_run(cs, in, r));
-        double gcs, gcd = grad_diff(m, v->tag, &gcs);
-        printf("               compiled: loss rel %.1e, gradients rel %.1e\n", t_rel(r[0] / NP, loss), gcd);
-        CHECK(t_rel(r[0] / NP, loss) < 1e-6 && gcd < 1e-5, "%s: compiled = eager (loss %.8f vs %.8f, gradients %.2e)", v->tag,
-              r[0] / NP, loss, gcd);
-        for (int j = 0; j < o.n_metrics; j++)
-            CHECK(fabs(r[1 + j] - rep[1 + j]) < 1e-5 * fmax(1.0, fabs(rep[1 + j])), "%s: compiled %s", v->tag, o.metric[j]);
+        double rd[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
+        for (int i = 0; i < nr; i++) rd[i] = r[i];
+        double cl = window_loss(&o, rd, b), gcs, gcd = grad_diff(m, v->tag, &gcs);
+        printf("               compiled: loss rel %.1e, gradients rel %.1e\n", t_rel(cl, loss), gcd);
+        CHECK(t_rel(cl, loss) < 1e-6 && gcd < 1e-5, "%s: compiled = eager (loss %.8f vs %.8f, gradients %.2e)", v->tag, cl,
+              loss, gcd);
+        for (int j = 0; j < nr; j++)
+            CHECK(fabs(r[j] - rep[j]) < 1e-5 * fmax(1.0, fabs(rep[j])), "%s: compiled report %d", v->tag, j);
         kiln_compiled_free(cs);
     }
     release(by);
@@ -179,42 +245,51 @@ static void check_variant(kiln_llama *m, const variant *v) {
 }
 
 /* a window of two micro-batches (pairs {0, 1} and {2}) through the trainer's
- * step: divided by the window's 3 pairs, the big batch's loss; the summed
+ * step: each term divided by the window's units of its kind (pairs; orpo's
+ * NLL: the window's chosen tokens), the big batch's loss; the summed
  * micro-batch gradients are the big batch's */
-static void accumulation(kiln_llama *m) {
+static void accumulation(kiln_llama *m, const variant *v, const char *want_tag) {
     kiln_train_config c;
-    settings(&c, KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5);
+    settings(&c, v->objective, v->loss, v->beta, v->gamma);
     c.lr = 1e-30, c.weight_decay = 0, c.clip = 0; /* the step changes nothing that matters */
     kiln_objective o;
     CHECK_OK(kiln_objective_from_config(&c, &o));
-    kiln_batch *mb[2] = {batch(0, 4), batch(4, 2)};
+    kiln_batch *mb[2] = {batch(0, 4), batch(4, 2)}, *all = batch(0, NR);
     kiln_adamw *opt = kiln_adamw_new(m, &c);
     kiln_step_result res;
     CHECK_OK(kiln_train_window(m, opt, &c, mb, 2, 0.0, &res));
-    const float *want = fx("dpo_sigmoid_accum.loss", 1);
-    printf("  window of 2 + 1 pairs: loss %.8f (PyTorch %.8f), %lld pairs, rewards/accuracies %.3f\n", res.loss,
-           want ? want[0] : NAN, (long long)res.units, res.metric[2]);
-    CHECK(want && t_rel(res.loss, want[0]) < 1e-5 && res.units == 3, "accumulated window = big batch: %.8f vs %.8f (%lld pairs)",
-          res.loss, want ? want[0] : 0, (long long)res.units);
-    CHECK(res.n_metrics == 6 && !strcmp(res.metric_name[2], "rewards/accuracies") && fabs(res.metric[2] - 1.0 / 3) < 1e-6,
-          "the window's metrics: rewards/accuracies %.4f", res.metric[2]);
-    /* the gradients, micro-batch by micro-batch, each scaled by 1/3 */
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s.loss", want_tag);
+    const float *want = fx(nm, 1);
+    printf("  %s, window of 2 + 1 pairs: loss %.8f (PyTorch %.8f), %lld %s, rewards/accuracies %.3f\n", v->tag, res.loss,
+           want ? want[0] : NAN, (long long)res.units, kiln_norm_name(o.norm[0]), res.metric[2]);
+    CHECK(want && t_rel(res.loss, want[0]) < 1e-5, "%s: accumulated window = big batch: %.8f vs %.8f", v->tag, res.loss,
+          want ? want[0] : 0);
+    CHECK(res.n_metrics == o.n_metrics && !strcmp(res.metric_name[2], "rewards/accuracies"), "the window's metrics");
+    for (int j = 0; j < o.n_metrics; j++) {
+        double w;
+        bool have = fixture_metric(v->tag, o.metric[j], &w);
+        CHECK(have && fabs(res.metric[j] - w) < 1e-5 * fmax(1.0, fabs(w)), "%s: window %s %.7f vs PyTorch %.7f", v->tag,
+              o.metric[j], res.metric[j], w);
+    }
+    /* the gradients, micro-batch by micro-batch, each term scaled by 1 / the window's units */
     kiln_llama_zero_grad(m);
     for (int k = 0; k < 2; k++) {
-        kiln_tensor *by[KILN_IN_N], *report[1 + KILN_OBJ_MAX_METRICS] = {0};
-        inputs(mb[k], 1.0f / NP, by);
+        kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+        inputs(&o, mb[k], all, k ? 4 : 0, by);
         CHECK_OK(o.trace(&o, m, by, report));
-        kiln_tensor *s = report[0] ? kiln_scale_by(report[0], by[KILN_IN_SCALE]) : NULL;
+        kiln_tensor *s = report[0] ? kiln_objective_diff(&o, report, by) : NULL;
         CHECK_OK(s ? kiln_backward(s) : kiln_last_status());
         kiln_tensor_release(s);
-        for (int i = 0; i <= o.n_metrics; i++) kiln_tensor_release(report[i]);
+        for (int i = 0; i < o.n_terms + o.n_metrics; i++) kiln_tensor_release(report[i]);
         release(by);
     }
-    double gs, gd = grad_diff(m, "dpo_sigmoid_accum", &gs);
-    CHECK(gd < 1e-5, "accumulated gradients = PyTorch's (rel %.2e)", gd);
+    double gs, gd = grad_diff(m, want_tag, &gs);
+    CHECK(gd < 1e-5, "%s: accumulated gradients = PyTorch's (rel %.2e)", v->tag, gd);
     kiln_adamw_free(opt);
     kiln_batch_free(mb[0]);
     kiln_batch_free(mb[1]);
+    kiln_batch_free(all);
 }
 
 static void refusals(void) {
@@ -227,9 +302,13 @@ static void refusals(void) {
     CHECK(kiln_train_config_validate(&c) == KILN_ERR_INVALID && strstr(kiln_last_error(), "--objective dpo"),
           "pairs without a preference objective refused: %s", kiln_last_error());
     settings(&c, KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5);
-    c.lora_rank = 0;
+    c.lora_rank = 0, c.dpo_ref = KILN_DPO_REF_ADAPTERS;
     CHECK(kiln_train_config_validate(&c) == KILN_ERR_INVALID && strstr(kiln_last_error(), "--lora-rank"),
-          "dpo without adapters refused (its reference): %s", kiln_last_error());
+          "dpo_ref adapters without adapters refused: %s", kiln_last_error());
+    settings(&c, KILN_OBJECTIVE_SIMPO, 0, 2.0, 0.5);
+    c.dpo_ref = KILN_DPO_REF_FILE;
+    CHECK(kiln_train_config_validate(&c) == KILN_ERR_INVALID && strstr(kiln_last_error(), "dpo_ref"),
+          "dpo_ref with simpo refused: %s", kiln_last_error());
     settings(&c, KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5);
     c.batch = 5;
     CHECK(kiln_train_config_validate(&c) == KILN_ERR_INVALID && strstr(kiln_last_error(), "even"),
@@ -306,13 +385,27 @@ int main(void) {
     kiln_eager_enable();
     kiln_llama *m = model();
     static const variant vs[] = {
-        {"dpo_sigmoid", KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5},
-        {"dpo_ipo", KILN_OBJECTIVE_DPO, KILN_DPO_IPO, 0.1, 0.5},
-        {"dpo_hinge", KILN_OBJECTIVE_DPO, KILN_DPO_HINGE, 0.1, 0.5},
-        {"simpo", KILN_OBJECTIVE_SIMPO, 0, 2.0, 1.0},
+        {"dpo_sigmoid", KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5, KILN_DPO_REF_AUTO},
+        {"dpo_ipo", KILN_OBJECTIVE_DPO, KILN_DPO_IPO, 0.1, 0.5, KILN_DPO_REF_AUTO},
+        {"dpo_hinge", KILN_OBJECTIVE_DPO, KILN_DPO_HINGE, 0.1, 0.5, KILN_DPO_REF_AUTO},
+        {"dpo_sigmoid", KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5, KILN_DPO_REF_FILE}, /* the stored reference */
+        {"simpo", KILN_OBJECTIVE_SIMPO, 0, 2.0, 1.0, KILN_DPO_REF_AUTO},
+        {"orpo", KILN_OBJECTIVE_ORPO, 0, 0.1, 0.5, KILN_DPO_REF_AUTO},
     };
     for (size_t i = 0; m && i < sizeof vs / sizeof *vs; i++) check_variant(m, &vs[i]);
-    if (m) accumulation(m);
+    if (m) accumulation(m, &vs[0], "dpo_sigmoid_accum");
+    if (m) accumulation(m, &vs[5], "orpo");
+    /* full fine-tuning: every weight trains; dpo reads the stored reference */
+    kiln_llama *mf = model_full();
+    static const variant fs[] = {
+        {"dpo_full", KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5, KILN_DPO_REF_AUTO},
+        {"dpo_ipo_full", KILN_OBJECTIVE_DPO, KILN_DPO_IPO, 0.1, 0.5, KILN_DPO_REF_AUTO},
+        {"dpo_hinge_full", KILN_OBJECTIVE_DPO, KILN_DPO_HINGE, 0.1, 0.5, KILN_DPO_REF_AUTO},
+        {"simpo_full", KILN_OBJECTIVE_SIMPO, 0, 2.0, 1.0, KILN_DPO_REF_AUTO},
+        {"orpo_full", KILN_OBJECTIVE_ORPO, 0, 0.1, 0.5, KILN_DPO_REF_AUTO},
+    };
+    for (size_t i = 0; mf && i < sizeof fs / sizeof *fs; i++) check_variant(mf, &fs[i]);
+    kiln_llama_free(mf);
     refusals();
     resume();
     kiln_llama_free(m);

@@ -121,6 +121,7 @@ static kiln_tensor *f_scale_by(kiln_tensor **in) { return kiln_scale_by(in[0], i
 static kiln_tensor *f_silu(kiln_tensor **in) { return kiln_silu(in[0]); }
 static kiln_tensor *f_logsigmoid(kiln_tensor **in) { return kiln_logsigmoid(in[0]); }
 static kiln_tensor *f_relu(kiln_tensor **in) { return kiln_relu(in[0]); }
+static kiln_tensor *f_log1mexp(kiln_tensor **in) { return kiln_log1mexp(in[0]); }
 static kiln_tensor *f_pair_diff(kiln_tensor **in) { return kiln_pair_diff(in[0]); }
 static kiln_tensor *f_pair_sum(kiln_tensor **in) { return kiln_pair_sum(in[0]); }
 static kiln_tensor *f_row_nll(kiln_tensor **in) { return kiln_row_nll(in[0], in[1], KILN_IGNORE_INDEX); }
@@ -246,6 +247,7 @@ int main(void) {
     RUN("scale_by", f_scale_by, 2, 1, RND(-1, 1, 37, 24), RND(0.5f, 2, 1));
     RUN("silu", f_silu, 1, 1, RND(-4, 4, 37, 24));
     RUN("logsigmoid", f_logsigmoid, 1, 1, RND(-6, 6, 37, 24));
+    RUN("log1mexp", f_log1mexp, 1, 1, RND(-6, -0.2f, 37, 24)); /* both branches (-ln 2 between) */
     {
         kiln_tensor *x = RND(-1, 1, 37, 24); /* away from the kink, both signs */
         for (int64_t i = 0; i < kiln_tensor_numel(x); i++) kiln_f32(x)[i] += kiln_f32(x)[i] < 0 ? -0.1f : 0.1f;

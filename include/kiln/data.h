@@ -85,6 +85,7 @@ const uint8_t *kiln_shard_mask(const kiln_shard *s);
 /* A pairs shard's document ends (n_docs values, checked by open), or NULL
  * when the shard holds no pairs. */
 const uint64_t *kiln_shard_doc_ends(const kiln_shard *s);
+uint64_t kiln_shard_hash(const kiln_shard *s); /* of the whole file's bytes */
 
 /* Document splitting for `kiln tokenize`. */
 typedef enum {
@@ -223,6 +224,11 @@ typedef struct {
     int32_t *positions;  /* B*T */
     int32_t *segments;   /* B*T */
     bool segmented;      /* rows hold several documents: attend within segments */
+    /* Pairs mode with the reference's log-probabilities (kiln dpo-ref):
+     * ref_logps[r] for row r (0 past the last real row). */
+    float *ref_logps;    /* B */
+    bool has_ref;
+    int64_t *doc;        /* B: pairs mode, the shard document of each row (2 pair + rejected); -1 otherwise */
 } kiln_batch;
 
 kiln_batch *kiln_batch_alloc(int B, int T); /* NULL + error on OOM */
@@ -237,6 +243,28 @@ int64_t kiln_loader_len(const kiln_loader *l);   /* micro-batches per epoch */
 int64_t kiln_loader_items(const kiln_loader *l); /* rows per epoch (pairs: 2 per pair) */
 int64_t kiln_loader_pairs(const kiln_loader *l); /* pairs per epoch (0 outside pairs mode) */
 const kiln_shard_info *kiln_loader_info(const kiln_loader *l);
+uint64_t kiln_loader_shard_hash(const kiln_loader *l);
+/* Pairs mode: the reference's log-probabilities of the shard's n documents
+ * (kept, not copied; NULL: none), copied into every batch's ref_logps. */
+kiln_status kiln_loader_set_ref(kiln_loader *l, const float *logps, uint64_t n);
+
+/* The reference's log-probabilities of a pairs shard, stored beside it by
+ * the first phase of a DPO run without adapters (SHARD.bin ->
+ * SHARD.dpo-ref.bin): a 64-byte header ("KILNREF1", u32 version 1, u32
+ * header size 64, u64 documents, u64 hash of the shard's bytes, u64 hash
+ * of the reference model's weights, i32 seq_len, i32 batch, char[8]
+ * precision, 8 reserved zero bytes), one f32 per document (its answer's
+ * summed target log-probabilities, finite, <= 0), then a u64 hash of all
+ * bytes before it. */
+typedef struct {
+    uint64_t n_docs, shard_hash, model_hash;
+    int32_t seq_len, batch;
+    char precision[8];
+} kiln_ref_logps_meta;
+void kiln_ref_logps_path(const char *shard_path, char *out, size_t n);
+kiln_status kiln_ref_logps_write(const char *path, const kiln_ref_logps_meta *m, const float *logps);
+/* Reads and checks the file (*logps: malloc'd, meta->n_docs values). */
+kiln_status kiln_ref_logps_read(const char *path, kiln_ref_logps_meta *m, float **logps);
 /* Random access. Not safe to call concurrently on one loader (it caches the
  * last epoch's permutation); open one loader per thread instead. */
 kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_batch *b);

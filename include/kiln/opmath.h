@@ -88,6 +88,11 @@ static inline float kiln_silu_bwd_f(float x, float g) {
 static inline float kiln_logsigmoid_f(float x) { return (x < 0.0f ? x : 0.0f) - log1pf(kiln_expf_fast(-fabsf(x))); }
 /* g * d logsigmoid / dx = g * sigmoid(-x) = g / (1 + e^x) */
 static inline float kiln_logsigmoid_bwd_f(float x, float g) { return g / (1.0f + kiln_expf_fast(x)); }
+/* log(1 - e^x) for x < 0, accurate at both ends (log(-expm1(x)) near 0,
+ * log1p(-e^x) far below); -inf at 0, NaN above */
+static inline float kiln_log1mexp_f(float x) { return x > -0.693147181f ? logf(-expm1f(x)) : log1pf(-expf(x)); }
+/* g * d log(1 - e^x) / dx = g * -e^x / (1 - e^x) = -g / expm1(-x) */
+static inline float kiln_log1mexp_bwd_f(float x, float g) { return -g / expm1f(-x); }
 
 /* RMSNorm's row factor 1 / sqrt(ss / n + eps) from the row's sum of squares
  * ss (summed in float), in double. */

@@ -85,7 +85,9 @@ extern "C" {
     X(LOGSIGMOID_BWD, logsigmoid_bwd)   /* (x, g) -> g / (1 + e^x) */                                \
     X(RELU, relu)                                                                                    \
     X(RELU_BWD, relu_bwd)               /* (x, g) -> g where x > 0 */                                \
-    X(GT0, gt0)                         /* x > 0 ? 1 : 0, no gradient */
+    X(GT0, gt0)                         /* x > 0 ? 1 : 0, no gradient */                             \
+    X(LOG1MEXP, log1mexp)               /* log(1 - e^x), x < 0 (ORPO's odds) */                      \
+    X(LOG1MEXP_BWD, log1mexp_bwd)       /* (x, g) -> -g / (e^-x - 1) */
 
 typedef enum {
 #define KILN_OP_ENUM_(id, sym) KILN_OP_##id,
@@ -329,6 +331,8 @@ kiln_tensor *kiln_logsigmoid_backward(kiln_tensor *x, kiln_tensor *g);
 kiln_tensor *kiln_relu(kiln_tensor *x);
 kiln_tensor *kiln_relu_backward(kiln_tensor *x, kiln_tensor *g);
 kiln_tensor *kiln_gt0(kiln_tensor *x);
+kiln_tensor *kiln_log1mexp(kiln_tensor *x);
+kiln_tensor *kiln_log1mexp_backward(kiln_tensor *x, kiln_tensor *g);
 /* A new tensor holding W in storage dtype dt (f32, bf16, f16 or one of
  * ggml's block types), on W's device, with W's name; requires_grad only
  * for an f32 result of a trainable W. Values go through fp32: f16/bf16

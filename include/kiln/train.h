@@ -95,8 +95,9 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(lora_dropout, F64, UNIT, 0.0, "P", "dropout on the adapters' input in training (PEFT's lora_dropout)")             \
     X(use_rslora, FLAG, 1, false, "", "with --lora-rank: scale the adapters by alpha / sqrt(R) (PEFT's use_rslora), not alpha / R") \
     X(lora_targets, STR, 128, "q_proj,v_proj", "LIST", "linears to adapt: q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all") \
-    X(objective, ENUM, objective, KILN_OBJECTIVE_CE, "ce|dpo|simpo", "what a step minimises: token cross-entropy, or a preference objective on --pack pairs data") \
-    X(beta, F64, POS, 0.1, "B", "dpo/simpo: beta (TRL: 0.1 for DPO, 2.0 for SimPO)")                                  \
+    X(objective, ENUM, objective, KILN_OBJECTIVE_CE, "ce|dpo|simpo|orpo", "what a step minimises: token cross-entropy, or a preference objective on --pack pairs data") \
+    X(beta, F64, POS, 0.1, "B", "dpo/simpo/orpo: beta (TRL: 0.1 for DPO, 2.0 for SimPO, 0.1 for ORPO's lambda)")      \
+    X(dpo_ref, ENUM, dpo_ref, KILN_DPO_REF_AUTO, "auto|adapters|file", "dpo: the reference: the base with the adapters off, or the log-probs kiln dpo-ref stored beside the shards (auto: adapters with --lora-rank, else file)") \
     X(dpo_loss, ENUM, dpo_loss, KILN_DPO_SIGMOID, "sigmoid|ipo|hinge", "dpo: the loss of the margin (TRL's loss_type)") \
     X(simpo_gamma, F64, NONNEG, 0.5, "G", "simpo: the target reward margin gamma (TRL's simpo_gamma)")               \
     X(base_dtype, ENUM, base_dtype, KILN_BASE_DTYPE_AUTO, "auto|fp32|bf16|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "with --lora-rank: hold the frozen base's linears in this type (auto: a GGUF's own types, else fp32)")
@@ -203,50 +204,75 @@ double kiln_lr_at(const kiln_train_config *c, int64_t step, int64_t total);
  * kiln_objective_inputs in that order. Token cross-entropy ("ce") is the
  * first objective; every training and evaluation path runs through it. */
 typedef enum {
-    KILN_IN_IDS, KILN_IN_TARGETS, KILN_IN_MASK, KILN_IN_SCALE, KILN_IN_POSITIONS, KILN_IN_SEGMENTS, KILN_IN_KEY, KILN_IN_N
+    KILN_IN_IDS, KILN_IN_TARGETS, KILN_IN_MASK, KILN_IN_SCALE, KILN_IN_SCALE_2, KILN_IN_REF_LOGPS, KILN_IN_POSITIONS,
+    KILN_IN_SEGMENTS, KILN_IN_KEY, KILN_IN_N
 } kiln_input;
 const char *kiln_input_name(kiln_input i); /* "ids", "targets", ... */
-typedef enum { KILN_NORM_TARGET_TOKENS, KILN_NORM_PAIRS } kiln_norm;
-#define KILN_OBJ_MAX_METRICS 8
+/* What a sum is divided by: a window's target tokens, its pairs, or the
+ * target tokens of its chosen answers (rows 2i of pairs). */
+typedef enum { KILN_NORM_TARGET_TOKENS, KILN_NORM_PAIRS, KILN_NORM_CHOSEN_TOKENS, KILN_NORM_N } kiln_norm;
+const char *kiln_norm_name(kiln_norm n); /* "target tokens", "pairs", "chosen tokens" */
+#define KILN_OBJ_MAX_METRICS 10
+#define KILN_OBJ_MAX_TERMS 2
 typedef struct kiln_objective kiln_objective;
 struct kiln_objective {
     const char *name;
-    kiln_norm norm;      /* a window's loss (and metrics) = sums / the window's units */
+    /* The loss is a sum of terms, each a sum over the micro-batch divided
+     * by the window's units of its kind: loss = sum_j term_j / units[norm_j]
+     * (exact under accumulation and across ranks). The step's scale inputs
+     * are 1 / units of term 0 (scale) and term 1 (scale_2). */
+    int n_terms;
+    kiln_norm norm[KILN_OBJ_MAX_TERMS];
     bool docs;           /* reads packed documents (positions, segments) */
+    bool ref_logps;      /* reads the reference's per-row log-probabilities (ref_logps [B]) */
     int n_metrics;
     const char *metric[KILN_OBJ_MAX_METRICS];
-    /* report[0]: the loss summed over the micro-batch's units ([1] f32);
-     * report[1 + j]: metric j summed the same way */
+    kiln_norm metric_norm[KILN_OBJ_MAX_METRICS]; /* what metric j's window sum is divided by */
+    /* report[j < n_terms]: term j summed over the micro-batch ([1] f32);
+     * report[n_terms + j]: metric j summed the same way */
     kiln_status (*trace)(const kiln_objective *o, kiln_llama *m, kiln_tensor *const *in, kiln_tensor **report);
     /* the preference objectives' parameters (the run's settings) */
     int kind;            /* KILN_OBJECTIVE_* */
     int loss;            /* dpo: KILN_DPO_* */
-    double beta, gamma;  /* dpo and simpo: beta; simpo: gamma, the target margin */
+    double beta, gamma;  /* dpo, simpo, orpo: beta (orpo: lambda); simpo: gamma, the target margin */
 };
-typedef enum { KILN_OBJECTIVE_CE, KILN_OBJECTIVE_DPO, KILN_OBJECTIVE_SIMPO } kiln_objective_kind;
+typedef enum { KILN_OBJECTIVE_CE, KILN_OBJECTIVE_DPO, KILN_OBJECTIVE_SIMPO, KILN_OBJECTIVE_ORPO } kiln_objective_kind;
 typedef enum { KILN_DPO_SIGMOID, KILN_DPO_IPO, KILN_DPO_HINGE } kiln_dpo_loss;
-/* The run's objective (the objective, beta, dpo_loss and simpo_gamma
- * settings; ce on packed documents when pack is documents). The
- * preference objectives read pairs (pack pairs: rows 2i chosen, 2i+1
+typedef enum { KILN_DPO_REF_AUTO, KILN_DPO_REF_ADAPTERS, KILN_DPO_REF_FILE } kiln_dpo_ref;
+/* The run's objective (the objective, beta, dpo_loss, dpo_ref and
+ * simpo_gamma settings; ce on packed documents when pack is documents).
+ * The preference objectives read pairs (pack pairs: rows 2i chosen, 2i+1
  * rejected) and divide a window by its pairs:
  *   dpo sigmoid  -logsigmoid(beta d),  d = (pc - rc) - (pr - rr)
  *   dpo ipo      (d' - 1 / (2 beta))^2, d' = the same of per-token means
  *   dpo hinge    relu(1 - beta d)
  *   simpo        -logsigmoid(beta (pc/nc - pr/nr) - gamma)
+ *   orpo         sum(nll of chosen answers) / chosen target tokens
+ *                + beta mean(-logsigmoid(log odds(pc/nc) - log odds(pr/nr))),
+ *                log odds(a) = a - log(1 - e^a)
  * with p the policy's summed log-probabilities of an answer's targets, r
- * the reference's (the base with its LoRA adapters off: same weights,
- * no copy), n the answer's target count; TRL's formulas (DPOTrainer,
- * CPOTrainer loss_type simpo). Metrics as TRL names them:
- * rewards/chosen, rewards/rejected (beta (p - r), simpo: beta p/n),
- * rewards/accuracies, rewards/margins, logps/chosen, logps/rejected. */
+ * the reference's, n the answer's target count; TRL's formulas
+ * (DPOTrainer, CPOTrainer loss_type simpo, ORPOTrainer). The reference
+ * (dpo_ref): the base with its LoRA adapters off (same weights, no copy;
+ * adapters, the default with --lora-rank), or the per-row log-probs kiln
+ * dpo-ref stored beside the shards (file, the default without). Metrics
+ * as TRL names them: rewards/chosen, rewards/rejected (beta (p - r);
+ * simpo, orpo: beta p/n), rewards/accuracies, rewards/margins,
+ * logps/chosen, logps/rejected (simpo, orpo: per-token means); orpo also
+ * nll_loss, log_odds_ratio and log_odds_chosen. */
 kiln_status kiln_objective_from_config(const kiln_train_config *c, kiln_objective *out);
 /* Cross-entropy over target tokens (docs: on packed documents). */
 const kiln_objective *kiln_objective_ce(bool docs);
 /* The names a step of o reads, in order: ids, targets, mask, scale, then
- * positions and segments (docs), then the dropout key (key); returns the
- * count. */
+ * scale_2 (two terms), ref_logps, positions and segments (docs), then the
+ * dropout key (key); returns the count. */
 int kiln_objective_inputs(const kiln_objective *o, bool key, kiln_input *names);
-/* One micro-batch's units for o: target tokens, or pairs. */
+/* What backward differentiates: sum_j report[j] x scale_j (the scale and
+ * scale_2 inputs of in[], by name). */
+kiln_tensor *kiln_objective_diff(const kiln_objective *o, kiln_tensor **report, kiln_tensor *const *in);
+/* One micro-batch's units of every kind (KILN_NORM_*). */
+void kiln_batch_units(const kiln_batch *b, int64_t units[KILN_NORM_N]);
+/* One micro-batch's units of o's first term: target tokens, or pairs. */
 int64_t kiln_objective_units(const kiln_objective *o, const kiln_batch *b);
 /* The trace of a step (kiln_compile's trace function): ctx is a
  * kiln_step_trace that outlives the compiled step. */
@@ -258,6 +284,9 @@ typedef struct {
 } kiln_step_trace;
 kiln_status kiln_train_trace_objective(void *ctx, kiln_tensor *const *in, kiln_tensor **report, int *n_report,
                                        kiln_tensor **diff);
+/* The reference's summed target log-probabilities of each row of pairs
+ * batch b (out: b->B values): m with its adapters off, no gradient. */
+kiln_status kiln_ref_logps_batch(kiln_llama *m, const kiln_batch *b, float *out);
 /* The compiled step of t (its n_in and names are filled); t must outlive it. */
 kiln_compiled *kiln_train_compile_objective(kiln_step_trace *t, const kiln_compile_options *o, bool backward);
 
@@ -270,10 +299,10 @@ typedef struct {
     int micro_batches;
     bool skipped;       /* non-finite loss or norm: no update was made */
     int bad_micro;      /* with skipped: first micro-batch with a non-finite loss, or -1 (norm) */
-    int64_t units;      /* what the window was divided by: target tokens, or pairs */
+    int64_t units;      /* what the window's first term was divided by: target tokens, or pairs */
     int n_metrics;      /* the objective's metrics, window means, and their names (static) */
-    double metric[8];   /* KILN_OBJ_MAX_METRICS */
-    const char *metric_name[8];
+    double metric[KILN_OBJ_MAX_METRICS];
+    const char *metric_name[KILN_OBJ_MAX_METRICS];
 } kiln_step_result;
 
 /* The end of an optimiser step, after the window's gradients are summed
@@ -465,6 +494,9 @@ bool kiln_is_gguf_path(const char *path);
  * GGUF, the --init model or the seed's weights, cast as the run cast them),
  * adds DIR's adapters, and refuses a base whose bytes hash otherwise. */
 bool kiln_base_is_held(const kiln_llama *m);
+/* The base parameters' bytes (as held: fp32, bf16, f16 or block types),
+ * hashed tensor by tensor, in order, with their types. */
+kiln_status kiln_base_hash(const kiln_llama *m, uint64_t *out);
 kiln_status kiln_base_ref_save(const char *dir, const kiln_llama *m, const kiln_train_config *c);
 bool kiln_base_ref_exists(const char *dir);
 kiln_status kiln_base_ref_load(const char *dir, kiln_llama **out);
@@ -544,7 +576,7 @@ kiln_status kiln_dist_barrier(void);
  * backward runs (the window's last); kiln_dist_allreduce_grads disarms. */
 void kiln_dist_grads_arm(kiln_adamw *o);
 /* Sums every trainable gradient across ranks (buckets in reverse parameter
- * order, each one all-reduce), and sums[0..n) (n <= 8) with the last
+ * order, each one all-reduce), and sums[0..n) (n <= 16) with the last
  * bucket. Collective: every rank calls it once per optimiser step. */
 kiln_status kiln_dist_allreduce_grads(kiln_adamw *o, double *sums, int n);
 typedef struct {
@@ -563,6 +595,7 @@ void kiln_dist_stats_reset(void);
  * where this rank's micro-batches start in the global window. */
 typedef struct {
     int64_t tokens;
+    int64_t units[KILN_NORM_N]; /* the window's units of every kind over all ranks (0s: the local ones) */
     int micro_batches, first_micro;
     int64_t step; /* the optimiser step being taken (0-based): it seeds LoRA dropout's masks */
 } kiln_window_totals;

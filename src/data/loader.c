@@ -20,6 +20,7 @@ struct kiln_loader {
     int64_t *row_piece;
     int32_t pad_id;
     int64_t *perm;       /* permutation of perm_epoch (shuffle only) */
+    const float *ref;    /* pairs: the reference's log-probs of each document (kiln_loader_set_ref), or NULL */
     int64_t perm_epoch;
     kiln_loader_state state;
 };
@@ -39,8 +40,10 @@ kiln_batch *kiln_batch_alloc(int B, int T) {
         b->pad_mask = malloc(n * sizeof(int32_t));
         b->positions = malloc(n * sizeof(int32_t));
         b->segments = malloc(n * sizeof(int32_t));
+        b->ref_logps = calloc((size_t)B, sizeof(float));
+        b->doc = malloc((size_t)B * sizeof(int64_t));
     }
-    if (!b || !b->input_ids || !b->targets || !b->pad_mask || !b->positions || !b->segments) {
+    if (!b || !b->input_ids || !b->targets || !b->pad_mask || !b->positions || !b->segments || !b->ref_logps || !b->doc) {
         kiln_batch_free(b);
         kiln_error(KILN_ERR_OOM, "out of memory for a %d x %d batch", B, T);
         return NULL;
@@ -55,6 +58,8 @@ void kiln_batch_free(kiln_batch *b) {
     free(b->pad_mask);
     free(b->positions);
     free(b->segments);
+    free(b->ref_logps);
+    free(b->doc);
     free(b);
 }
 
@@ -356,13 +361,18 @@ kiln_status kiln_loader_get(kiln_loader *l, int64_t epoch, int64_t index, kiln_b
     b->epoch = epoch;
     b->index = index;
     b->segmented = l->cfg.mode == KILN_PACK_DOCUMENTS;
+    b->has_ref = l->ref != NULL;
     for (int r = 0; r < B; r++) {
         size_t o = (size_t)r * T;
         int32_t *in = b->input_ids + o, *tg = b->targets + o, *mk = b->pad_mask + o;
+        b->doc[r] = -1;
+        b->ref_logps[r] = 0;
         if (r < rows) {
             int64_t k = first + (pairs ? r / 2 : r), item = l->cfg.shuffle ? l->perm[k] : k;
             if (pairs) item = 2 * item + (r & 1); /* chosen, then rejected */
             b->n_targets += fill_row(l, item, in, tg, mk, b->positions + o, b->segments + o);
+            if (pairs) b->doc[r] = item;
+            if (l->ref) b->ref_logps[r] = l->ref[item];
         } else {
             fill_pad(l, 0, in, tg, mk, b->positions + o, b->segments + o);
         }
@@ -393,3 +403,15 @@ kiln_status kiln_loader_set_state(kiln_loader *l, kiln_loader_state st) {
     l->state = st;
     return KILN_OK;
 }
+
+kiln_status kiln_loader_set_ref(kiln_loader *l, const float *logps, uint64_t n) {
+    if (l->cfg.mode != KILN_PACK_PAIRS)
+        return kiln_error(KILN_ERR_INVALID, "%s: reference log-probabilities belong to a pairs loader", l->path);
+    if (logps && n != 2 * (uint64_t)l->n_items)
+        return kiln_error(KILN_ERR_INVALID, "%s: %llu reference log-probabilities for %llu documents", l->path,
+                          (unsigned long long)n, (unsigned long long)(2 * l->n_items));
+    l->ref = logps;
+    return KILN_OK;
+}
+
+uint64_t kiln_loader_shard_hash(const kiln_loader *l) { return kiln_shard_hash(l->shard); }

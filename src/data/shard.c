@@ -263,6 +263,7 @@ uint32_t kiln_shard_token(const kiln_shard *s, uint64_t i) {
 const uint8_t *kiln_shard_mask(const kiln_shard *s) { return s->mask; }
 
 const uint64_t *kiln_shard_doc_ends(const kiln_shard *s) { return s->doc_end; }
+uint64_t kiln_shard_hash(const kiln_shard *s) { return kiln_hash_bytes(s->map, s->map_len); }
 
 /* ---- kiln tokenize ---- */
 

@@ -119,6 +119,22 @@ static kiln_status gt0_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta
 }
 const kiln_op_def kiln_opdef_gt0 = {.name = "gt0", .n_in = 1, .nondiff_in = 1, .shape = gt0_shape,
                                     .cexpr = "($0 > 0.0f ? 1.0f : 0.0f)"};
+static kiln_status l1m_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    return same_f32("log1mexp", in, 1, out);
+}
+static kiln_status l1m_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
+    gin[0] = kiln_log1mexp_backward(c->in[0], g);
+    return gin[0] ? KILN_OK : kiln_last_status();
+}
+const kiln_op_def kiln_opdef_log1mexp = {.name = "log1mexp", .n_in = 1, .save_in = 1, .shape = l1m_shape,
+                                         .cexpr = "kiln_log1mexp_f($0)", .backward = l1m_bw};
+static kiln_status l1mbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    return same_f32("log1mexp_backward", in, 2, out);
+}
+const kiln_op_def kiln_opdef_log1mexp_bwd = {.name = "log1mexp_backward", .n_in = 2, .nondiff_in = 1, .shape = l1mbw_shape,
+                                             .cexpr = "kiln_log1mexp_bwd_f($0, $1)"};
 
 /* ---- API ------------------------------------------------------------------------- */
 kiln_tensor *kiln_row_nll(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index) {
@@ -147,3 +163,8 @@ kiln_tensor *kiln_relu_backward(kiln_tensor *x, kiln_tensor *g) {
     return kiln_op_call(KILN_OP_RELU_BWD, in, 2, NULL);
 }
 kiln_tensor *kiln_gt0(kiln_tensor *x) { return kiln_op_call(KILN_OP_GT0, &x, 1, NULL); }
+kiln_tensor *kiln_log1mexp(kiln_tensor *x) { return kiln_op_call(KILN_OP_LOG1MEXP, &x, 1, NULL); }
+kiln_tensor *kiln_log1mexp_backward(kiln_tensor *x, kiln_tensor *g) {
+    kiln_tensor *in[2] = {x, g};
+    return kiln_op_call(KILN_OP_LOG1MEXP_BWD, in, 2, NULL);
+}

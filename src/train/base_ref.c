@@ -22,8 +22,7 @@ bool kiln_base_is_held(const kiln_llama *m) {
     return false;
 }
 
-/* the base parameters' bytes, hashed tensor by tensor, in order */
-static kiln_status base_hash(const kiln_llama *m, uint64_t *out) {
+kiln_status kiln_base_hash(const kiln_llama *m, uint64_t *out) {
     uint64_t h = 0x6b696c6e62617365ull; /* "kilnbase" */
     for (int i = 0; i < m->n_base; i++) {
         void *owned = NULL;
@@ -43,7 +42,7 @@ kiln_status kiln_base_ref_save(const char *dir, const kiln_llama *m, const kiln_
     if (c->init[0] && !realpath(c->init, src))
         return kiln_error(KILN_ERR_IO, "--init %s: cannot resolve its path for %s/%s", c->init, dir, BASE_REF);
     uint64_t h;
-    kiln_status st = base_hash(m, &h);
+    kiln_status st = kiln_base_hash(m, &h);
     if (st) return st;
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
@@ -105,7 +104,7 @@ kiln_status kiln_base_ref_load(const char *dir, kiln_llama **out) {
     if (!st && c.base_dtype != KILN_BASE_DTYPE_AUTO && c.base_dtype != KILN_F32)
         st = kiln_llama_base_cast(m, (kiln_dtype)c.base_dtype);
     uint64_t h = 0;
-    if (!st) st = base_hash(m, &h);
+    if (!st) st = kiln_base_hash(m, &h);
     char got[17];
     snprintf(got, sizeof got, "%016llx", (unsigned long long)h);
     if (!st && strcmp(got, hex))

@@ -19,7 +19,9 @@
 static const kiln_choice choices_pack[] = {
     {"packed", KILN_PACK_PACKED}, {"padded", KILN_PACK_PADDED}, {"documents", KILN_PACK_DOCUMENTS}, {"pairs", KILN_PACK_PAIRS}, {NULL, 0}};
 static const kiln_choice choices_objective[] = {
-    {"ce", KILN_OBJECTIVE_CE}, {"dpo", KILN_OBJECTIVE_DPO}, {"simpo", KILN_OBJECTIVE_SIMPO}, {NULL, 0}};
+    {"ce", KILN_OBJECTIVE_CE}, {"dpo", KILN_OBJECTIVE_DPO}, {"simpo", KILN_OBJECTIVE_SIMPO}, {"orpo", KILN_OBJECTIVE_ORPO}, {NULL, 0}};
+static const kiln_choice choices_dpo_ref[] = {
+    {"auto", KILN_DPO_REF_AUTO}, {"adapters", KILN_DPO_REF_ADAPTERS}, {"file", KILN_DPO_REF_FILE}, {NULL, 0}};
 static const kiln_choice choices_dpo_loss[] = {
     {"sigmoid", KILN_DPO_SIGMOID}, {"ipo", KILN_DPO_IPO}, {"hinge", KILN_DPO_HINGE}, {NULL, 0}};
 static const kiln_choice choices_loss_norm[] = {{"tokens", KILN_LOSS_NORM_TOKENS}, {"steps", KILN_LOSS_NORM_STEPS}, {NULL, 0}};
@@ -219,17 +221,19 @@ kiln_status kiln_train_config_validate(const kiln_train_config *c) {
     kiln_status lst = kiln_train_lora_config(c, &lc);
     if (lst) return lst;
     bool pref = c->objective != KILN_OBJECTIVE_CE;
+    const char *oname = kiln_choice_name(choices_objective, c->objective);
     if (pref != (c->pack == KILN_PACK_PAIRS))
         return kiln_error(KILN_ERR_INVALID, pref ? "objective %s reads preference pairs: give --pack pairs (shards kiln tokenize "
                                                    "makes of prompt/chosen/rejected lines)"
-                                                 : "pack pairs holds preference pairs: train them with --objective dpo or simpo%s",
-                          pref ? (c->objective == KILN_OBJECTIVE_DPO ? "dpo" : "simpo") : "");
-    if (c->objective == KILN_OBJECTIVE_DPO && !c->lora_rank)
-        return kiln_error(KILN_ERR_INVALID, "objective dpo needs --lora-rank R: its reference model is the base with the adapters "
-                          "off (precomputed reference log-probabilities for full fine-tuning are not implemented yet)");
+                                                 : "pack pairs holds preference pairs: train them with --objective dpo, simpo or orpo%s",
+                          pref ? oname : "");
+    if (c->objective == KILN_OBJECTIVE_DPO && c->dpo_ref == KILN_DPO_REF_ADAPTERS && !c->lora_rank)
+        return kiln_error(KILN_ERR_INVALID, "dpo_ref adapters needs --lora-rank R (the reference is the base with the adapters "
+                          "off); for full fine-tuning use the log-probs kiln dpo-ref stores beside the shards (dpo_ref file)");
+    if (c->objective != KILN_OBJECTIVE_DPO && c->dpo_ref != KILN_DPO_REF_AUTO)
+        return kiln_error(KILN_ERR_INVALID, "dpo_ref is a setting of objective dpo, not %s", oname);
     if (pref && c->batch % 2)
-        return kiln_error(KILN_ERR_INVALID, "objective %s: --batch %d must be even (rows 2i and 2i+1 are a pair)",
-                          c->objective == KILN_OBJECTIVE_DPO ? "dpo" : "simpo", c->batch);
+        return kiln_error(KILN_ERR_INVALID, "objective %s: --batch %d must be even (rows 2i and 2i+1 are a pair)", oname, c->batch);
     if (pref && c->global_batch > 0)
         return kiln_error(KILN_ERR_INVALID, "--global-batch with a preference objective is not implemented (give --batch and --accum)");
     if (c->base_dtype != KILN_BASE_DTYPE_AUTO && c->base_dtype != KILN_F32 && !c->lora_rank)

@@ -13,7 +13,7 @@
 #include <mpi.h>
 #endif
 
-#define MAX_SUMS 8
+#define MAX_SUMS 16
 
 /* The process's MPI state: one per process by nature (MPI_COMM_WORLD). */
 static struct {

@@ -13,6 +13,7 @@
 typedef struct {
     kiln_tensor *ids, *targets, *mask;
     kiln_llama_docs docs; /* packed documents (segmented batches) only */
+    kiln_tensor *ref;     /* the reference's per-row log-probs [B] (batches with has_ref) */
 } batch_tensors;
 
 /* One [B,T] i32 array of the batch as a tensor on buft: wrapped where it
@@ -39,6 +40,16 @@ static kiln_status wrap_batch(const kiln_llama *m, const kiln_batch *b, batch_te
         t->docs.segments = batch_tensor(buft, b->segments, s);
         if (!t->docs.positions || !t->docs.segments) return kiln_last_status();
     }
+    if (b->has_ref) {
+        int64_t n = b->B;
+        if (buft == &kiln_buft_host) {
+            t->ref = kiln_tensor_wrap(b->ref_logps, KILN_F32, 1, &n);
+        } else if ((t->ref = kiln_tensor_new_on(buft, KILN_F32, 1, &n)) && kiln_host_set_all(t->ref, b->ref_logps)) {
+            kiln_tensor_release(t->ref);
+            t->ref = NULL;
+        }
+        if (!t->ref) return kiln_last_status();
+    }
     return t->ids && t->targets && t->mask ? KILN_OK : kiln_last_status();
 }
 
@@ -57,6 +68,7 @@ static void release_batch(batch_tensors *t) {
     kiln_tensor_release(t->mask);
     kiln_tensor_release(t->docs.positions);
     kiln_tensor_release(t->docs.segments);
+    kiln_tensor_release(t->ref);
 }
 
 bool kiln_train_uses_dropout(const kiln_llama *m) { return m->lora_a && m->lora.dropout > 0; }
@@ -110,19 +122,38 @@ float kiln_train_dropout_key(uint64_t seed, int64_t step, int64_t micro) {
 }
 
 /* A micro-batch's named inputs (KILN_IN_*): the batch's tensors, the
- * scale, the dropout key (NULL where absent). */
-static void named_inputs(const batch_tensors *bt, kiln_tensor *scale, kiln_tensor *key, kiln_tensor **by) {
+ * terms' scales, the dropout key (NULL where absent). */
+static void named_inputs(const batch_tensors *bt, kiln_tensor *const *scale, kiln_tensor *key, kiln_tensor **by) {
     memset(by, 0, sizeof(kiln_tensor *) * KILN_IN_N);
-    by[KILN_IN_IDS] = bt->ids, by[KILN_IN_TARGETS] = bt->targets, by[KILN_IN_MASK] = bt->mask, by[KILN_IN_SCALE] = scale;
+    by[KILN_IN_IDS] = bt->ids, by[KILN_IN_TARGETS] = bt->targets, by[KILN_IN_MASK] = bt->mask;
+    by[KILN_IN_SCALE] = scale[0], by[KILN_IN_SCALE_2] = scale[1], by[KILN_IN_REF_LOGPS] = bt->ref;
     by[KILN_IN_POSITIONS] = bt->docs.positions, by[KILN_IN_SEGMENTS] = bt->docs.segments, by[KILN_IN_KEY] = key;
 }
 
-/* One micro-batch through a compiled step of objective o: the scale is a
- * runtime input, so a new window's unit count never rebuilds anything.
- * rep gets the loss sum and the metric sums. Returns KILN_ERR_LIMIT past
- * the variant limit (the caller runs eager). */
+/* The terms' scales as runtime scalars on the model's device. */
+static kiln_status scales_new(const kiln_llama *m, const kiln_objective *o, const double *scale, kiln_tensor **s) {
+    s[0] = s[1] = NULL;
+    for (int j = 0; j < o->n_terms; j++) {
+        kiln_status st = (s[j] = scalar_new(m)) ? scalar_set(s[j], (float)scale[j]) : kiln_last_status();
+        if (st) return st;
+    }
+    return KILN_OK;
+}
+
+/* A batch must hold what the objective reads. */
+static kiln_status batch_fits(const kiln_objective *o, const kiln_batch *b) {
+    if (o->ref_logps && !b->has_ref)
+        return kiln_error(KILN_ERR_INVALID, "objective %s reads the reference's log-probabilities, and the batch holds none "
+                          "(kiln dpo-ref stores them beside the shards)", o->name);
+    return KILN_OK;
+}
+
+/* One micro-batch through a compiled step of objective o: the scales are
+ * runtime inputs, so a new window's unit counts never rebuild anything.
+ * rep gets the terms' sums and the metric sums. Returns KILN_ERR_LIMIT
+ * past the variant limit (the caller runs eager). */
 static kiln_status compiled_micro(const kiln_llama *m, const kiln_objective *o, kiln_compiled *cs, const kiln_batch *b,
-                                  double scale, kiln_tensor *key, double *rep) {
+                                  const double *scale, kiln_tensor *key, double *rep) {
     /* a step compiled for one kind of row must not silently run the other;
      * a training step with LoRA dropout takes the key as one more input */
     kiln_input names[KILN_IN_N];
@@ -131,21 +162,21 @@ static kiln_status compiled_micro(const kiln_llama *m, const kiln_objective *o, 
         return kiln_error(KILN_ERR_INVALID, "the compiled step takes %s rows, the batch holds %s (--pack documents needs "
                           "kiln_train_compile_ex(..., documents = true))",
                           o->docs ? "packed-document" : "plain", b->segmented ? "packed documents" : "plain rows");
+    kiln_status st = batch_fits(o, b);
+    if (st) return st;
     n_in = kiln_objective_inputs(o, n_in == want + 1, names);
     batch_tensors bt;
-    kiln_status st = wrap_batch(m, b, &bt);
-    kiln_tensor *s = st ? NULL : scalar_new(m);
-    if (s && !(st = scalar_set(s, (float)scale))) {
+    kiln_tensor *s[2] = {NULL, NULL};
+    if (!(st = wrap_batch(m, b, &bt)) && !(st = scales_new(m, o, scale, s))) {
         kiln_tensor *by[KILN_IN_N], *in[KILN_IN_N];
         named_inputs(&bt, s, key, by);
         for (int i = 0; i < n_in; i++) in[i] = by[names[i]]; /* the key is read only by a step with dropout */
-        float r[1 + KILN_OBJ_MAX_METRICS] = {0};
+        float r[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
         st = kiln_compiled_run(cs, in, r);
-        for (int i = 0; i <= o->n_metrics; i++) rep[i] = r[i];
-    } else if (!st && !s) {
-        st = kiln_last_status();
+        for (int i = 0; i < o->n_terms + o->n_metrics; i++) rep[i] = r[i];
     }
-    kiln_tensor_release(s);
+    kiln_tensor_release(s[0]);
+    kiln_tensor_release(s[1]);
     release_batch(&bt);
     return st;
 }
@@ -160,39 +191,43 @@ static kiln_status read_loss(const kiln_tensor *l, double *out) {
     return st;
 }
 
-/* Forward (and, with backward, backward of the loss times `scale`, a
- * runtime scalar) of one micro-batch, eager; rep gets the loss sum and the
- * metric sums. */
-static kiln_status eager_micro(kiln_llama *m, const kiln_objective *o, const kiln_batch *b, double scale, kiln_tensor *key,
-                               bool backward, double *rep) {
-    batch_tensors bt;
-    kiln_status st = wrap_batch(m, b, &bt);
-    kiln_tensor *s = st ? NULL : scalar_new(m);
-    if (!st && (!s || (st = scalar_set(s, (float)scale)))) st = st ? st : kiln_last_status();
-    kiln_tensor *by[KILN_IN_N], *report[1 + KILN_OBJ_MAX_METRICS] = {0};
+/* Forward (and, with backward, backward of sum_j term_j x scale[j], the
+ * scales runtime scalars) of one micro-batch, eager; rep gets the terms'
+ * sums and the metric sums. */
+static kiln_status eager_micro(kiln_llama *m, const kiln_objective *o, const kiln_batch *b, const double *scale,
+                               kiln_tensor *key, bool backward, double *rep) {
+    batch_tensors bt = {0};
+    kiln_tensor *s[2] = {NULL, NULL};
+    kiln_status st = batch_fits(o, b);
+    if (!st && !(st = wrap_batch(m, b, &bt))) st = scales_new(m, o, scale, s);
+    kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    int nr = o->n_terms + o->n_metrics;
     if (!st) {
         named_inputs(&bt, s, key, by);
         m->lora_key = key; /* dropout on (NULL: off) for this forward only */
         st = o->trace(o, m, by, report);
         m->lora_key = NULL;
     }
-    for (int i = 0; !st && i <= o->n_metrics; i++) st = read_loss(report[i], &rep[i]);
-    if (!st && backward && isfinite(rep[0])) {
-        kiln_tensor *scaled = kiln_scale_by(report[0], s);
+    for (int i = 0; !st && i < nr; i++) st = read_loss(report[i], &rep[i]);
+    double sum = 0;
+    for (int j = 0; j < o->n_terms; j++) sum += rep[j];
+    if (!st && backward && isfinite(sum)) {
+        kiln_tensor *scaled = kiln_objective_diff(o, report, by);
         st = scaled ? kiln_backward(scaled) : kiln_last_status();
         kiln_tensor_release(scaled);
     }
-    for (int i = 0; i <= o->n_metrics; i++) kiln_tensor_release(report[i]);
-    kiln_tensor_release(s);
+    for (int i = 0; i < nr; i++) kiln_tensor_release(report[i]);
+    kiln_tensor_release(s[0]);
+    kiln_tensor_release(s[1]);
     release_batch(&bt);
     return st;
 }
 
-/* Forward + backward of one micro-batch whose summed loss is multiplied by
- * `scale` before backward. rep[0] gets the summed loss, rep[1..] the
+/* Forward + backward of one micro-batch whose terms are multiplied by
+ * scale[j] before backward. rep[j] gets term j's sum, rep[n_terms..] the
  * metric sums. */
-static kiln_status micro_step(kiln_llama *m, const kiln_objective *o, const kiln_batch *b, double scale, kiln_tensor *key,
-                              double *rep, kiln_compiled *cs) {
+static kiln_status micro_step(kiln_llama *m, const kiln_objective *o, const kiln_batch *b, const double *scale,
+                              kiln_tensor *key, double *rep, kiln_compiled *cs) {
     if (cs) {
         kiln_status cst = compiled_micro(m, o, cs, b, scale, key, rep);
         if (cst != KILN_ERR_LIMIT) return cst;
@@ -219,19 +254,26 @@ kiln_status kiln_train_window_ex(kiln_llama *m, kiln_adamw *opt, const kiln_trai
 }
 
 /* With several ranks: every rank must reach the all-reduce, also after a
- * non-finite loss (it then carries NaN, so all ranks skip together). */
-static kiln_status sum_across_ranks(kiln_adamw *opt, const kiln_window_totals *g, double *total, int *bad) {
-    double sums[2] = {*total, *bad >= 0 ? 1.0 : 0.0};
-    kiln_status st = kiln_dist_allreduce_grads(opt, sums, 2);
+ * non-finite loss (it then carries NaN, so all ranks skip together). The
+ * terms' and metrics' sums are summed with the gradients. */
+static kiln_status sum_across_ranks(kiln_adamw *opt, const kiln_window_totals *g, double *sums, int n, int *bad) {
+    double v[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS + 1];
+    memcpy(v, sums, sizeof(double) * (size_t)n);
+    v[n] = *bad >= 0 ? 1.0 : 0.0;
+    kiln_status st = kiln_dist_allreduce_grads(opt, v, n + 1);
     if (st) return st;
-    *total = sums[0];
-    if (sums[1] > 0 || !isfinite(sums[0])) { /* the first bad micro-batch of the global window */
-        int64_t v = *bad >= 0 ? -(int64_t)(g->first_micro + *bad) : INT64_MIN;
-        if ((st = kiln_dist_max_i64(&v, 1))) return st;
-        *bad = v == INT64_MIN ? 0 : (int)-v;
+    memcpy(sums, v, sizeof(double) * (size_t)n);
+    bool finite = true;
+    for (int i = 0; i < n; i++) finite = finite && isfinite(v[i]);
+    if (v[n] > 0 || !finite) { /* the first bad micro-batch of the global window */
+        int64_t b = *bad >= 0 ? -(int64_t)(g->first_micro + *bad) : INT64_MIN;
+        if ((st = kiln_dist_max_i64(&b, 1))) return st;
+        *bad = b == INT64_MIN ? 0 : (int)-b;
     }
     return KILN_OK;
 }
+
+static double per(double sum, int64_t units) { return units ? sum / (double)units : 0.0; }
 
 static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
                                  int k, double lr, kiln_step_result *res, kiln_compiled *cs, const kiln_window_totals *g) {
@@ -240,51 +282,63 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
     kiln_objective ob;
     const kiln_objective *o = objective_of(c, k ? mb[0] : NULL, &ob);
     if (!o) return kiln_last_status();
-    for (int i = 0; i < k; i++) res->tokens += mb[i]->n_targets;
-    int64_t units = 0; /* what the window is divided by: target tokens, or pairs */
-    for (int i = 0; i < k; i++) units += kiln_objective_units(o, mb[i]);
-    if (g) res->tokens = g->tokens, units = o->norm == KILN_NORM_TARGET_TOKENS ? g->tokens : units; /* the whole window across ranks */
-    double total = 0;
+    /* what the window's terms are divided by: its units, over all ranks */
+    int64_t units[KILN_NORM_N] = {0}, u[KILN_NORM_N];
+    for (int i = 0; i < k; i++) {
+        kiln_batch_units(mb[i], u);
+        for (int j = 0; j < KILN_NORM_N; j++) units[j] += u[j];
+    }
+    res->tokens = units[KILN_NORM_TARGET_TOKENS];
+    if (g) {
+        bool given = false;
+        for (int j = 0; j < KILN_NORM_N; j++) given = given || g->units[j];
+        if (given) memcpy(units, g->units, sizeof units);
+        units[KILN_NORM_TARGET_TOKENS] = res->tokens = g->tokens;
+    }
+    int nt = o->n_terms, nr = nt + o->n_metrics;
+    double sums[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
     int bad = -1;
     kiln_status st = KILN_OK;
     kiln_tensor *key = kiln_train_uses_dropout(m) ? scalar_new(m) : NULL;
     if (kiln_train_uses_dropout(m) && !key) return kiln_last_status();
     for (int i = 0; i < k && !st; i++) {
-        double scale;
-        int64_t u = kiln_objective_units(o, mb[i]);
-        if (c->loss_norm == KILN_LOSS_NORM_TOKENS)
-            scale = units ? 1.0 / (double)units : 0.0;
-        else
-            scale = u ? 1.0 / ((double)u * res->micro_batches) : 0.0;
-        double rep[1 + KILN_OBJ_MAX_METRICS] = {0}, sum = 0;
+        double scale[KILN_OBJ_MAX_TERMS];
+        kiln_batch_units(mb[i], u);
+        for (int j = 0; j < nt; j++) {
+            int64_t w = units[o->norm[j]], mine = u[o->norm[j]];
+            scale[j] = c->loss_norm == KILN_LOSS_NORM_TOKENS ? (w ? 1.0 / (double)w : 0.0)
+                                                             : (mine ? 1.0 / ((double)mine * res->micro_batches) : 0.0);
+        }
+        double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0}, sum = 0;
         if (dist && i == k - 1 && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
         if (key) st = scalar_set(key, kiln_train_dropout_key(c->seed, g ? g->step : 0, (g ? g->first_micro : 0) + i));
         if (!st) st = micro_step(m, o, mb[i], scale, key, rep, cs);
-        sum = rep[0];
-        for (int j = 0; j < o->n_metrics; j++) res->metric[j] += rep[1 + j];
         if (st) {
             kiln_set_grad_ready_hook(NULL, NULL);
             kiln_tensor_release(key);
             return kiln_error_context(st, "micro-batch %d of the window", i);
         }
+        for (int j = 0; j < nt; j++) sum += rep[j];
         if (!isfinite(sum)) {
             bad = i;
-            total = sum;
+            for (int j = 0; j < nt; j++) sums[j] = rep[j];
             break;
         }
-        total += sum;
+        for (int j = 0; j < nr; j++) sums[j] += rep[j];
     }
     kiln_tensor_release(key);
-    if (dist && (st = sum_across_ranks(opt, g, &total, &bad))) return kiln_error_context(st, "gradient all-reduce");
-    if (bad >= 0 || !isfinite(total)) {
+    if (dist && (st = sum_across_ranks(opt, g, sums, nr, &bad))) return kiln_error_context(st, "gradient all-reduce");
+    double loss = 0;
+    for (int j = 0; j < nt; j++) loss += per(sums[j], units[o->norm[j]]);
+    if (bad >= 0 || !isfinite(loss)) {
         res->skipped = true;
         res->bad_micro = bad >= 0 ? bad : 0;
     }
-    res->loss = units ? total / (double)units : 0.0;
-    res->units = units;
+    res->loss = loss;
+    res->units = units[o->norm[0]];
     res->n_metrics = o->n_metrics;
     for (int j = 0; j < o->n_metrics; j++)
-        res->metric[j] = units ? res->metric[j] / (double)units : 0.0, res->metric_name[j] = o->metric[j];
+        res->metric[j] = per(sums[nt + j], units[o->metric_norm[j]]), res->metric_name[j] = o->metric[j];
     return kiln_adamw_apply(opt, c, lr, res);
 }
 
@@ -302,29 +356,35 @@ kiln_status kiln_evaluate(kiln_llama *m, kiln_batch *const *mb, int n, double *l
 }
 
 static kiln_status evaluate(kiln_llama *m, const kiln_objective *obj, kiln_batch *const *mb, int n, double *loss,
-                            double *metrics, int64_t *units, kiln_compiled *cs) {
+                            double *metrics, int64_t *units_out, kiln_compiled *cs) {
     bool was = kiln_grad_set_enabled(false);
-    double total = 0, msum[KILN_OBJ_MAX_METRICS] = {0};
-    int64_t count = 0;
+    double sums[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    int64_t units[KILN_NORM_N] = {0}, u[KILN_NORM_N];
+    const kiln_objective *o = obj;
     kiln_status st = KILN_OK;
+    static const double one[KILN_OBJ_MAX_TERMS] = {1.0, 1.0};
     for (int i = 0; i < n && !st; i++) {
-        const kiln_objective *o = obj ? obj : kiln_objective_ce(mb[i]->segmented);
-        double rep[1 + KILN_OBJ_MAX_METRICS] = {0};
-        kiln_status cst = cs ? compiled_micro(m, o, cs, mb[i], 1.0, NULL, rep) : KILN_ERR_LIMIT;
+        o = obj ? obj : kiln_objective_ce(mb[i]->segmented);
+        double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+        kiln_status cst = cs ? compiled_micro(m, o, cs, mb[i], one, NULL, rep) : KILN_ERR_LIMIT;
         if (cst == KILN_ERR_LIMIT) {
             if (cs) kiln_clear_error();
-            cst = eager_micro(m, o, mb[i], 1.0, NULL, false, rep);
+            cst = eager_micro(m, o, mb[i], one, NULL, false, rep);
         }
         st = cst;
         if (st) break;
-        total += rep[0];
-        count += kiln_objective_units(o, mb[i]);
-        for (int j = 0; j < o->n_metrics; j++) msum[j] += rep[1 + j];
+        for (int j = 0; j < o->n_terms + o->n_metrics; j++) sums[j] += rep[j];
+        kiln_batch_units(mb[i], u);
+        for (int j = 0; j < KILN_NORM_N; j++) units[j] += u[j];
     }
     kiln_grad_set_enabled(was);
-    *loss = count ? total / (double)count : NAN;
-    for (int j = 0; metrics && obj && j < obj->n_metrics; j++) metrics[j] = count ? msum[j] / (double)count : NAN;
-    if (units) *units = count;
+    if (!o) o = kiln_objective_ce(false);
+    double l = 0;
+    for (int j = 0; j < o->n_terms; j++) l += units[o->norm[j]] ? sums[j] / (double)units[o->norm[j]] : NAN;
+    *loss = l;
+    for (int j = 0; metrics && obj && j < obj->n_metrics; j++)
+        metrics[j] = units[obj->metric_norm[j]] ? sums[obj->n_terms + j] / (double)units[obj->metric_norm[j]] : NAN;
+    if (units_out) *units_out = units[o->norm[0]];
     return st;
 }
 
@@ -339,6 +399,34 @@ kiln_status kiln_evaluate_objective(kiln_llama *m, const kiln_objective *o, kiln
 kiln_status kiln_evaluate_ex(kiln_llama *m, kiln_batch *const *mb, int n, double *loss, int64_t *tokens, kiln_compiled *cs) {
     const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
     kiln_status st = evaluate(m, NULL, mb, n, loss, NULL, tokens, cs);
+    kiln_backend_use(was);
+    return st;
+}
+
+/* The reference's per-row log-probabilities of one pairs batch: the model
+ * with its adapters off, no gradient (the first phase of a DPO run that
+ * reads them from a file). */
+static kiln_status ref_rows(kiln_llama *m, const kiln_batch *b, float *out) {
+    batch_tensors bt;
+    kiln_status st = wrap_batch(m, b, &bt);
+    bool was = kiln_grad_set_enabled(false), off = m->lora_off;
+    m->lora_off = true;
+    kiln_tensor *logits = st ? NULL : kiln_llama_forward(m, bt.ids, bt.mask, NULL);
+    kiln_tensor *nll = logits ? kiln_row_nll(logits, bt.targets, KILN_IGNORE_INDEX) : NULL;
+    m->lora_off = off;
+    kiln_grad_set_enabled(was);
+    if (!st && !nll) st = kiln_last_status();
+    if (!st) st = kiln_tensor_get(nll, 0, out, sizeof(float) * (size_t)b->B);
+    for (int r = 0; !st && r < b->B; r++) out[r] = -out[r];
+    kiln_tensor_release(logits);
+    kiln_tensor_release(nll);
+    release_batch(&bt);
+    return st;
+}
+
+kiln_status kiln_ref_logps_batch(kiln_llama *m, const kiln_batch *b, float *out) {
+    const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
+    kiln_status st = ref_rows(m, b, out);
     kiln_backend_use(was);
     return st;
 }

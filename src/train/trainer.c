@@ -39,6 +39,12 @@ struct kiln_trainer {
     volatile sig_atomic_t stop;
     char model_src[1200]; /* where the model's vocab_size comes from, for messages */
     char init_dir[1100];  /* --init's model directory ("" without --init) */
+    /* dpo with stored reference log-probs: the train and val tables, the
+     * ones the first phase of run computes (bits 1: train, 2: val), and
+     * the hash of the base that computes them */
+    float *ref[2];
+    int ref_pending;
+    uint64_t ref_model_hash;
 };
 
 static bool is_file(const char *p) {
@@ -303,6 +309,92 @@ kiln_status kiln_trainer_open(const kiln_train_config *c, bool resume, kiln_trai
     return st;
 }
 
+/* The reference log-probs of the run's shards for dpo without adapters:
+ * read where kiln stored them (checked against the shard and, but on a
+ * resume of full fine-tuning, the base's weights), or left for the first
+ * phase of run to compute. */
+static kiln_loader *ref_loader(kiln_trainer *t, int i) { return i ? t->val : t->train; }
+
+static kiln_status ref_open(kiln_trainer *t, bool resume) {
+    kiln_status st = kiln_base_hash(t->model, &t->ref_model_hash);
+    if (st) return st;
+    bool full = t->model->n_base == t->model->n_params; /* its weights train: the base of a resume is not the reference */
+    for (int i = 0; i < 2; i++) {
+        kiln_loader *l = ref_loader(t, i);
+        if (!l) continue;
+        char shard[1100], path[1200];
+        snprintf(shard, sizeof shard, "%s/%s", t->cfg.data, i ? "val.bin" : "train.bin");
+        kiln_ref_logps_path(shard, path, sizeof path);
+        if (!is_file(path)) {
+            if (resume)
+                return kiln_error(KILN_ERR_IO, "%s is missing: the run's reference log-probabilities (computed by its first "
+                                  "phase) are gone, and a resumed run cannot recompute them from the trained weights", path);
+            t->ref_pending |= 1 << i;
+            continue;
+        }
+        kiln_ref_logps_meta rm;
+        if ((st = kiln_ref_logps_read(path, &rm, &t->ref[i]))) return st;
+        if (rm.shard_hash != kiln_loader_shard_hash(l) || rm.n_docs != 2 * (uint64_t)kiln_loader_pairs(l))
+            return kiln_error(KILN_ERR_INVALID, "%s was computed for another %s (%llu documents, shard hash %016llx; the shard "
+                              "holds %llu documents, hash %016llx): remove it to recompute", path, shard,
+                              (unsigned long long)rm.n_docs, (unsigned long long)rm.shard_hash,
+                              (unsigned long long)(2 * kiln_loader_pairs(l)), (unsigned long long)kiln_loader_shard_hash(l));
+        if ((!resume || !full) && rm.model_hash != t->ref_model_hash)
+            return kiln_error(KILN_ERR_INVALID, "%s was computed from another reference model (weights hash %016llx, this run's "
+                              "base %016llx): remove it to recompute it from this one", path,
+                              (unsigned long long)rm.model_hash, (unsigned long long)t->ref_model_hash);
+        if ((st = kiln_loader_set_ref(l, t->ref[i], rm.n_docs))) return st;
+        kiln_log(KILN_LOG_INFO, "reference log-probabilities: %s (%llu pairs, computed in %s at --seq-len %d, --batch %d)", path,
+                 (unsigned long long)(rm.n_docs / 2), rm.precision, rm.seq_len, rm.batch);
+    }
+    for (int i = 0; i < t->n_val; i++) /* the batches kept for evaluation, now with the reference's */
+        if ((st = kiln_loader_get(t->val, 0, i, t->vb[i]))) return st;
+    return KILN_OK;
+}
+
+/* The first phase of a dpo run without adapters: the reference's
+ * log-probs of every document of the shards, by the base as the run holds
+ * it (its precision, device, --batch and --seq-len), stored beside the
+ * shards (rank 0) so later runs and resumes read them. */
+static kiln_status ref_compute(kiln_trainer *t) {
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < 2 && !st; i++) {
+        kiln_loader *l = ref_loader(t, i);
+        if (!(t->ref_pending & 1 << i) || !l) continue;
+        uint64_t n_docs = 2 * (uint64_t)kiln_loader_pairs(l);
+        char shard[1100], path[1200];
+        snprintf(shard, sizeof shard, "%s/%s", t->cfg.data, i ? "val.bin" : "train.bin");
+        kiln_ref_logps_path(shard, path, sizeof path);
+        kiln_log(KILN_LOG_INFO, "reference log-probabilities: computing %llu pairs of %s with the base (first phase)",
+                 (unsigned long long)(n_docs / 2), shard);
+        float *v = calloc(n_docs + 1, sizeof *v), *row = malloc(sizeof *row * (size_t)t->cfg.batch);
+        kiln_batch *b = kiln_batch_alloc(t->cfg.batch, t->cfg.seq_len);
+        if (!v || !row || !b) st = b ? kiln_error(KILN_ERR_OOM, "out of memory for %s", path) : kiln_last_status();
+        double t0 = kiln_time_now();
+        for (int64_t k = 0; !st && k < kiln_loader_len(l); k++) {
+            if ((st = kiln_loader_get(l, 0, k, b)) || (st = kiln_ref_logps_batch(t->model, b, row))) break;
+            for (int r = 0; r < b->rows; r++) v[b->doc[r]] = row[r];
+        }
+        kiln_ref_logps_meta rm = {.n_docs = n_docs, .shard_hash = kiln_loader_shard_hash(l),
+                                  .model_hash = t->ref_model_hash, .seq_len = t->cfg.seq_len, .batch = t->cfg.batch};
+        snprintf(rm.precision, sizeof rm.precision, "%s", t->cfg.precision == KILN_BF16 ? "bf16" : "fp32");
+        if (!st && kiln_dist_rank() == 0) st = kiln_ref_logps_write(path, &rm, v);
+        if (!st) st = kiln_loader_set_ref(l, v, n_docs);
+        if (!st) {
+            t->ref[i] = v, v = NULL;
+            kiln_log(KILN_LOG_INFO, "reference log-probabilities: %s (%.1fs)", kiln_dist_rank() == 0 ? path : shard,
+                     kiln_time_now() - t0);
+        }
+        free(v);
+        free(row);
+        kiln_batch_free(b);
+        if (st) st = kiln_error_context(st, "the reference log-probabilities of %s", shard);
+    }
+    for (int i = 0; !st && i < t->n_val; i++) st = kiln_loader_get(t->val, 0, i, t->vb[i]);
+    if (!st) t->ref_pending = 0;
+    return st;
+}
+
 static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_trainer **out) {
     kiln_status st = KILN_OK;
     kiln_trainer *t = calloc(1, sizeof *t);
@@ -370,6 +462,7 @@ static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_tr
     kiln_compile_options co;
     kiln_train_compile_options(c, &co); /* validated above */
     if ((st = kiln_objective_from_config(c, &t->obj))) goto fail;
+    if (t->obj.ref_logps && (st = ref_open(t, resume))) goto fail;
     if (co.mode != KILN_COMPILE_OFF && t->obj.kind != KILN_OBJECTIVE_CE) {
         t->tr_train = (kiln_step_trace){.m = t->model, .o = &t->obj};
         t->tr_eval = t->tr_train;
@@ -402,6 +495,8 @@ void kiln_trainer_free(kiln_trainer *t) {
     kiln_compiled_free(t->cs_eval);
     kiln_adamw_free(t->opt);
     kiln_llama_free(t->model);
+    free(t->ref[0]);
+    free(t->ref[1]);
     if (t->metrics) fclose(t->metrics);
     kiln_tfevents_close(t->events);
     free(t);
@@ -479,6 +574,7 @@ kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user) {
 
 static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
     kiln_status st = KILN_OK;
+    if (t->ref_pending && (st = ref_compute(t))) return st;
     int64_t saved_at = -1;
     bool one = kiln_dist_size() == 1;
     while (t->st.step < t->st.total_steps && !(one && t->stop)) {
@@ -486,14 +582,19 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
         if ((st = load_window(t, &k, &first))) break;
         double t0 = kiln_time_now(), lr = kiln_lr_at(&t->cfg, t->st.step, t->st.total_steps);
         /* the window's totals over all ranks, and a stop requested on any rank */
-        int64_t v[4] = {0, k, 0, t->stop ? 1 : 0};
-        for (int i = 0; i < k; i++) v[0] += t->mb[i]->n_targets, v[2] += t->mb[i]->rows;
-        if ((st = kiln_dist_sum_i64(v, 4))) break;
+        int64_t v[4 + KILN_NORM_N] = {0, k, 0, t->stop ? 1 : 0}, u[KILN_NORM_N];
+        for (int i = 0; i < k; i++) {
+            v[0] += t->mb[i]->n_targets, v[2] += t->mb[i]->rows;
+            kiln_batch_units(t->mb[i], u);
+            for (int j = 0; j < KILN_NORM_N; j++) v[4 + j] += u[j];
+        }
+        if ((st = kiln_dist_sum_i64(v, 4 + KILN_NORM_N))) break;
         if (v[3]) {
             t->stop = 1;
             break;
         }
         kiln_window_totals g = {.tokens = v[0], .micro_batches = (int)v[1], .first_micro = first, .step = t->st.step};
+        memcpy(g.units, v + 4, sizeof g.units);
         kiln_step_result res;
         if ((st = kiln_train_window_global(t->model, t->opt, &t->cfg, t->mb, k, lr, &res, t->cs_train, &g))) {
             kiln_error_context(st, "step %lld", (long long)t->st.step + 1);

@@ -175,25 +175,52 @@ def compute(cfg, p, ad, full, ids, mask, labels, labels_full, torch):
     grads(loss, fp, pre, fnames)
 
     F = torch.nn.functional
-    # ---- SimPO (CPOTrainer loss_type="simpo", cpo_alpha=0): no reference
-    a, logits = lora_logits()
-    pol, _ = row_logps(logits, labels, torch)
-    avg = pol / n
-    ac, ar = avg[0::2], avg[1::2]
-    losses = -F.logsigmoid(SIMPO_BETA * (ac - ar) - SIMPO_GAMMA)
-    loss = losses.mean()
-    out["simpo.losses"] = losses.detach()
-    out["simpo.loss"] = loss.detach().reshape(1)
-    out["simpo.logps/chosen"] = ac.detach()
-    out["simpo.logps/rejected"] = ar.detach()
-    out["simpo.rewards/chosen"] = SIMPO_BETA * ac.detach()
-    out["simpo.rewards/rejected"] = SIMPO_BETA * ar.detach()
-    out["simpo.rewards/accuracies"] = (ac > ar).to(ac.dtype).mean().reshape(1)
-    grads(loss, a, "simpo", names)
 
-    # ---- ORPO: answer-only NLL (kiln's labels) and TRL's prompt-inclusive NLL
-    for pre, nll_labels in (("orpo", labels), ("orpo_trl", labels_full)):
-        a, logits = lora_logits()
+    def policy(lora):
+        """the policy's trainable tensors and logits: the adapters, or every weight"""
+        if lora:
+            a, logits = lora_logits()
+            return a, names, logits
+        fp = {k: v.clone().requires_grad_(True) for k, v in full.items()}
+        return fp, fnames, mf.llama_forward(cfg, fp, ids, mask, torch)
+
+    # ---- DPO ipo and hinge, full fine-tuning (sigmoid: dpo_full above)
+    for kind in ("ipo", "hinge"):
+        a, ns, logits = policy(False)
+        pol, _ = row_logps(logits, labels, torch)
+        pc, pr = pol[0::2], pol[1::2]
+        losses, rwc, rwr = dpo_terms(pc, pr, rc, rr, nc, nr, kind, torch)
+        loss = losses.mean()
+        pre = "dpo_%s_full" % kind
+        out[pre + ".loss"] = loss.detach().reshape(1)
+        out[pre + ".rewards/chosen"] = rwc
+        out[pre + ".rewards/rejected"] = rwr
+        out[pre + ".rewards/accuracies"] = (rwc > rwr).to(rwc.dtype).mean().reshape(1)
+        out[pre + ".logps/chosen"] = pc.detach()
+        out[pre + ".logps/rejected"] = pr.detach()
+        grads(loss, a, pre, ns)
+
+    # ---- SimPO (CPOTrainer loss_type="simpo", cpo_alpha=0): no reference
+    for lora in (True, False):
+        a, ns, logits = policy(lora)
+        pol, _ = row_logps(logits, labels, torch)
+        avg = pol / n
+        ac, ar = avg[0::2], avg[1::2]
+        losses = -F.logsigmoid(SIMPO_BETA * (ac - ar) - SIMPO_GAMMA)
+        loss = losses.mean()
+        pre = "simpo" if lora else "simpo_full"
+        out[pre + ".losses"] = losses.detach()
+        out[pre + ".loss"] = loss.detach().reshape(1)
+        out[pre + ".logps/chosen"] = ac.detach()
+        out[pre + ".logps/rejected"] = ar.detach()
+        out[pre + ".rewards/chosen"] = SIMPO_BETA * ac.detach()
+        out[pre + ".rewards/rejected"] = SIMPO_BETA * ar.detach()
+        out[pre + ".rewards/accuracies"] = (ac > ar).to(ac.dtype).mean().reshape(1)
+        grads(loss, a, pre, ns)
+
+    # ---- ORPO: answer-only NLL (kiln's labels), LoRA and full; and TRL's prompt-inclusive NLL (LoRA)
+    for pre, nll_labels, lora in (("orpo", labels, True), ("orpo_full", labels, False), ("orpo_trl", labels_full, True)):
+        a, ns, logits = policy(lora)
         pol, _ = row_logps(logits, labels, torch)
         avg = pol / n
         ac, ar = avg[0::2], avg[1::2]
@@ -205,15 +232,15 @@ def compute(cfg, p, ad, full, ids, mask, labels, labels_full, torch):
         loss = nll + ORPO_BETA * or_losses.mean()
         out[pre + ".nll"] = nll.detach().reshape(1)
         out[pre + ".loss"] = loss.detach().reshape(1)
-        if pre == "orpo":
-            out["orpo.log_odds"] = log_odds.detach()
-            out["orpo.or_losses"] = or_losses.detach()
-            out["orpo.logps/chosen"] = ac.detach()
-            out["orpo.logps/rejected"] = ar.detach()
-            out["orpo.rewards/chosen"] = ORPO_BETA * ac.detach()
-            out["orpo.rewards/rejected"] = ORPO_BETA * ar.detach()
-            out["orpo.rewards/accuracies"] = (ac > ar).to(ac.dtype).mean().reshape(1)
-        grads(loss, a, pre, names)
+        if pre != "orpo_trl":
+            out[pre + ".log_odds"] = log_odds.detach()
+            out[pre + ".or_losses"] = or_losses.detach()
+            out[pre + ".logps/chosen"] = ac.detach()
+            out[pre + ".logps/rejected"] = ar.detach()
+            out[pre + ".rewards/chosen"] = ORPO_BETA * ac.detach()
+            out[pre + ".rewards/rejected"] = ORPO_BETA * ar.detach()
+            out[pre + ".rewards/accuracies"] = (ac > ar).to(ac.dtype).mean().reshape(1)
+        grads(loss, a, pre, ns)
     return out
 
 
