@@ -15,6 +15,8 @@
 #include <omp.h>
 #include "kiln/eager.h"
 #include "kiln/train.h"
+#include "kiln/safetensors.h"
+#include <math.h>
 
 #include "test.h"
 
@@ -41,6 +43,32 @@ static void write_shards(void) {
     }
 }
 
+/* the largest relative difference of the step losses (and rewards/margins)
+ * two runs logged in metrics.jsonl: the window's loss is its terms over
+ * the window's units, whatever the ranks */
+static double logged_rel_diff(const char *a, const char *b, int *n_out) {
+    char pa[600], pb[600], *x = NULL, *y = NULL;
+    size_t nx, ny;
+    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tmpdir, a);
+    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", tmpdir, b);
+    CHECK_OK(kiln_read_file(pa, &x, &nx));
+    CHECK_OK(kiln_read_file(pb, &y, &ny));
+    double worst = x && y ? 0 : INFINITY;
+    int n = 0;
+    static const char *const keys[] = {"\"loss\": ", "\"rewards/margins\": "};
+    for (int k = 0; x && y && k < 2; k++)
+        for (const char *p = x, *q = y; (p = strstr(p, keys[k])) && (q = strstr(q, keys[k]));) {
+            p += strlen(keys[k]), q += strlen(keys[k]);
+            double u = strtod(p, NULL), v = strtod(q, NULL);
+            worst = fmax(worst, fabs(u - v) / fmax(fabs(v), 1e-12));
+            n++;
+        }
+    free(x);
+    free(y);
+    *n_out = n;
+    return worst;
+}
+
 static void base_config(kiln_train_config *c, const char *run, int accum) {
     kiln_train_config_default(c);
     snprintf(c->data, sizeof c->data, "%s", tmpdir);
@@ -57,6 +85,86 @@ static void on_event(const kiln_event *e, void *user) {
     if (e->kind != KILN_EVENT_STEP) return;
     w->steps++;
     if (e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
+}
+
+/* Preference pairs (tmpdir/pairs): a prompt, then a chosen answer of low
+ * token ids and a rejected one of high ids, of varying lengths. */
+static void write_pair_shards(void) {
+    kiln_shard_info info = {.vocab_size = 61, .eos_id = 1, .pad_id = 2, .bos_id = 0xffffffffu};
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/pairs", tmpdir);
+    mkdir(dir, 0755);
+    for (int which = 0; which < 2; which++) {
+        int np = which ? 6 : 38;
+        int32_t tok[38 * 2 * 32];
+        uint8_t mask[38 * 2 * 32];
+        uint64_t end[38 * 2];
+        size_t n = 0;
+        for (int p = 0; p < np; p++) {
+            int plen = 3 + (int)(kiln_rng_u64(which + 7, (uint64_t)p) % 6);
+            for (int k = 0; k < 2; k++) {
+                int alen = 2 + (int)(kiln_rng_u64(which + 9, (uint64_t)(2 * p + k)) % 10);
+                for (int i = 0; i < plen; i++, n++) tok[n] = 3 + (int32_t)(kiln_rng_u64(p, (uint64_t)i) % 58), mask[n] = 0;
+                for (int i = 0; i < alen; i++, n++)
+                    tok[n] = (k ? 31 : 3) + (int32_t)(kiln_rng_u64(which + 11, n) % 28), mask[n] = 1;
+                tok[n] = 1, mask[n] = 1, n++;
+                end[2 * p + k] = n;
+            }
+        }
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s.bin", dir, which ? "val" : "train");
+        info.n_docs = (uint64_t)(2 * np);
+        CHECK_OK(kiln_shard_write_pairs(path, tok, mask, n, end, &info));
+    }
+}
+
+/* A preference run on the pairs: orpo with LoRA (its two terms divided by
+ * the window's chosen tokens and pairs), or dpo with full fine-tuning
+ * (the reference's log-probs computed by the first phase, stored beside
+ * the shards by rank 0). */
+static int train_pref(const char *name, int objective, int accum) {
+    kiln_train_config c;
+    kiln_train_config_default(&c);
+    snprintf(c.data, sizeof c.data, "%s/pairs", tmpdir);
+    snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmpdir, name);
+    snprintf(c.model, sizeof c.model, "tiny");
+    c.objective = objective, c.pack = KILN_PACK_PAIRS, c.lora_rank = objective == KILN_OBJECTIVE_ORPO ? 4 : 0;
+    c.batch = 4, c.accum = accum, c.seq_len = 32, c.steps = 4, c.warmup = 1, c.lr = 3e-3, c.min_lr = 3e-4;
+    c.eval_every = 0, c.save_every = 0, c.log_every = 0;
+    kiln_trainer *t = NULL;
+    CHECK_OK(kiln_trainer_open(&c, false, &t));
+    if (!t) return -1;
+    watch w = {.t = t, .stop_at = -1};
+    kiln_status st = kiln_trainer_run(t, on_event, &w);
+    CHECK(st == KILN_OK, "run %s: %s", name, kiln_last_error());
+    kiln_trainer_free(t);
+    return st ? -1 : w.steps;
+}
+
+/* the largest relative difference of two runs' saved tensors (file: model
+ * or adapter_model.safetensors) */
+static double st_rel_diff(const char *a, const char *b, const char *file) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s/%s", tmpdir, a, file);
+    snprintf(pb, sizeof pb, "%s/%s/%s", tmpdir, b, file);
+    kiln_st_file *x = NULL, *y = NULL;
+    CHECK_OK(kiln_st_open(pa, &x));
+    CHECK_OK(kiln_st_open(pb, &y));
+    double worst = x && y && kiln_st_count(x) == kiln_st_count(y) && kiln_st_count(x) > 0 ? 0 : INFINITY;
+    for (int i = 0; worst < INFINITY && i < kiln_st_count(x); i++) {
+        const kiln_st_tensor *tx = kiln_st_at(x, i), *ty = kiln_st_find(y, tx->name);
+        if (!ty || ty->nbytes != tx->nbytes || tx->dtype != KILN_F32) {
+            worst = INFINITY;
+            break;
+        }
+        const float *fa = (const float *)tx->bytes, *fb = (const float *)ty->bytes;
+        double d = 0, s = 0;
+        for (size_t j = 0; j < tx->nbytes / 4; j++) d = fmax(d, fabs((double)fa[j] - fb[j])), s = fmax(s, fabs((double)fb[j]));
+        worst = fmax(worst, s > 0 ? d / s : d);
+    }
+    kiln_st_close(x);
+    kiln_st_close(y);
+    return worst;
 }
 
 /* Trains run `name` (fresh, or resumed) to its end or stop_at; returns the
@@ -158,6 +266,8 @@ static int child(const char *what) {
     }
     CHECK_OK(kiln_dist_barrier());
     CHECK(train("p2_int", K, true, -1, NULL, NULL) == total - 3, "2-rank resume ran the remaining steps");
+    CHECK(train_pref("orpo2", KILN_OBJECTIVE_ORPO, K) == 4, "orpo with LoRA on 2 ranks");
+    CHECK(train_pref("dpo2", KILN_OBJECTIVE_DPO, K) == 4, "dpo with full fine-tuning on 2 ranks");
     kiln_dist_finalize();
     if (rank != 0) return t_fail ? 1 : 0;
     TEST_END();
@@ -271,6 +381,7 @@ int main(int argc, char **argv) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_mpi_%d", (int)getpid());
     mkdir(tmpdir, 0755);
     write_shards();
+    write_pair_shards();
     static char log[1 << 16];
     double t0 = kiln_time_now();
     int rc = run_ranks(self, "train", log, sizeof log);
@@ -278,6 +389,27 @@ int main(int argc, char **argv) {
     CHECK(rc == 0, "2-rank runs (exit %d, %.1fs)", rc, kiln_time_now() - t0);
     CHECK(same_run("p2", "p2_blocking"), "overlapped and blocking all-reduce give bit-identical weights");
     CHECK(same_run("p2", "p2_int"), "a 2-rank checkpoint resumes bit-identically on 2 ranks");
+    /* the preference objectives: a window over 2 ranks is divided by its
+     * units over both (orpo: chosen tokens and pairs) */
+    {
+        char ref[600];
+        snprintf(ref, sizeof ref, "%s/pairs/train.dpo-ref.bin", tmpdir);
+        CHECK(access(ref, R_OK) == 0, "rank 0 stored the reference log-probs beside the shards");
+        int saved = omp_get_max_threads();
+        omp_set_num_threads(1);
+        CHECK(train_pref("orpo1", KILN_OBJECTIVE_ORPO, 2 * K) == 4, "orpo on 1 rank");
+        CHECK(train_pref("dpo1", KILN_OBJECTIVE_DPO, 2 * K) == 4, "dpo on 1 rank (reading the stored reference)");
+        omp_set_num_threads(saved);
+        double da = st_rel_diff("orpo1", "orpo2", "adapter_model.safetensors");
+        double db = st_rel_diff("dpo1", "dpo2", "model.safetensors");
+        printf("1 rank x %d vs 2 ranks x %d: orpo (LoRA) adapters max rel diff %.2e, dpo (full, stored reference) weights %.2e\n",
+               2 * K, K, da, db);
+        CHECK(da < 1e-4 && db < 1e-4, "preference objectives: 2 ranks x k equal 1 rank x 2k (%.3g, %.3g)", da, db);
+        int na = 0, nb = 0;
+        double la = logged_rel_diff("orpo1", "orpo2", &na), lb = logged_rel_diff("dpo1", "dpo2", &nb);
+        printf("  logged step losses and rewards/margins: orpo %d values, max rel diff %.2e; dpo %d, %.2e\n", na, la, nb, lb);
+        CHECK(na == 8 && nb == 8 && la < 1e-4 && lb < 1e-4, "the logged window losses and metrics agree (%.3g, %.3g)", la, lb);
+    }
 
     int64_t total = 0;
     /* The ranks run one thread each; so does the 1-rank run, so that only
