@@ -324,23 +324,106 @@ static void refusals(void) {
 /* a DPO run resumed mid-way is byte-identical to the uninterrupted one,
  * eager and compiled (pairs tokenized by kiln tokenize from made-up lines) */
 static char tmp[256];
-static bool dpo_run(const char *name, int compile, int64_t stop_at, bool resume) {
+/* what dpo_run trains: the objective, LoRA or full fine-tuning, dpo's reference, the seed */
+static struct { int objective, lora_rank, dpo_ref; uint64_t seed; } run_kind = {KILN_OBJECTIVE_DPO, 4, KILN_DPO_REF_AUTO, 0};
+static kiln_status dpo_open(const char *name, int compile, bool resume, kiln_trainer **t) {
     kiln_train_config c;
     kiln_train_config_default(&c);
     snprintf(c.data, sizeof c.data, "%s/data", tmp);
     snprintf(c.run_dir, sizeof c.run_dir, "%s/%s", tmp, name);
     snprintf(c.model, sizeof c.model, "%s/m.json", tmp);
-    c.objective = KILN_OBJECTIVE_DPO, c.pack = KILN_PACK_PAIRS, c.lora_rank = 4, c.lora_alpha = 8;
+    c.objective = run_kind.objective, c.pack = KILN_PACK_PAIRS, c.lora_rank = run_kind.lora_rank, c.lora_alpha = 8;
+    c.dpo_ref = run_kind.dpo_ref;
+    if (run_kind.seed) c.seed = run_kind.seed;
     snprintf(c.lora_targets, sizeof c.lora_targets, "all");
     c.batch = 4, c.accum = 2, c.seq_len = 24, c.steps = 6, c.warmup = 1, c.lr = 1e-2, c.min_lr = 1e-3;
     c.eval_every = 3, c.eval_batches = 1, c.save_every = 3, c.log_every = 0, c.compile = compile;
+    return kiln_trainer_open(&c, resume, t);
+}
+
+static bool dpo_run(const char *name, int compile, int64_t stop_at, bool resume) {
     kiln_trainer *t = NULL;
-    CHECK_OK(kiln_trainer_open(&c, resume, &t));
+    CHECK_OK(dpo_open(name, compile, resume, &t));
     if (!t) return false;
     test_watch w = {t, stop_at, 0, 0, 0};
     CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
     kiln_trainer_free(t);
     return true;
+}
+
+static bool same_run_file(const char *a, const char *b, const char *file) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s/%s", tmp, a, file);
+    snprintf(pb, sizeof pb, "%s/%s/%s", tmp, b, file);
+    return test_same_file(pa, pb);
+}
+
+/* DPO with the reference's log-probs stored beside the shards (computed by
+ * the run's first phase): with LoRA the run is the adapters-off run, byte
+ * for byte; full fine-tuning resumes byte-identically; ORPO too; a damaged
+ * file, one of another model, and a missing one on resume are refused. */
+static void stored_reference(void) {
+    char ref[600], val_ref[600];
+    snprintf(ref, sizeof ref, "%s/data/train.dpo-ref.bin", tmp);
+    snprintf(val_ref, sizeof val_ref, "%s/data/val.dpo-ref.bin", tmp);
+    run_kind.dpo_ref = KILN_DPO_REF_FILE;
+    if (!dpo_run("ref_file", KILN_RUN_EAGER, -1, false)) return;
+    CHECK(access(ref, R_OK) == 0 && access(val_ref, R_OK) == 0, "the first phase stored %s and val's", ref);
+    CHECK(same_run_file("straight", "ref_file", "adapter_model.safetensors"),
+          "LoRA DPO on the stored reference = with the adapters switched off, byte for byte");
+    /* full fine-tuning: the reference is the starting model, stored */
+    run_kind.lora_rank = 0, run_kind.dpo_ref = KILN_DPO_REF_AUTO;
+    remove(ref);
+    remove(val_ref);
+    for (int compile = 0; compile < 2; compile++) {
+        int mode = compile ? KILN_RUN_COMPILE_DEFAULT : KILN_RUN_EAGER;
+        const char *a = compile ? "full_c" : "full", *b = compile ? "full_resumed_c" : "full_resumed";
+        if (!dpo_run(a, mode, -1, false) || !dpo_run(b, mode, 3, false) || !dpo_run(b, mode, -1, true)) return;
+        CHECK(same_run_file(a, b, "model.safetensors"), "full fine-tuning DPO %s: resumed at step 3 = uninterrupted, byte for byte",
+              compile ? "compiled" : "eager");
+    }
+    /* another model's reference */
+    run_kind.seed = 99;
+    kiln_trainer *t = NULL;
+    CHECK(dpo_open("other", KILN_RUN_EAGER, false, &t) == KILN_ERR_INVALID && strstr(kiln_last_error(), "another reference model") &&
+              strstr(kiln_last_error(), ref),
+          "a stored reference of another model refused: %s", kiln_last_error());
+    kiln_trainer_free(t), t = NULL;
+    run_kind.seed = 0;
+    /* damaged: one value's byte flipped */
+    char *bytes = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(ref, &bytes, &n));
+    if (bytes && n > 80) {
+        bytes[70] ^= 0x40;
+        CHECK_OK(kiln_write_file_atomic(ref, bytes, n));
+        CHECK(dpo_open("damaged", KILN_RUN_EAGER, false, &t) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "checksum") &&
+                  strstr(kiln_last_error(), ref),
+              "a damaged stored reference refused: %s", kiln_last_error());
+        kiln_trainer_free(t), t = NULL;
+        CHECK_OK(kiln_write_file_atomic(ref, bytes, n - 5)); /* truncated */
+        CHECK(dpo_open("damaged", KILN_RUN_EAGER, false, &t) == KILN_ERR_FORMAT && strstr(kiln_last_error(), "bytes"),
+              "a truncated stored reference refused: %s", kiln_last_error());
+        kiln_trainer_free(t), t = NULL;
+    }
+    free(bytes);
+    remove(ref);
+    CHECK(dpo_open("full_resumed", KILN_RUN_EAGER, true, &t) == KILN_ERR_IO && strstr(kiln_last_error(), "missing"),
+          "a resume without its stored reference refused: %s", kiln_last_error());
+    kiln_trainer_free(t), t = NULL;
+    /* orpo: no reference; resumes byte-identically */
+    run_kind.objective = KILN_OBJECTIVE_ORPO, run_kind.lora_rank = 4;
+    if (!dpo_run("orpo", KILN_RUN_EAGER, -1, false) || !dpo_run("orpo_r", KILN_RUN_EAGER, 3, false) ||
+        !dpo_run("orpo_r", KILN_RUN_EAGER, -1, true))
+        return;
+    CHECK(same_run_file("orpo", "orpo_r", "adapter_model.safetensors"), "ORPO: resumed at step 3 = uninterrupted, byte for byte");
+    char mp[600], *text = NULL;
+    snprintf(mp, sizeof mp, "%s/orpo/metrics.jsonl", tmp);
+    CHECK_OK(kiln_read_file(mp, &text, &n));
+    CHECK(text && strstr(text, "\"nll_loss\"") && strstr(text, "\"log_odds_ratio\"") && strstr(text, "\"val_log_odds_chosen\""),
+          "ORPO's metrics.jsonl holds TRL's ORPO metrics");
+    free(text);
+    printf("  stored reference: LoRA run = adapters-off run byte for byte; full fine-tuning and ORPO resume byte-identically\n");
 }
 
 static void resume(void) {
@@ -378,6 +461,7 @@ static void resume(void) {
         free(text);
     }
     printf("  DPO runs resumed at step 3 are byte-identical to uninterrupted ones (eager and compiled)\n");
+    stored_reference();
     CHECK(t_rmtree(tmp) == 0, "cleanup");
 }
 
