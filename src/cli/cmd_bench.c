@@ -48,8 +48,8 @@ static const char *bench_help =
     "LoRA mode (a frozen base with adapters, as kiln train --lora-rank):\n"
     "  --lora-rank R       adapters of rank R (alpha 2R)\n"
     "  --lora-targets L    q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj or all (default all)\n"
-    "  --objective O       ce (default), dpo or simpo: the step of that objective (dpo: sigmoid, beta 0.1, the\n"
-    "                      adapters-off reference pass included; --batch even, rows 2i and 2i+1 a pair)\n"
+    "  --objective O       ce (default), dpo, simpo or orpo: the step of that objective (dpo: sigmoid, beta 0.1,\n"
+    "                      the adapters-off reference pass included; --batch even, rows 2i and 2i+1 a pair)\n"
     "  --base-dtype D      fp32 (default), bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k: the frozen base held so\n"
     "Bench-only model names: smollm2-135m (SmolLM2-135M's shape), llama-1b (a 1.1B Llama:\n"
     "hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 kv heads, vocab 32000), llama3-8b\n"
@@ -189,20 +189,28 @@ static result run_mode(bench_ctx *b, const char *mode) {
         double t0 = kiln_time_now();
         kiln_status st;
         if (eager && pref) { /* the objective's trace, inputs by name */
-            kiln_tensor *by[KILN_IN_N] = {b->in[0], b->in[1], b->in[2], b->in[3]}, *report[1 + KILN_OBJ_MAX_METRICS] = {0};
+            kiln_tensor *by[KILN_IN_N] = {0}, *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+            by[KILN_IN_IDS] = b->in[0], by[KILN_IN_TARGETS] = b->in[1], by[KILN_IN_MASK] = b->in[2];
+            by[KILN_IN_SCALE] = by[KILN_IN_SCALE_2] = b->in[3]; /* orpo's two terms: one scale, for timing */
             st = b->obj.trace(&b->obj, b->m, by, report);
-            kiln_tensor *scaled = st ? NULL : kiln_scale_by(report[0], b->in[3]);
+            kiln_tensor *scaled = st ? NULL : kiln_objective_diff(&b->obj, report, by);
             if (!st) st = scaled ? kiln_backward(scaled) : kiln_last_status();
             kiln_tensor_release(scaled);
-            for (int k = 0; k <= b->obj.n_metrics; k++) kiln_tensor_release(report[k]);
+            for (int k = 0; k < b->obj.n_terms + b->obj.n_metrics; k++) kiln_tensor_release(report[k]);
         } else if (eager) {
             kiln_tensor *sum = kiln_llama_loss(b->m, b->in[0], b->in[1], b->in[2]);
             kiln_tensor *scaled = kiln_scale_by(sum, b->in[3]);
             st = kiln_backward(scaled);
             kiln_tensor_release(scaled);
             kiln_tensor_release(sum);
+        } else if (pref) { /* the compiled step's inputs, by the trace's names */
+            kiln_tensor *in[KILN_IN_N];
+            for (int k = 0; k < b->tr.n_in; k++)
+                in[k] = b->tr.names[k] <= KILN_IN_MASK ? b->in[b->tr.names[k]] : b->in[3]; /* scale, scale_2 */
+            float rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
+            st = kiln_compiled_run(cs, in, rep);
         } else {
-            float rep[1 + KILN_OBJ_MAX_METRICS];
+            float rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
             st = kiln_compiled_run(cs, b->in, rep);
         }
         double t1 = kiln_time_now();
@@ -328,10 +336,10 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     {
         kiln_train_config oc;
         kiln_train_config_default(&oc);
-        oc.objective = objective, oc.pack = objective == KILN_OBJECTIVE_CE ? oc.pack : KILN_PACK_PAIRS;
+        oc.objective = objective, oc.pack = objective == KILN_OBJECTIVE_CE ? oc.pack : KILN_PACK_PAIRS, oc.lora_rank = lora_rank;
         if (objective != KILN_OBJECTIVE_CE && (B % 2 || (objective == KILN_OBJECTIVE_DPO && !lora_rank))) {
             fprintf(stderr, "kiln bench: --objective %s needs an even --batch (rows 2i, 2i+1 a pair)%s\n",
-                    objective == KILN_OBJECTIVE_DPO ? "dpo" : "simpo",
+                    objective == KILN_OBJECTIVE_DPO ? "dpo" : objective == KILN_OBJECTIVE_SIMPO ? "simpo" : "orpo",
                     objective == KILN_OBJECTIVE_DPO ? " and --lora-rank (the reference is the base with the adapters off)" : "");
             return 2;
         }
