@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "kiln/data.h"
 #include "kiln/eager.h"
+#include "kiln/train.h"
 #include "kiln/model.h"
 #include "kiln/safetensors.h"
 #include "test.h"
@@ -119,7 +120,7 @@ static void masked_gradient(void) {
     int64_t s[2] = {B, T}, one = 1;
     kiln_tensor *ids = kiln_tensor_wrap(b->input_ids, KILN_I32, 2, s), *tg = kiln_tensor_wrap(b->targets, KILN_I32, 2, s);
     kiln_tensor *pm = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s);
-    kiln_tensor *sum = model ? kiln_llama_loss(model, ids, tg, pm) : NULL, *inv = kiln_tensor_new(KILN_F32, 1, &one);
+    kiln_tensor *sum = model ? kiln_ce_loss(model, ids, tg, pm, NULL) : NULL, *inv = kiln_tensor_new(KILN_F32, 1, &one);
     kiln_f32(inv)[0] = 1.0f / (float)b->n_targets;
     kiln_tensor *loss = sum ? kiln_scale_by(sum, inv) : NULL;
     CHECK(loss != NULL, "loss: %s", kiln_last_error());

@@ -46,7 +46,7 @@ static double kiln_ppl(kiln_llama *m, const int32_t *w, int n) {
     kiln_tensor *ids = kiln_tensor_new(KILN_I32, 2, s), *tg = kiln_tensor_new(KILN_I32, 2, s);
     memcpy(ids->data, w, (size_t)(n - 1) * sizeof *w);
     memcpy(tg->data, w + 1, (size_t)(n - 1) * sizeof *w);
-    kiln_tensor *loss = kiln_llama_loss(m, ids, tg, NULL);
+    kiln_tensor *loss = kiln_ce_loss(m, ids, tg, NULL, NULL);
     double ppl = loss ? exp(kiln_f32(loss)[0] / (n - 1)) : -1;
     kiln_tensor_release(loss), kiln_tensor_release(ids), kiln_tensor_release(tg);
     return ppl;

@@ -3,6 +3,7 @@
  * cross-entropy), run by the interpreter with the memory plan on and off. */
 #include <stdlib.h>
 #include "kiln/eager.h"
+#include "kiln/train.h"
 #include "kiln/graph.h"
 #include "kiln/model.h"
 #include "kiln/safetensors.h"
@@ -14,7 +15,7 @@
  * differentiates scale * sum */
 static kiln_status step_fn(void *user, kiln_tensor *const *in, kiln_tensor **report, int *n_report, kiln_tensor **diff) {
     kiln_llama *m = user;
-    kiln_tensor *sum = kiln_llama_loss(m, in[0], in[1], in[2]);
+    kiln_tensor *sum = kiln_ce_loss(m, in[0], in[1], in[2], NULL);
     if (!sum) return kiln_last_status();
     report[0] = sum;
     *n_report = 1;
@@ -91,7 +92,7 @@ static void compare(const char *name, bool rewrites, bool freeze) {
     /* eager reference */
     kiln_eager_enable();
     kiln_llama_zero_grad(s.m);
-    kiln_tensor *sum = kiln_llama_loss(s.m, s.ids, s.labels, s.mask);
+    kiln_tensor *sum = kiln_ce_loss(s.m, s.ids, s.labels, s.mask, NULL);
     kiln_tensor *scaled = kiln_scale_by(sum, s.scale);
     CHECK_OK(kiln_backward(scaled));
     float eager_loss = kiln_f32(sum)[0];

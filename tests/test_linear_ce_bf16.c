@@ -167,7 +167,7 @@ static double eager_model(fixture *x, float ***grads) {
     kiln_eager_enable();
     kiln_llama_zero_grad(x->m);
     kiln_dtype old = kiln_autocast_set(KILN_BF16);
-    kiln_tensor *sum = kiln_llama_loss(x->m, x->ids, x->labels, x->mask);
+    kiln_tensor *sum = kiln_ce_loss(x->m, x->ids, x->labels, x->mask, NULL);
     kiln_tensor *loss = kiln_scale_by(sum, x->scale);
     CHECK(loss != NULL, "eager bf16 loss: %s", kiln_last_error());
     if (loss) CHECK_OK(kiln_backward(loss));

@@ -83,7 +83,7 @@ static kiln_llama *lora_model(double p) {
 static double loss_of(kiln_llama *m, kiln_tensor *const *in, bool backward) {
     kiln_llama_zero_grad(m);
     m->lora_key = in[4];
-    kiln_tensor *sum = kiln_llama_loss(m, in[0], in[1], in[2]);
+    kiln_tensor *sum = kiln_ce_loss(m, in[0], in[1], in[2], NULL);
     m->lora_key = NULL;
     kiln_tensor *loss = kiln_scale_by(sum, in[3]);
     double l = loss ? kiln_f32(loss)[0] : NAN;

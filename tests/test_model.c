@@ -2,6 +2,7 @@
  * config validation and bad-input errors. */
 #include <stdlib.h>
 #include "kiln/eager.h"
+#include "kiln/train.h"
 #include "kiln/model.h"
 #include "kiln/safetensors.h"
 #include "test.h"
@@ -49,7 +50,7 @@ static void check_fixture(const char *name) {
     /* loss = sum / count, as PyTorch's reduction='mean' with ignore_index */
     int64_t count = 0;
     for (int64_t i = 0; i < kiln_tensor_numel(labels); i++) count += kiln_i32(labels)[i] != KILN_IGNORE_INDEX;
-    kiln_tensor *sum = kiln_llama_loss(m, ids, labels, mask);
+    kiln_tensor *sum = kiln_ce_loss(m, ids, labels, mask, NULL);
     int64_t one = 1;
     kiln_tensor *inv = kiln_tensor_new(KILN_F32, 1, &one);
     kiln_f32(inv)[0] = 1.0f / (float)count;
@@ -81,7 +82,7 @@ static void check_fixture(const char *name) {
     /* a second micro-batch accumulates: grads double */
     kiln_tensor *p0 = m->params[1];
     float before = kiln_f32(p0->grad)[3];
-    sum = kiln_llama_loss(m, ids, labels, mask);
+    sum = kiln_ce_loss(m, ids, labels, mask, NULL);
     inv = kiln_tensor_new(KILN_F32, 1, &one);
     kiln_f32(inv)[0] = 1.0f / (float)count;
     loss = kiln_scale_by(sum, inv);
@@ -95,7 +96,7 @@ static void check_fixture(const char *name) {
     /* frozen parameter: no gradient at all */
     kiln_llama_zero_grad(m);
     CHECK(kiln_llama_set_trainable(m, "model.embed_tokens.*", false) == 1, "freeze glob matches one tensor");
-    sum = kiln_llama_loss(m, ids, labels, mask);
+    sum = kiln_ce_loss(m, ids, labels, mask, NULL);
     CHECK_OK(kiln_backward(sum));
     CHECK(m->embed_tokens->grad == NULL, "%s: a frozen parameter gets no gradient", name);
     CHECK(m->norm->grad != NULL, "%s: others still do", name);
@@ -157,7 +158,7 @@ static void bad_inputs(void) {
     kiln_i32(ids)[2] = 0;
     kiln_tensor *tg = kiln_tensor_zeros(KILN_I32, 2, s);
     kiln_i32(tg)[1] = -5;
-    out = kiln_llama_loss(m, ids, tg, NULL);
+    out = kiln_ce_loss(m, ids, tg, NULL, NULL);
     CHECK(out == NULL && strstr(kiln_last_error(), "cross_entropy"), "bad target reported: %s", kiln_last_error());
     /* shape mismatch between ops names the op and the shapes */
     int64_t sa[2] = {3, 5}, sb[2] = {4, 5};

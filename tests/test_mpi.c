@@ -320,7 +320,7 @@ static void grad_ready_hook(void) {
     kiln_tensor *mask = kiln_tensor_wrap(b->pad_mask, KILN_I32, 2, s);
     hook_log h = {.m = m};
     kiln_set_grad_ready_hook(on_ready, &h);
-    kiln_tensor *loss = kiln_llama_loss(m, ids, tg, mask);
+    kiln_tensor *loss = kiln_ce_loss(m, ids, tg, mask, NULL);
     CHECK_OK(kiln_backward(loss));
     kiln_set_grad_ready_hook(NULL, NULL);
     int with_grad = 0, stale = 0;

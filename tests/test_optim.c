@@ -112,7 +112,7 @@ static double loop_step(kiln_adamw *o, const kiln_train_config *c, double lr) {
 static void backward(kiln_llama *m, const kiln_batch *b, float scale) {
     kiln_tensor *in[4];
     test_step_inputs(b, scale, in);
-    kiln_tensor *loss = kiln_llama_loss(m, in[0], in[1], in[2]);
+    kiln_tensor *loss = kiln_ce_loss(m, in[0], in[1], in[2], NULL);
     kiln_tensor *scaled = loss ? kiln_scale_by(loss, in[3]) : NULL;
     CHECK(scaled && kiln_backward(scaled) == KILN_OK, "forward + backward: %s", kiln_last_error());
     kiln_tensor_release(scaled);

@@ -77,7 +77,7 @@ static double run_grads(kiln_llama *m, const kiln_batch *b, kiln_compiled *cs, f
         sum = rep[0];
     } else {
         kiln_llama_docs docs = {t[4], t[5]};
-        kiln_tensor *loss = kiln_llama_loss_ex(m, t[0], t[1], t[2], b->segmented ? &docs : NULL);
+        kiln_tensor *loss = kiln_ce_loss(m, t[0], t[1], t[2], b->segmented ? &docs : NULL);
         CHECK(loss != NULL, "eager loss: %s", kiln_last_error());
         if (loss) {
             sum = kiln_f32(loss)[0];
@@ -508,7 +508,7 @@ static void test_accumulation(void) {
             CHECK_OK(kiln_compiled_run(c, t, rep));
         } else {
             kiln_llama_docs d = {t[4], t[5]};
-            kiln_tensor *loss = kiln_llama_loss_ex(m, t[0], t[1], t[2], &d), *sc = kiln_scale_by(loss, t[3]);
+            kiln_tensor *loss = kiln_ce_loss(m, t[0], t[1], t[2], &d), *sc = kiln_scale_by(loss, t[3]);
             CHECK_OK(kiln_backward(sc));
             kiln_tensor_release(loss);
             kiln_tensor_release(sc);
@@ -524,7 +524,7 @@ static void test_accumulation(void) {
                 CHECK_OK(kiln_compiled_run(c, t, rep));
             } else {
                 kiln_llama_docs d = {t[4], t[5]};
-                kiln_tensor *loss = kiln_llama_loss_ex(m, t[0], t[1], t[2], &d), *sc = kiln_scale_by(loss, t[3]);
+                kiln_tensor *loss = kiln_ce_loss(m, t[0], t[1], t[2], &d), *sc = kiln_scale_by(loss, t[3]);
                 CHECK_OK(kiln_backward(sc));
                 kiln_tensor_release(loss);
                 kiln_tensor_release(sc);

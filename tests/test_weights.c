@@ -103,7 +103,7 @@ static void batch_close(batch_fx *b) {
 
 static double loss_of(kiln_llama *m, batch_fx *b) {
     bool g = kiln_grad_set_enabled(false);
-    kiln_tensor *sum = kiln_llama_loss(m, b->ids, b->labels, b->mask);
+    kiln_tensor *sum = kiln_ce_loss(m, b->ids, b->labels, b->mask, NULL);
     kiln_grad_set_enabled(g);
     double l = sum ? kiln_f32(sum)[0] / (double)b->count : NAN;
     kiln_tensor_release(sum);

@@ -205,11 +205,6 @@ typedef struct {
 /* kiln_llama_forward with packed documents (docs NULL: the same). */
 kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, const kiln_llama_docs *docs,
                                    kiln_llama_cache *cache);
-/* Sum of token cross-entropies over targets != KILN_IGNORE_INDEX, shape [1].
- * Dividing by the window's target count is the trainer's business. */
-kiln_tensor *kiln_llama_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask);
-kiln_tensor *kiln_llama_loss_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask,
-                                const kiln_llama_docs *docs);
 /* Model FLOPs per trained token (forward + backward, 6N + attention). */
 double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t seq_len);
 

@@ -261,6 +261,12 @@ typedef enum { KILN_DPO_REF_AUTO, KILN_DPO_REF_ADAPTERS, KILN_DPO_REF_FILE } kil
  * logps/chosen, logps/rejected (simpo, orpo: per-token means); orpo also
  * nll_loss, log_odds_ratio and log_odds_chosen. */
 kiln_status kiln_objective_from_config(const kiln_train_config *c, kiln_objective *out);
+/* The ce objective's loss: the sum of token cross-entropies of the
+ * model's logits over targets != KILN_IGNORE_INDEX, shape [1] (docs:
+ * packed documents, else NULL). Dividing by the window's target count is
+ * the step's business. */
+kiln_tensor *kiln_ce_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask,
+                          const kiln_llama_docs *docs);
 /* Cross-entropy over target tokens (docs: on packed documents). */
 const kiln_objective *kiln_objective_ce(bool docs);
 /* The names a step of o reads, in order: ids, targets, mask, scale, then

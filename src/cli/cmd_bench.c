@@ -198,7 +198,7 @@ static result run_mode(bench_ctx *b, const char *mode) {
             kiln_tensor_release(scaled);
             for (int k = 0; k < b->obj.n_terms + b->obj.n_metrics; k++) kiln_tensor_release(report[k]);
         } else if (eager) {
-            kiln_tensor *sum = kiln_llama_loss(b->m, b->in[0], b->in[1], b->in[2]);
+            kiln_tensor *sum = kiln_ce_loss(b->m, b->in[0], b->in[1], b->in[2], NULL);
             kiln_tensor *scaled = kiln_scale_by(sum, b->in[3]);
             st = kiln_backward(scaled);
             kiln_tensor_release(scaled);

@@ -544,19 +544,3 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
     NEXT(h, kiln_linear(h, m->lm_head));
     return h;
 }
-
-kiln_tensor *kiln_llama_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask) {
-    return kiln_llama_loss_ex(m, ids, targets, pad_mask, NULL);
-}
-
-kiln_tensor *kiln_llama_loss_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask,
-                                const kiln_llama_docs *docs) {
-    if (!targets || kiln_tensor_numel(targets) != kiln_tensor_numel(ids)) {
-        kiln_error(KILN_ERR_SHAPE, "llama loss: targets must match input_ids");
-        return NULL;
-    }
-    kiln_tensor *logits = kiln_llama_forward_ex(m, ids, pad_mask, docs, NULL);
-    kiln_tensor *loss = kiln_cross_entropy(logits, targets, KILN_IGNORE_INDEX);
-    kiln_tensor_release(logits);
-    return loss;
-}

@@ -43,9 +43,22 @@ int64_t kiln_objective_units(const kiln_objective *o, const kiln_batch *b) {
 }
 
 /* ---- token cross-entropy ---------------------------------------------------- */
+kiln_tensor *kiln_ce_loss(kiln_llama *m, kiln_tensor *ids, kiln_tensor *targets, kiln_tensor *pad_mask,
+                          const kiln_llama_docs *docs) {
+    if (!targets || kiln_tensor_numel(targets) != kiln_tensor_numel(ids)) {
+        kiln_error(KILN_ERR_SHAPE, "cross-entropy: targets must match input_ids");
+        return NULL;
+    }
+    /* the compiler fuses the head's linear with this (linear_ce) */
+    kiln_tensor *logits = kiln_llama_forward_ex(m, ids, pad_mask, docs, NULL);
+    kiln_tensor *loss = logits ? kiln_cross_entropy(logits, targets, KILN_IGNORE_INDEX) : NULL;
+    kiln_tensor_release(logits);
+    return loss;
+}
+
 static kiln_status ce_trace(const kiln_objective *o, kiln_llama *m, kiln_tensor *const *in, kiln_tensor **report) {
     kiln_llama_docs docs = {in[KILN_IN_POSITIONS], in[KILN_IN_SEGMENTS]};
-    report[0] = kiln_llama_loss_ex(m, in[KILN_IN_IDS], in[KILN_IN_TARGETS], in[KILN_IN_MASK], o->docs ? &docs : NULL);
+    report[0] = kiln_ce_loss(m, in[KILN_IN_IDS], in[KILN_IN_TARGETS], in[KILN_IN_MASK], o->docs ? &docs : NULL);
     return report[0] ? KILN_OK : kiln_last_status();
 }
 
