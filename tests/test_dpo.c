@@ -292,6 +292,57 @@ static void accumulation(kiln_llama *m, const variant *v, const char *want_tag) 
     kiln_batch_free(all);
 }
 
+/* bf16 autocast (precision bf16: products in bf16, fp32 accumulation and
+ * loss): the same objectives near the fp32 reference, and compiled near
+ * eager */
+static void bf16(kiln_llama *m, const variant *v) {
+    kiln_train_config c;
+    settings(&c, v->objective, v->loss, v->beta, v->gamma);
+    kiln_objective o;
+    CHECK_OK(kiln_objective_from_config(&c, &o));
+    kiln_batch *b = batch(0, NR);
+    kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    inputs(&o, b, b, 0, by);
+    kiln_dtype was = kiln_autocast_set(KILN_BF16);
+    kiln_llama_zero_grad(m);
+    CHECK_OK(o.trace(&o, m, by, report));
+    int nr = o.n_terms + o.n_metrics;
+    double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    for (int i = 0; i < nr && report[i]; i++) rep[i] = kiln_f32(report[i])[0];
+    kiln_tensor *scaled = report[0] ? kiln_objective_diff(&o, report, by) : NULL;
+    CHECK_OK(scaled ? kiln_backward(scaled) : kiln_last_status());
+    kiln_tensor_release(scaled);
+    for (int i = 0; i < nr; i++) kiln_tensor_release(report[i]);
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s.loss", v->tag);
+    const float *want = fx(nm, 1);
+    double loss = window_loss(&o, rep, b), gs, gd = grad_diff(m, v->tag, &gs);
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    CHECK_OK(kiln_compile_mode_parse("default", &co));
+    kiln_step_trace st = {.m = m, .o = &o};
+    kiln_compiled *cs = kiln_train_compile_objective(&st, &co, false);
+    double cl = NAN;
+    if (cs) {
+        kiln_tensor *in[KILN_IN_N];
+        for (int i = 0; i < st.n_in; i++) in[i] = by[st.names[i]];
+        float r[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
+        double rd[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
+        CHECK_OK(kiln_compiled_run(cs, in, r));
+        for (int i = 0; i < nr; i++) rd[i] = r[i];
+        cl = window_loss(&o, rd, b);
+        kiln_compiled_free(cs);
+    }
+    kiln_autocast_set(was);
+    printf("  bf16 %-8s loss %.6f (PyTorch fp32 %.6f, rel %.1e), gradients rel %.1e; compiled bf16 rel %.1e to eager\n", v->tag,
+           loss, want ? want[0] : NAN, want ? t_rel(loss, want[0]) : NAN, gd, t_rel(cl, loss));
+    CHECK(want && t_rel(loss, want[0]) < 2e-3 && gd < 3e-2, "bf16 %s: loss %.6f vs %.6f, gradients %.2e", v->tag, loss,
+          want ? want[0] : 0, gd);
+    CHECK(t_rel(cl, loss) < 1e-3, "bf16 %s: compiled %.6f vs eager %.6f", v->tag, cl, loss);
+    release(by);
+    kiln_batch_free(b);
+}
+
 static void refusals(void) {
     kiln_train_config c;
     settings(&c, KILN_OBJECTIVE_DPO, KILN_DPO_SIGMOID, 0.1, 0.5);
@@ -479,6 +530,8 @@ int main(void) {
     for (size_t i = 0; m && i < sizeof vs / sizeof *vs; i++) check_variant(m, &vs[i]);
     if (m) accumulation(m, &vs[0], "dpo_sigmoid_accum");
     if (m) accumulation(m, &vs[5], "orpo");
+    if (m) bf16(m, &vs[0]);
+    if (m) bf16(m, &vs[5]);
     /* full fine-tuning: every weight trains; dpo reads the stored reference */
     kiln_llama *mf = model_full();
     static const variant fs[] = {
