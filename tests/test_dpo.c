@@ -104,6 +104,19 @@ static void inputs(const kiln_objective *o, const kiln_batch *b, const kiln_batc
     memcpy(kiln_f32(by[KILN_IN_REF_LOGPS]), fx("ref.logps", NR) + r0, sizeof(float) * (size_t)rows);
 }
 
+/* one eager forward + backward of o (gradients accumulate): rep gets the
+ * terms' and metrics' sums */
+static void eager_step(const kiln_objective *o, kiln_llama *m, kiln_tensor **by, double *rep) {
+    kiln_tensor *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    int nr = o->n_terms + o->n_metrics;
+    CHECK_OK(o->trace(o, m, by, report));
+    for (int i = 0; i < nr && report[i]; i++) rep[i] = kiln_f32(report[i])[0];
+    kiln_tensor *scaled = report[0] ? kiln_objective_diff(o, report, by) : NULL;
+    CHECK_OK(scaled ? kiln_backward(scaled) : kiln_last_status());
+    kiln_tensor_release(scaled);
+    for (int i = 0; i < nr; i++) kiln_tensor_release(report[i]);
+}
+
 /* the loss of a window = sum_j term_j / units_j */
 static double window_loss(const kiln_objective *o, const double *rep, const kiln_batch *of) {
     int64_t u[KILN_NORM_N];
@@ -185,17 +198,12 @@ static void check_variant(kiln_llama *m, const variant *v) {
     CHECK(o.ref_logps == (v->dpo_ref == KILN_DPO_REF_FILE || (v->objective == KILN_OBJECTIVE_DPO && !c.lora_rank)),
           "%s: reads ref_logps", v->tag);
     kiln_batch *b = batch(0, NR);
-    kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    kiln_tensor *by[KILN_IN_N];
     inputs(&o, b, b, 0, by);
     kiln_llama_zero_grad(m);
-    CHECK_OK(o.trace(&o, m, by, report));
     int nr = o.n_terms + o.n_metrics;
     double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
-    for (int i = 0; i < nr && report[i]; i++) rep[i] = kiln_f32(report[i])[0];
-    kiln_tensor *scaled = report[0] ? kiln_objective_diff(&o, report, by) : NULL;
-    CHECK_OK(scaled ? kiln_backward(scaled) : kiln_last_status());
-    kiln_tensor_release(scaled);
-    for (int i = 0; i < nr; i++) kiln_tensor_release(report[i]);
+    eager_step(&o, m, by, rep);
     char nm[160];
     snprintf(nm, sizeof nm, "%s.loss", v->tag);
     const float *want_loss = fx(nm, 1);
@@ -275,13 +283,10 @@ static void accumulation(kiln_llama *m, const variant *v, const char *want_tag) 
     /* the gradients, micro-batch by micro-batch, each term scaled by 1 / the window's units */
     kiln_llama_zero_grad(m);
     for (int k = 0; k < 2; k++) {
-        kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+        kiln_tensor *by[KILN_IN_N];
+        double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS];
         inputs(&o, mb[k], all, k ? 4 : 0, by);
-        CHECK_OK(o.trace(&o, m, by, report));
-        kiln_tensor *s = report[0] ? kiln_objective_diff(&o, report, by) : NULL;
-        CHECK_OK(s ? kiln_backward(s) : kiln_last_status());
-        kiln_tensor_release(s);
-        for (int i = 0; i < o.n_terms + o.n_metrics; i++) kiln_tensor_release(report[i]);
+        eager_step(&o, m, by, rep);
         release(by);
     }
     double gs, gd = grad_diff(m, want_tag, &gs);
@@ -301,18 +306,13 @@ static void bf16(kiln_llama *m, const variant *v) {
     kiln_objective o;
     CHECK_OK(kiln_objective_from_config(&c, &o));
     kiln_batch *b = batch(0, NR);
-    kiln_tensor *by[KILN_IN_N], *report[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
+    kiln_tensor *by[KILN_IN_N];
     inputs(&o, b, b, 0, by);
     kiln_dtype was = kiln_autocast_set(KILN_BF16);
     kiln_llama_zero_grad(m);
-    CHECK_OK(o.trace(&o, m, by, report));
     int nr = o.n_terms + o.n_metrics;
     double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0};
-    for (int i = 0; i < nr && report[i]; i++) rep[i] = kiln_f32(report[i])[0];
-    kiln_tensor *scaled = report[0] ? kiln_objective_diff(&o, report, by) : NULL;
-    CHECK_OK(scaled ? kiln_backward(scaled) : kiln_last_status());
-    kiln_tensor_release(scaled);
-    for (int i = 0; i < nr; i++) kiln_tensor_release(report[i]);
+    eager_step(&o, m, by, rep);
     char nm[160];
     snprintf(nm, sizeof nm, "%s.loss", v->tag);
     const float *want = fx(nm, 1);

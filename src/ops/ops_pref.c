@@ -81,60 +81,35 @@ static kiln_status same_f32(const char *name, const kiln_meta *in, int n, kiln_m
     *out = in[0];
     return KILN_OK;
 }
-static kiln_status ls_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    return same_f32("logsigmoid", in, 1, out);
-}
-static kiln_status ls_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
-    gin[0] = kiln_logsigmoid_backward(c->in[0], g);
-    return gin[0] ? KILN_OK : kiln_last_status();
-}
-const kiln_op_def kiln_opdef_logsigmoid = {.name = "logsigmoid", .n_in = 1, .save_in = 1, .shape = ls_shape,
-                                           .cexpr = "kiln_logsigmoid_f($0)", .backward = ls_bw};
-static kiln_status lsbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    return same_f32("logsigmoid_backward", in, 2, out);
-}
-const kiln_op_def kiln_opdef_logsigmoid_bwd = {.name = "logsigmoid_backward", .n_in = 2, .nondiff_in = 1, .shape = lsbw_shape,
-                                               .cexpr = "kiln_logsigmoid_bwd_f($0, $1)"};
-static kiln_status relu_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    return same_f32("relu", in, 1, out);
-}
-static kiln_status relu_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
-    gin[0] = kiln_relu_backward(c->in[0], g);
-    return gin[0] ? KILN_OK : kiln_last_status();
-}
-const kiln_op_def kiln_opdef_relu = {.name = "relu", .n_in = 1, .save_in = 1, .shape = relu_shape,
-                                     .cexpr = "($0 > 0.0f ? $0 : 0.0f)", .backward = relu_bw};
-static kiln_status relubw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    return same_f32("relu_backward", in, 2, out);
-}
-const kiln_op_def kiln_opdef_relu_bwd = {.name = "relu_backward", .n_in = 2, .nondiff_in = 1, .shape = relubw_shape,
-                                         .cexpr = "($0 > 0.0f ? $1 : 0.0f)"};
+/* An element-wise f(x) with its gradient g * f'(x) as a second op: both
+ * defined by one C expression each (the eager kernels in the backends use
+ * the same scalar functions, kiln/opmath.h). */
+#define UNARY_WITH_BACKWARD(sym, fexpr, bexpr)                                                                   \
+    static kiln_status sym##_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {                  \
+        (void)a;                                                                                                 \
+        return same_f32(#sym, in, 1, out);                                                                       \
+    }                                                                                                            \
+    static kiln_status sym##_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {                      \
+        gin[0] = kiln_##sym##_backward(c->in[0], g);                                                             \
+        return gin[0] ? KILN_OK : kiln_last_status();                                                            \
+    }                                                                                                            \
+    const kiln_op_def kiln_opdef_##sym = {.name = #sym, .n_in = 1, .save_in = 1, .shape = sym##_shape,          \
+                                          .cexpr = fexpr, .backward = sym##_bw};                                 \
+    static kiln_status sym##_bw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {               \
+        (void)a;                                                                                                 \
+        return same_f32(#sym "_backward", in, 2, out);                                                           \
+    }                                                                                                            \
+    const kiln_op_def kiln_opdef_##sym##_bwd = {.name = #sym "_backward", .n_in = 2, .nondiff_in = 1,          \
+                                                .shape = sym##_bw_shape, .cexpr = bexpr};
+UNARY_WITH_BACKWARD(logsigmoid, "kiln_logsigmoid_f($0)", "kiln_logsigmoid_bwd_f($0, $1)")
+UNARY_WITH_BACKWARD(relu, "($0 > 0.0f ? $0 : 0.0f)", "($0 > 0.0f ? $1 : 0.0f)")
+UNARY_WITH_BACKWARD(log1mexp, "kiln_log1mexp_f($0)", "kiln_log1mexp_bwd_f($0, $1)")
 static kiln_status gt0_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
     return same_f32("gt0", in, 1, out);
 }
 const kiln_op_def kiln_opdef_gt0 = {.name = "gt0", .n_in = 1, .nondiff_in = 1, .shape = gt0_shape,
                                     .cexpr = "($0 > 0.0f ? 1.0f : 0.0f)"};
-static kiln_status l1m_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    return same_f32("log1mexp", in, 1, out);
-}
-static kiln_status l1m_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {
-    gin[0] = kiln_log1mexp_backward(c->in[0], g);
-    return gin[0] ? KILN_OK : kiln_last_status();
-}
-const kiln_op_def kiln_opdef_log1mexp = {.name = "log1mexp", .n_in = 1, .save_in = 1, .shape = l1m_shape,
-                                         .cexpr = "kiln_log1mexp_f($0)", .backward = l1m_bw};
-static kiln_status l1mbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
-    (void)a;
-    return same_f32("log1mexp_backward", in, 2, out);
-}
-const kiln_op_def kiln_opdef_log1mexp_bwd = {.name = "log1mexp_backward", .n_in = 2, .nondiff_in = 1, .shape = l1mbw_shape,
-                                             .cexpr = "kiln_log1mexp_bwd_f($0, $1)"};
 
 /* ---- API ------------------------------------------------------------------------- */
 kiln_tensor *kiln_row_nll(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index) {
