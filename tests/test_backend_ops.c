@@ -285,6 +285,8 @@ static void ops_nn(int v) {
     CASE("attn_mask", KILN_OP_ATTN_MASK, false, A(.i = {T}), ints(2, T, 1, 0));
     CASE("attn_mask (last queries)", KILN_OP_ATTN_MASK, false, A(.i = {T > 2 ? T - 2 : 1}), ints(2, T, 1, 0));
     CASE("attn_mask (segments)", KILN_OP_ATTN_MASK, false, A(.i = {T, 1}), ints(2, T, 1, 0), ints(2, T, 2, 0));
+    CASE("attn_mask (window 3)", KILN_OP_ATTN_MASK, false, A(.i = {T, 0, 3}), ints(2, T, 1, 0));
+    CASE("attn_mask (segments, window 2)", KILN_OP_ATTN_MASK, false, A(.i = {T, 1, 2}), ints(2, T, 1, 0), ints(2, T, 2, 0));
     int64_t Tq = v == 2 ? 61 : T;
     CASE("softmax", KILN_OP_SOFTMAX, true, NOATTR, RND(-3, 3, 2, 3, Tq, Tq));
     CASE("softmax_backward", KILN_OP_SOFTMAX_BWD, false, NOATTR, RND(0, 1, 2, 3, Tq, Tq), RND(-1, 1, 2, 3, Tq, Tq));
@@ -316,6 +318,11 @@ static void ops_fused(int v) {
     CASE("flash_attn (GQA, padding)", KILN_OP_FLASH_ATTN, true, fa, RND(-1, 1, 2, 4, Tq, D), RND(-1, 1, 2, 2, Tk, D),
          RND(-1, 1, 2, 2, Tk, D), ints(2, Tk, 1, 0));
     CASE("flash_attn (segments)", KILN_OP_FLASH_ATTN, true, fs, RND(-1, 1, 2, 4, Tk, D), RND(-1, 1, 2, 2, Tk, D),
+         RND(-1, 1, 2, 2, Tk, D), ints(2, Tk, 1, 0), ints(2, Tk, 2, 0));
+    kiln_attrs fw = {.i = {0, 5}, .f = {0.2}}, fsw = {.i = {1, 3}, .f = {0.2}};
+    CASE("flash_attn (window 5)", KILN_OP_FLASH_ATTN, true, fw, RND(-1, 1, 2, 4, Tq, D), RND(-1, 1, 2, 2, Tk, D),
+         RND(-1, 1, 2, 2, Tk, D), ints(2, Tk, 1, 0));
+    CASE("flash_attn (segments, window 3)", KILN_OP_FLASH_ATTN, true, fsw, RND(-1, 1, 2, 4, Tk, D), RND(-1, 1, 2, 2, Tk, D),
          RND(-1, 1, 2, 2, Tk, D), ints(2, Tk, 1, 0), ints(2, Tk, 2, 0));
     /* flash_attn_backward on a forward's own output and lse */
     for (int seg = 0; seg < 2; seg++) {

@@ -36,10 +36,12 @@ typedef struct {
     int64_t B, H, Hkv, T, Tk, D;
     float scale;
     const int32_t *pad;
+    int64_t window; /* sliding window (0: none) */
 } att_shape;
 
 static bool visible(const att_shape *s, int64_t b, int64_t i, int64_t j) {
-    return j <= s->Tk - s->T + i && (!s->pad || s->pad[b * s->Tk + j]);
+    int64_t p = s->Tk - s->T + i;
+    return j <= p && (!s->window || p - j < s->window) && (!s->pad || s->pad[b * s->Tk + j]);
 }
 
 /* The decomposed computation in double: scores, mask, softmax, weighted
@@ -95,7 +97,10 @@ static void ref_attn(const att_shape *s, const float *q, const float *k, const f
 
 static void flash(const att_shape *s, const float *q, const float *k, const float *v, float *out,
                   float *lse) {
-    kiln_k_flash_attn(q, k, v, s->pad, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale);
+    if (s->window)
+        kiln_k_flash_attn_win(q, k, v, s->pad, NULL, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window);
+    else
+        kiln_k_flash_attn(q, k, v, s->pad, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale);
 }
 
 /* Forward and backward of one case against the double reference. */
@@ -121,8 +126,8 @@ static void check_attn(const char *name, const att_shape *s) {
     }
     CHECK(el < 1e-5, "%s: lse err %.3g", name, el);
     CHECK(inf_ok, "%s: rows without visible keys must give lse -inf and zeros", name);
-    kiln_k_flash_attn_backward(q, k, v, s->pad, out, lse, g, dq, dk, dv, s->B, s->H, s->Hkv, s->T,
-                               s->Tk, s->D, s->scale);
+    kiln_k_flash_attn_backward_win(q, k, v, s->pad, NULL, out, lse, g, dq, dk, dv, s->B, s->H, s->Hkv, s->T, s->Tk, s->D,
+                                   s->scale, s->window);
     double e1 = rel_err_d(dq, rdq, nq), e2 = rel_err_d(dk, rdk, nk), e3 = rel_err_d(dv, rdv, nk);
     CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5, "%s: grad rel err dq %.3g dk %.3g dv %.3g", name, e1,
           e2, e3);
@@ -136,7 +141,7 @@ static void test_attn_reference(void) {
     for (int64_t i = 0; i < 2 * Tk; i++) pad[i] = 1;
     pad[Tk + 3] = 0; /* batch 1: a padding key inside and a padded tail */
     for (int64_t j = 32; j < Tk; j++) pad[Tk + j] = 0;
-    att_shape s = {2, 4, 2, 37, 37, 24, 0.2f, NULL};
+    att_shape s = {2, 4, 2, 37, 37, 24, 0.2f, NULL, 0};
     check_attn("T=Tk=37", &s);
     s.pad = pad;
     check_attn("T=Tk=37 padded", &s);
@@ -147,23 +152,35 @@ static void test_attn_reference(void) {
     /* left padding: the first queries see only padding; batch 1 all padding */
     int32_t lpad[2 * 37];
     for (int64_t j = 0; j < Tk; j++) lpad[j] = j >= 6, lpad[Tk + j] = 0;
-    att_shape l = {2, 4, 2, 37, 37, 24, 0.2f, lpad};
+    att_shape l = {2, 4, 2, 37, 37, 24, 0.2f, lpad, 0};
     check_attn("left padding, all-padding batch", &l);
     /* several blocks: causal skipping, diagonal tiles, tails, D > 64 */
-    att_shape m = {1, 2, 1, 150, 150, 72, 0.125f, NULL};
+    att_shape m = {1, 2, 1, 150, 150, 72, 0.125f, NULL, 0};
     check_attn("T=Tk=150 D=72", &m);
     int32_t *pm = malloc(2 * 200 * sizeof(int32_t));
     for (int64_t j = 0; j < 400; j++) pm[j] = !(j % 200 >= 64 && j % 200 < 128) || j < 200;
-    att_shape n = {2, 2, 2, 70, 200, 64, 0.125f, pm}; /* batch 1: a whole padded key block */
+    att_shape n = {2, 2, 2, 70, 200, 64, 0.125f, pm, 0}; /* batch 1: a whole padded key block */
     check_attn("T=70 Tk=200 padded block", &n);
-    att_shape o = {1, 3, 3, 130, 130, 16, 0.25f, NULL};
+    att_shape o = {1, 3, 3, 130, 130, 16, 0.25f, NULL, 0};
     check_attn("T=130 D=16 MHA", &o);
     /* head sizes that end in a partial vector of the AVX2 micro-kernels
      * (16-, 8- and masked column chunks) */
-    att_shape p = {1, 2, 2, 70, 70, 12, 0.3f, NULL};
+    att_shape p = {1, 2, 2, 70, 70, 12, 0.3f, NULL, 0};
     check_attn("T=70 D=12", &p);
     p.D = 44;
     check_attn("T=70 D=44", &p);
+    /* sliding windows: shorter than a key block, across block edges, with
+     * padding, a cache (T < Tk) and a window longer than the sequence */
+    static const int64_t wins[] = {1, 5, 33, 64, 100, 400};
+    for (size_t i = 0; i < sizeof wins / sizeof *wins; i++) {
+        char nm[80];
+        att_shape w = {1, 2, 1, 150, 150, 72, 0.125f, NULL, wins[i]};
+        snprintf(nm, sizeof nm, "window %lld, T=Tk=150", (long long)wins[i]);
+        check_attn(nm, &w);
+        att_shape wp = {2, 2, 2, 70, 200, 64, 0.125f, pm, wins[i]};
+        snprintf(nm, sizeof nm, "window %lld, T=70 Tk=200 padded block", (long long)wins[i]);
+        check_attn(nm, &wp);
+    }
     free(pm);
 }
 
@@ -171,7 +188,7 @@ static void test_attn_reference(void) {
  * float kernel, against the kernel's backward. */
 static void test_attn_finite_diff(void) {
     int32_t pad[2 * 6] = {1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 0};
-    att_shape s = {2, 2, 1, 4, 6, 5, 0.7f, pad};
+    att_shape s = {2, 2, 1, 4, 6, 5, 0.7f, pad, 0};
     const int64_t nq = s.B * s.H * s.T * s.D, nk = s.B * s.Hkv * s.Tk * s.D, nl = s.B * s.H * s.T;
     float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *w = frand(nq, -1, 1);
     float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
@@ -209,7 +226,7 @@ static void test_attn_finite_diff(void) {
 static void test_attn_determinism(void) {
     int32_t *pad = malloc(2 * 150 * sizeof(int32_t));
     for (int64_t j = 0; j < 300; j++) pad[j] = j < 150 || j % 150 < 140;
-    att_shape s = {2, 4, 2, 150, 150, 32, 0.17f, pad};
+    att_shape s = {2, 4, 2, 150, 150, 32, 0.17f, pad, 0};
     const int64_t nq = s.B * s.H * s.T * s.D, nk = s.B * s.Hkv * s.Tk * s.D, nl = s.B * s.H * s.T;
     float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
     float *res[3][5];

@@ -169,6 +169,12 @@ void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int
 void kiln_k_flash_attn_seg(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                            const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
                            int64_t T, int64_t Tk, int64_t D, float scale);
+/* The same with a sliding window W (0: none): query i also sees key j
+ * only when (Tk-T+i) - j < W, as Hugging Face's sliding_window. Key blocks
+ * wholly before every query's window are skipped. */
+void kiln_k_flash_attn_win(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                           const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
+                           int64_t T, int64_t Tk, int64_t D, float scale, int64_t window);
 /* Gradients given dout [B,H,T,D]: dq [B,H,T,D] overwritten; dk, dv
  * [B,Hkv,Tk,D] overwritten (summed over the heads that share a kv head).
  * Recomputes probabilities from q, k and lse. Bitwise deterministic for any
@@ -183,6 +189,11 @@ void kiln_k_flash_attn_backward_seg(const float *q, const float *k, const float 
                                     const int32_t *seg, const float *out, const float *lse, const float *dout,
                                     float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                                     int64_t Tk, int64_t D, float scale);
+/* Its backward with a sliding window (as kiln_k_flash_attn_win). */
+void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                                    const int32_t *seg, const float *out, const float *lse, const float *dout,
+                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                                    int64_t Tk, int64_t D, float scale, int64_t window);
 /* Fused final linear + cross-entropy. loss = sum over rows n with
  * targets[n] != ignore of -log softmax(h[n]·Wᵀ)[targets[n]]; *count = number
  * of such rows. h [N,C], W [V,C]. When dh (N×C, overwritten) and/or dW (V×C,

@@ -61,9 +61,13 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c);
 const char *kiln_family_name(kiln_family f);
 const char *kiln_family_architecture(kiln_family f);
 /* The attention window (sliding_window where this config's attention uses
- * one, else 0). kiln does not implement windowed attention: a forward over
- * more positions than this is refused. */
+ * one on some layer, else 0): on those layers a query at position p sees
+ * keys j > p - window (Hugging Face's sliding_window), eager and in the
+ * flash kernels, with packed documents and the generation cache. */
 int64_t kiln_llama_config_window(const kiln_llama_config *c);
+/* The sliding window of one layer (0: it attends to every earlier key):
+ * Mistral's on every layer, Qwen2/3's on layers >= max_window_layers. */
+int64_t kiln_llama_layer_window(const kiln_llama_config *c, int64_t layer);
 /* true when id is eos_token_id or one of the list's other entries */
 bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id);
 /* Field by field (padding bytes are not part of a config). */

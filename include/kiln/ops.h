@@ -56,7 +56,7 @@ extern "C" {
     X(TRANSPOSE12, transpose12)         /* [A,B,C,D] -> [A,C,B,D] */                                 \
     X(RESHAPE, reshape)                 /* view; i0=ndim, i1..i4 = shape */                          \
     X(ATTN_MASK, attn_mask)             /* (pad_mask[B,T] [, seg[B,T]] i32) i0=q_len i1=seg given    \
-                                           -> [B,1,Tq,Tk] additive */                                \
+                                           i2=sliding window (0 none) -> [B,1,Tq,Tk] additive */     \
     X(SOFTMAX, softmax)                 /* last dim */                                               \
     X(SOFTMAX_BWD, softmax_bwd)         /* (y, g) */                                                 \
     X(CROSS_ENTROPY, cross_entropy)     /* (logits[...,V], targets[...] i32) i0=ignore -> [1] sum */ \
@@ -68,7 +68,7 @@ extern "C" {
     X(FILL, fill)                       /* () i0=ndim, i1..i4=shape, f0=value (seeds backward) */    \
     /* fused ops the compiler rewrites to (eager runs the model's decomposition) */                  \
     X(FLASH_ATTN, flash_attn)           /* (q[B,H,T,D], k,v[B,Hkv,Tk,D], pad[B,Tk] [, seg[B,Tk]])    \
-                                           f0=scale i0=seg given -> out; aux lse[B,H,T] */           \
+                                           f0=scale i0=seg given i1=window -> out; aux lse[B,H,T] */ \
     X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout [, seg]) -> dq; aux dk, dv */     \
     X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...] [, seed[1]]) i0=ignore     \
                                            i1=need_dh i2=need_dW i3=bf16 products i4=seed given      \
@@ -305,6 +305,8 @@ kiln_tensor *kiln_attn_mask(kiln_tensor *pad_mask, int64_t q_len);
  * too (seg [B, Tk] i32, the segment of each token; queries are the last
  * Tq). seg NULL: kiln_attn_mask. */
 kiln_tensor *kiln_attn_mask_seg(kiln_tensor *pad_mask, kiln_tensor *seg, int64_t q_len);
+/* The same with a sliding window of `window` keys (0: none; seg may be NULL). */
+kiln_tensor *kiln_attn_mask_win(kiln_tensor *pad_mask, kiln_tensor *seg, int64_t q_len, int64_t window);
 kiln_tensor *kiln_softmax(kiln_tensor *x);
 kiln_tensor *kiln_softmax_backward(kiln_tensor *y, kiln_tensor *g);
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *targets, int32_t ignore_index);

@@ -103,7 +103,8 @@ static kiln_status become(kiln_graph *g, int v, int op, int n_in, const int *in,
 
 static bool is_op(const kiln_graph *g, int v, int op) { return g->v[v].kind == KILN_V_OP && !g->v[v].dead && g->v[v].op == op; }
 
-/* softmax(scale(q·k_repᵀ) + mask(pad[, seg]))·v_rep  ->  flash_attn(q, k, v, pad[, seg]) */
+/* softmax(scale(q·k_repᵀ) + mask(pad[, seg]))·v_rep  ->  flash_attn(q, k, v, pad[, seg]), the
+ * mask's sliding window kept */
 kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
     int done = 0;
     kiln_status st = KILN_OK;
@@ -129,7 +130,7 @@ kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
         /* a block-diagonal mask hands its segment ids on */
         bool seg = g->v[mask].attrs.i[1] != 0;
         int in[5] = {q, k, v, g->v[mask].in[0], seg ? g->v[mask].in[1] : 0};
-        kiln_attrs a = {.i = {seg}, .f = {g->v[s1].attrs.f[0]}};
+        kiln_attrs a = {.i = {seg, g->v[mask].attrs.i[2]}, .f = {g->v[s1].attrs.f[0]}}; /* and its window */
         if (!(st = become(g, o, KILN_OP_FLASH_ATTN, seg ? 5 : 4, in, a))) done++;
     }
     if (!st && done) st = kiln_pass_dce(g, NULL);

@@ -324,6 +324,18 @@ static int64_t causal_limit(int64_t qpos, int64_t j0, int64_t nk) {
     return lim < 0 ? 0 : lim > nk ? nk : lim;
 }
 
+/* Sliding window W (0: none): a query at qpos sees keys j > qpos - W. The
+ * first visible column of the block for that query, clamped to [0, nk]. */
+static int64_t window_start(int64_t W, int64_t qpos, int64_t j0, int64_t nk) {
+    if (!W) return 0;
+    int64_t lo = qpos - W + 1 - j0;
+    return lo < 0 ? 0 : lo > nk ? nk : lo;
+}
+
+/* Is the whole key block [j0, j0+nk) before the window of every query from
+ * qpos0 on? (Such a tile is skipped, as foreign segments are.) */
+static bool before_window(int64_t W, int64_t qpos0, int64_t j0, int64_t nk) { return W && j0 + nk - 1 <= qpos0 - W; }
+
 /* ---- segments ----------------------------------------------------------- */
 /* Per (batch row, key block): the smallest and largest segment id of its
  * real keys (min > max when it has none). A query sees a key only with its
@@ -433,6 +445,7 @@ typedef struct {
     int64_t H, Hkv, T, Tk, D, nkb;
     float scale;
     seg_info si;
+    int64_t window;
 } fwd_args;
 
 /* One (b, h, query block): online softmax over the visible key blocks,
@@ -457,17 +470,18 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
         if (block_all_pad(pad, j0, nk)) continue;
         const int st = seg_tile(&a->si, b, Tk, a->nkb, off + i0, nr, kb);
         if (!st) continue; /* another document's keys */
+        if (before_window(a->window, off + i0, j0, nk)) continue; /* out of every query's window */
         const bool has_pad = block_has_pad(pad, j0, nk), mixed = st == 2;
         if (has_pad)
             for (int64_t c = 0; c < nk; c++) bias[c] = pad[j0 + c] ? 0.0f : -INFINITY;
         mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
         for (int64_t r = 0; r < nr; r++) {
             float *s = S + r * BK;
-            const int64_t lim = causal_limit(off + i0 + r, j0, nk);
+            const int64_t lim = causal_limit(off + i0 + r, j0, nk), lo = window_start(a->window, off + i0 + r, j0, nk);
             const float sc = a->scale;
             float alpha;
 #ifdef KILN_ATT_ROW8
-            if (!mixed && !has_pad && lim == BK && nk == BK) {
+            if (!mixed && !has_pad && lim == BK && nk == BK && !lo) {
                 alpha = full_row(s, sc, &m[r], &l[r]);
                 goto rescale;
             }
@@ -478,11 +492,11 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < nk; c++) {
                     float x = s[c] * sc + (has_pad ? bias[c] : 0.0f);
-                    x = c < lim && sk[c] == sq ? x : -INFINITY;
+                    x = c < lim && c >= lo && sk[c] == sq ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
                 }
-            } else if (lim == nk && !has_pad) {
+            } else if (lim == nk && !has_pad && !lo) {
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < nk; c++) {
                     float x = s[c] * sc;
@@ -493,7 +507,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < nk; c++) {
                     float x = s[c] * sc + (has_pad ? bias[c] : 0.0f);
-                    x = c < lim ? x : -INFINITY;
+                    x = c < lim && c >= lo ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
                 }
@@ -546,6 +560,12 @@ void kiln_k_flash_attn(const float *q, const float *k, const float *v, const int
 void kiln_k_flash_attn_seg(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                            const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
                            int64_t T, int64_t Tk, int64_t D, float scale) {
+    kiln_k_flash_attn_win(q, k, v, pad_mask, seg, out, lse, B, H, Hkv, T, Tk, D, scale, 0);
+}
+
+void kiln_k_flash_attn_win(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                           const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
+                           int64_t T, int64_t Tk, int64_t D, float scale, int64_t window) {
     if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
     float *kt = nkb ? kiln_alloc((size_t)(B * Hkv * nkb * D * BK) * sizeof(float)) : NULL;
@@ -559,7 +579,7 @@ void kiln_k_flash_attn_seg(const float *q, const float *k, const float *v, const
         return;
     }
     if (nkb) transpose_blocks(k, kt, B * Hkv, Tk, D);
-    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si};
+    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window};
     const int64_t ntask = B * H * nqb;
 #pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
     {
@@ -586,6 +606,7 @@ typedef struct {
     int64_t H, Hkv, T, Tk, D, nkb, nqb;
     float scale;
     seg_info si;
+    int64_t window;
 } bwd_args;
 
 /* Does query block qb see any key of key block kb (ignoring padding)?
@@ -593,6 +614,8 @@ typedef struct {
 static int tile_visible(const bwd_args *a, int64_t b, int64_t qb, int64_t kb) {
     int64_t i0 = qb * BQ, nr = a->T - i0 < BQ ? a->T - i0 : BQ;
     if (a->Tk - a->T + i0 + nr - 1 < kb * BK) return 0;
+    const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
+    if (before_window(a->window, a->Tk - a->T + i0, j0, nk)) return 0;
     return seg_tile(&a->si, b, a->Tk, a->nkb, a->Tk - a->T + i0, nr, kb);
 }
 
@@ -620,16 +643,17 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         float *s = S + r * BK, *dp = dP + r * BK;
         const float L = a->lse[qrow + r], dl = a->delta[qrow + r];
         const int64_t lim = L == -INFINITY ? 0 : causal_limit(off + i0 + r, j0, nk);
+        const int64_t lo = window_start(a->window, off + i0 + r, j0, nk);
         if (mixed) { /* block-diagonal: keys of the query's own segment only */
             const int32_t *sg = a->si.seg + b * Tk, sq = sg[off + i0 + r], *sk = sg + j0;
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L + (has_pad ? bias[c] : 0.0f));
-                p = c < lim && sk[c] == sq ? p : 0.0f;
+                p = c < lim && c >= lo && sk[c] == sq ? p : 0.0f;
                 s[c] = p;
                 dp[c] = p * (dp[c] - dl);
             }
-        } else if (lim == nk && !has_pad) {
+        } else if (lim == nk && !has_pad && !lo) {
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L);
@@ -640,7 +664,7 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L + (has_pad ? bias[c] : 0.0f));
-                p = c < lim ? p : 0.0f;
+                p = c < lim && c >= lo ? p : 0.0f;
                 s[c] = p;
                 dp[c] = p * (dp[c] - dl);
             }
@@ -684,6 +708,13 @@ void kiln_k_flash_attn_backward_seg(const float *q, const float *k, const float 
                                     const int32_t *seg, const float *out, const float *lse, const float *dout,
                                     float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                                     int64_t Tk, int64_t D, float scale) {
+    kiln_k_flash_attn_backward_win(q, k, v, pad_mask, seg, out, lse, dout, dq, dk, dv, B, H, Hkv, T, Tk, D, scale, 0);
+}
+
+void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                                    const int32_t *seg, const float *out, const float *lse, const float *dout,
+                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                                    int64_t Tk, int64_t D, float scale, int64_t window) {
     if (B <= 0 || H <= 0 || D <= 0) return;
     memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
     memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
@@ -711,7 +742,7 @@ void kiln_k_flash_attn_backward_seg(const float *q, const float *k, const float 
         delta[i] = s;
     }
     bwd_args a = {q, k, v, kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
-                  H, Hkv, T, Tk, D, nkb, nqb, scale, si};
+                  H, Hkv, T, Tk, D, nkb, nqb, scale, si, window};
     const int64_t grp = H / Hkv, nth = omp_get_max_threads();
     const bool small = T * Tk * D * B * H <= (1 << 16);
     if (B * Hkv >= 4 * nth || small) {

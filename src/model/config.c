@@ -35,6 +35,12 @@ int64_t kiln_llama_config_window(const kiln_llama_config *c) {
     }
 }
 
+int64_t kiln_llama_layer_window(const kiln_llama_config *c, int64_t layer) {
+    int64_t w = kiln_llama_config_window(c);
+    if (c->family == KILN_FAMILY_QWEN2 || c->family == KILN_FAMILY_QWEN3) return layer >= c->max_window_layers ? w : 0;
+    return w;
+}
+
 bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id) {
     if (id < 0) return false;
     if (id == c->eos_token_id) return true;
@@ -204,6 +210,12 @@ char *kiln_llama_config_to_json(const kiln_llama_config *c) {
     if (c->family == KILN_FAMILY_QWEN2 || c->family == KILN_FAMILY_QWEN3) {
         json_object_set_new(o, "use_sliding_window", json_boolean(c->use_sliding_window));
         json_object_set_new(o, "max_window_layers", json_integer(c->max_window_layers));
+        if (c->use_sliding_window && c->sliding_window) { /* what newer transformers write: each layer's attention */
+            json_t *lt = json_array();
+            for (int64_t l = 0; l < c->num_hidden_layers; l++)
+                json_array_append_new(lt, json_string(kiln_llama_layer_window(c, l) ? "sliding_attention" : "full_attention"));
+            json_object_set_new(o, "layer_types", lt);
+        }
     }
     if (c->bos_token_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(c->bos_token_id));
     if (c->eos_is_list) {

@@ -499,16 +499,6 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
                    (long long)(pos0 + T), (long long)c->max_position_embeddings);
         return NULL;
     }
-    int64_t window = kiln_llama_config_window(c);
-    if (window && pos0 + T > window) {
-        /* every query sees every earlier key, which equals the window only
-         * while the sequence fits in it */
-        kiln_error(KILN_ERR_UNSUPPORTED,
-                   "llama forward: %lld positions exceed the model's sliding_window %lld (config.json); kiln does not implement "
-                   "windowed attention: use sequences of at most %lld tokens",
-                   (long long)(pos0 + T), (long long)window, (long long)window);
-        return NULL;
-    }
     kiln_tensor *positions = docs ? docs->positions : NULL, *segments = docs ? docs->segments : NULL;
     if (docs && (!positions || !segments)) {
         kiln_error(KILN_ERR_INVALID, "llama forward: packed documents need both positions and segment ids");
@@ -519,6 +509,9 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
     /* packed documents: block-diagonal causal (each token sees its own
      * document only), RoPE positions restarting at each document */
     kiln_tensor *mask = kiln_attn_mask_seg(pm, segments, T);
+    /* sliding-window layers: the same mask, keys within the window only */
+    int64_t window = kiln_llama_config_window(c);
+    kiln_tensor *mask_w = window && pos0 + T > window ? kiln_attn_mask_win(pm, segments, T, window) : NULL;
     kiln_tensor_release(pm);
     kiln_tensor *h = kiln_embedding(m->embed_tokens, ids);
     int outer = kiln_op_get_scope();
@@ -526,7 +519,8 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
         kiln_llama_layer *ly = &m->layers[l];
         kiln_op_set_scope((int)(2 * l + 1)); /* the attention block */
         kiln_tensor *x = kiln_rmsnorm(h, ly->input_layernorm, c->rms_norm_eps);
-        kiln_tensor *a = x ? attention(m, ly, l, x, mask, positions, kc) : NULL;
+        kiln_tensor *lm = mask_w && kiln_llama_layer_window(c, l) ? mask_w : mask;
+        kiln_tensor *a = x ? attention(m, ly, l, x, lm, positions, kc) : NULL;
         kiln_tensor_release(x);
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);
@@ -539,6 +533,7 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
     }
     kiln_op_set_scope(outer);
     kiln_tensor_release(mask);
+    kiln_tensor_release(mask_w);
     if (kc && h) kc->len += T;
     NEXT(h, kiln_rmsnorm(h, m->norm, c->rms_norm_eps));
     NEXT(h, kiln_linear(h, m->lm_head));

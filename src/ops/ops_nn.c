@@ -119,7 +119,8 @@ static kiln_status repbw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_me
 const kiln_op_def kiln_opdef_repeat_kv_bwd = {.name = "repeat_kv_backward", .n_in = 1, .shape = repbw_shape};
 
 /* ---- attention mask ---------------------------------------------------------- */
-/* i1 = 1: segment ids [B, Tk] i32 as input 1 (block-diagonal) */
+/* i1 = 1: segment ids [B, Tk] i32 as input 1 (block-diagonal); i2 = W > 0:
+ * a sliding window, query at position p sees keys j > p - W (0: none) */
 static kiln_status mask_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (in[0].ndim != 2 || in[0].dtype != KILN_I32 || a->i[0] < 1 || a->i[0] > in[0].shape[1])
         return kiln_op_shape_error("attn_mask", in, 1, "need pad_mask [B, T] i32 and 1 <= q_len <= T");
@@ -127,6 +128,7 @@ static kiln_status mask_shape(const kiln_meta *in, const kiln_attrs *a, kiln_met
     if (a->i[1] && (in[1].ndim != 2 || in[1].dtype != KILN_I32 || memcmp(in[1].shape, in[0].shape, 2 * sizeof(int64_t))))
         return kiln_op_shape_error("attn_mask", in, 2, "need segment ids [B, T] i32 like pad_mask");
     if (!a->i[1] && in[1].ndim) return kiln_op_shape_error("attn_mask", in, 2, "segment ids given but not announced (attribute i1)");
+    if (a->i[2] < 0) return kiln_op_shape_error("attn_mask", in, 1, "sliding window %lld < 0", (long long)a->i[2]);
     int64_t s[4] = {in[0].shape[0], 1, a->i[0], in[0].shape[1]};
     *out = kiln_meta_make(KILN_F32, 4, s);
     return KILN_OK;
@@ -244,10 +246,12 @@ kiln_tensor *kiln_attn_mask(kiln_tensor *pad_mask, int64_t q_len) {
     return kiln_op_call(KILN_OP_ATTN_MASK, &pad_mask, 1, &a);
 }
 kiln_tensor *kiln_attn_mask_seg(kiln_tensor *pad_mask, kiln_tensor *seg, int64_t q_len) {
-    if (!seg) return kiln_attn_mask(pad_mask, q_len);
-    kiln_attrs a = {.i = {q_len, 1}};
+    return kiln_attn_mask_win(pad_mask, seg, q_len, 0);
+}
+kiln_tensor *kiln_attn_mask_win(kiln_tensor *pad_mask, kiln_tensor *seg, int64_t q_len, int64_t window) {
+    kiln_attrs a = {.i = {q_len, seg != NULL, window}};
     kiln_tensor *in[2] = {pad_mask, seg};
-    return kiln_op_call(KILN_OP_ATTN_MASK, in, 2, &a);
+    return kiln_op_call(KILN_OP_ATTN_MASK, in, seg ? 2 : 1, &a);
 }
 kiln_tensor *kiln_softmax(kiln_tensor *x) { return kiln_op_call(KILN_OP_SOFTMAX, &x, 1, NULL); }
 kiln_tensor *kiln_softmax_backward(kiln_tensor *y, kiln_tensor *g) {

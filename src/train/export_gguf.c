@@ -97,8 +97,9 @@ kiln_status kiln_gguf_plan_arch(const char *path, const kiln_llama_config *c, ar
                           "%s: rope_scaling llama3 with model_type %s: llama.cpp's %s architecture reads no rope_freqs "
                           "tensor (only its llama architecture does)",
                           path, kiln_family_name(c->family), a->arch);
-    /* llama.cpp attends to every position; kiln refuses a forward longer
-     * than the window, so within context_length the two are the same */
+    /* llama.cpp's llama and qwen2 architectures attend to every position;
+     * within the window they equal kiln's sliding-window attention, so the
+     * file's context_length is the window */
     int64_t win = kiln_llama_config_window(c);
     a->context = win > 0 && win < c->max_position_embeddings ? win : c->max_position_embeddings;
     return KILN_OK;

@@ -189,12 +189,6 @@ static kiln_status check_fit(kiln_trainer *t, const kiln_shard_info *info) {
     if (t->cfg.seq_len > mc->max_position_embeddings)
         return kiln_error(KILN_ERR_INVALID, "--seq-len %d exceeds the model's max_position_embeddings %lld", t->cfg.seq_len,
                           (long long)mc->max_position_embeddings);
-    int64_t window = kiln_llama_config_window(mc);
-    if (window && t->cfg.seq_len > window) /* refused at start, not at the first step */
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "--seq-len %d exceeds the model's sliding_window %lld (config.json): kiln does not implement windowed "
-                          "attention, use --seq-len %lld or less",
-                          t->cfg.seq_len, (long long)window, (long long)window);
     return KILN_OK;
 }
 

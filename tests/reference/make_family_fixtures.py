@@ -150,16 +150,21 @@ def forward(cfg, p, input_ids, attention_mask, torch):
 
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
-    keep = j <= i
-    window = None
-    if cfg["model_type"] == "mistral":
-        window = cfg.get("sliding_window")
-    elif cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
-        window = cfg.get("sliding_window")  # (layers >= max_window_layers; all of them here when used)
-    if window is not None:
-        keep = keep & (i - j < window)
-    keep = keep[None, :, :] & attention_mask.bool()[:, None, :]
-    mask = torch.zeros(B, 1, T, T, dtype=dt).masked_fill(~keep[:, None], float("-inf"))
+
+    def mask_of(window):
+        keep = j <= i
+        if window is not None:
+            keep = keep & (i - j < window)   # HF's sliding window: keys within the last `window` positions
+        keep = keep[None, :, :] & attention_mask.bool()[:, None, :]
+        return torch.zeros(B, 1, T, T, dtype=dt).masked_fill(~keep[:, None], float("-inf"))
+
+    def layer_window(li):
+        if cfg["model_type"] == "mistral":
+            return cfg.get("sliding_window")
+        if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
+            # layer_types: the first max_window_layers layers attend fully, the rest slide
+            return cfg.get("sliding_window") if li >= cfg.get("max_window_layers", 0) else None
+        return None
 
     x = F.embedding(input_ids.long(), p["model.embed_tokens.weight"])
     for li in range(cfg["num_hidden_layers"]):
@@ -176,8 +181,13 @@ def forward(cfg, p, input_ids, attention_mask, torch):
         k = k * cos + rotate_half(k, torch) * sin
         k = k.repeat_interleave(n_rep, dim=1)
         v = v.repeat_interleave(n_rep, dim=1)
+        mask = mask_of(layer_window(li))
         scores = q @ k.transpose(-1, -2) / math.sqrt(D) + mask
-        a = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, nh * D)
+        # a query that sees no key (a padding position whose window holds only
+        # padding) gets zeros, as kiln's softmax of an all -inf row: no NaN
+        seen = (mask > float("-inf")).any(-1, keepdim=True)
+        probs = torch.softmax(torch.where(seen, scores, torch.zeros_like(scores)), dim=-1) * seen
+        a = (probs @ v).transpose(1, 2).reshape(B, T, nh * D)
         x = x + lin(a, p, pre + "self_attn.o_proj", F)
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps, torch)
         m = F.silu(lin(h, p, pre + "mlp.gate_proj", F)) * lin(h, p, pre + "mlp.up_proj", F)
@@ -238,6 +248,18 @@ def configs():
                              max_window_layers=2, rope_theta=1000000.0, rms_norm_eps=1e-6),
         "qwen3": base_config("qwen3", head_dim=16, attention_bias=False, tie_word_embeddings=True,
                              use_sliding_window=False, sliding_window=None, max_window_layers=2, rms_norm_eps=1e-6),
+    }
+
+
+def extra_configs():
+    """Families with sliding windows shorter than the sequence (T 37), with
+    their own seeds (the seeds of configs() follow its sorted names)."""
+    return {
+        "mistral_swa": (200, base_config("mistral", num_key_value_heads=1, sliding_window=7, rope_theta=1000000.0)),
+        # layer 0 attends fully, layer 1 slides (max_window_layers 1)
+        "qwen2_swa": (201, base_config("qwen2", tie_word_embeddings=True, use_sliding_window=True, sliding_window=5,
+                                       max_window_layers=1, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                       layer_types=["full_attention", "sliding_attention"])),
     }
 
 
@@ -344,11 +366,15 @@ def main():
             print("check %s: %s" % (name, "failed" if rc else "passed"))
             failed += rc != 0
         sys.exit(1 if failed else 0)
-    if len(sys.argv) != 1:
-        raise SystemExit("usage: make_family_fixtures.py [--check MODEL_DIR NAME [MODEL_DIR NAME ...]]")
+    only = sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "--only" else None
+    if len(sys.argv) != 1 and only is None:
+        raise SystemExit("usage: make_family_fixtures.py [--only NAME ...] [--check MODEL_DIR NAME [MODEL_DIR NAME ...]]")
     os.makedirs(OUT, exist_ok=True)
-    for seed, (name, cfg) in enumerate(sorted(configs().items()), start=100):
-        make_fixture(name, cfg, seed, torch)
+    todo = [(name, cfg, seed) for seed, (name, cfg) in enumerate(sorted(configs().items()), start=100)]
+    todo += [(name, cfg, seed) for name, (seed, cfg) in sorted(extra_configs().items())]
+    for name, cfg, seed in todo:
+        if only is None or name in only:
+            make_fixture(name, cfg, seed, torch)
 
 
 if __name__ == "__main__":

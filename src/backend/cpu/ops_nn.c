@@ -87,7 +87,7 @@ kiln_status kiln_cpu_op_repeat_kv_bwd(kiln_tensor *const *in, const kiln_attrs *
 
 kiln_status kiln_cpu_op_attn_mask(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
     (void)aux;
-    int64_t B = in[0]->shape[0], Tk = in[0]->shape[1], Tq = a->i[0];
+    int64_t B = in[0]->shape[0], Tk = in[0]->shape[1], Tq = a->i[0], W = a->i[2];
     const int32_t *pm = kiln_i32(in[0]), *sg = a->i[1] ? kiln_i32(in[1]) : NULL;
     float *m = kiln_f32(out);
     for (int64_t b = 0; b < B; b++)
@@ -96,7 +96,7 @@ kiln_status kiln_cpu_op_attn_mask(kiln_tensor *const *in, const kiln_attrs *a, k
             float *row = m + (b * Tq + i) * Tk;
             const int32_t *sr = sg ? sg + b * Tk : NULL;
             for (int64_t j = 0; j < Tk; j++)
-                row[j] = (j <= p && pm[b * Tk + j] && (!sr || sr[j] == sr[p])) ? 0.0f : -INFINITY;
+                row[j] = (j <= p && (!W || p - j < W) && pm[b * Tk + j] && (!sr || sr[j] == sr[p])) ? 0.0f : -INFINITY;
         }
     return KILN_OK;
 }
