@@ -214,10 +214,16 @@ static void eager_vs_compiled(kiln_llama *m, kiln_compiled *cs_docs) {
     kiln_batch_free(p);
 }
 
-static void test_equivalence(void) {
+/* window > 0: a Mistral whose sliding window (shorter than both documents)
+ * applies inside each document of the packed row as in it alone */
+static void test_equivalence(int64_t window) {
     for (int i = 0; i <= LA; i++) tok_a[i] = 3 + (int32_t)(kiln_rng_u64(21, (uint64_t)i) % 58);
     for (int i = 0; i <= LB; i++) tok_b[i] = 3 + (int32_t)(kiln_rng_u64(22, (uint64_t)i) % 58);
     kiln_llama_config mc = pack_config();
+    if (window) {
+        mc.family = KILN_FAMILY_MISTRAL, mc.sliding_window = window;
+        printf(" with sliding_window %lld (Mistral):\n", (long long)window);
+    }
     kiln_llama *m = kiln_llama_new(&mc, 5);
     logits_alone(m);
     grads_alone(m, NULL, NULL, "eager");
@@ -684,7 +690,8 @@ int main(void) {
     printf("flash attention kernels:\n");
     test_flash_segments();
     printf("documents A and B in one row against each alone:\n");
-    test_equivalence();
+    test_equivalence(0);
+    test_equivalence(16);
     printf("against PyTorch:\n");
     test_torch();
     printf("accumulation:\n");
