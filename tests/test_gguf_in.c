@@ -263,7 +263,7 @@ int main(void) {
         CHECK(!err, "llama.cpp with the adapter: %s", err);
         if (!err) {
             double pk = kiln_ppl(lm, w, nw), pl = json_real_value(json_object_get(r, "ppl"));
-            int same = 0;
+            int same = 0, ties = 0;
             for (int g = 0; g < N_GREEDY; g++) {
                 static int32_t seq[512];
                 int np = 0, ng = llref_greedy(lm, tk, greedy_prompts[g], N_PREDICT, seq, &np);
@@ -278,13 +278,21 @@ int main(void) {
                 }
                 size_t d = 0;
                 while (d < ngot && (int)d < ng && json_integer_value(json_array_get(got, d)) == seq[np + d]) d++;
+                double gap = llref_top2_gap(lm, seq, np + (int)d);
                 printf("  q4_k_m + adapter '%s': parts at token %zu, where kiln's top-2 logit gap is %.3g\n", greedy_prompts[g],
-                       d, llref_top2_gap(lm, seq, np + (int)d));
+                       d, gap);
+                /* llama.cpp multiplies Q4_K weights by activations it rounds to Q8_K, kiln by fp32 ones: their
+                 * logits differ by ~1e-3, so two candidates within 1e-2 are a tie either may break (which way
+                 * depends on the CPU's kernels: AVX2 and AVX-512 builds part at different ones) */
+                CHECK(gap < 1e-2, "base + adapter: '%s' parts at token %zu where kiln's top-2 gap %.3g is no near tie",
+                      greedy_prompts[g], d, gap);
+                ties += gap < 1e-2;
             }
             printf("q4_k_m + LoRA adapter (trained by kiln on the held base, --gguf-lora): perplexity kiln %.5f, llama.cpp %.5f "
                    "(rel %.1e); greedy %d of %d identical\n", pk, pl, t_rel(pk, pl), same, N_GREEDY);
             CHECK(t_rel(pk, pl) < 1e-3, "base + adapter: kiln's perplexity %.6f vs llama.cpp's %.6f", pk, pl);
-            CHECK(same >= 4, "base + adapter: %d of %d greedy continuations identical", same, N_GREEDY);
+            CHECK(same + ties >= 4 && same >= 3, "base + adapter: %d of %d greedy continuations identical, %d parted at near ties",
+                  same, N_GREEDY, ties);
         }
         json_decref(res);
     }

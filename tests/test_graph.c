@@ -264,7 +264,55 @@ static void verify_rejects(void) {
     unload(&s);
 }
 
+/* A softmax attention without a mask, and a cross-entropy whose logits are
+ * read twice: neither rewrite fires, and each says why. */
+static kiln_status odd_fn(void *user, kiln_tensor *const *in, kiln_tensor **report, int *n_report, kiln_tensor **diff) {
+    (void)user, (void)diff;
+    kiln_tensor *s = kiln_matmul(in[0], in[0], KILN_MM_BATCHED, false, true);
+    kiln_tensor *p = s ? kiln_softmax(s) : NULL, *o = p ? kiln_matmul(p, in[0], KILN_MM_BATCHED, false, false) : NULL;
+    kiln_tensor *logits = kiln_linear(in[1], in[2]), *ce = logits ? kiln_cross_entropy(logits, in[3], KILN_IGNORE_INDEX) : NULL;
+    kiln_tensor *ls = logits ? kiln_sum(logits) : NULL, *os = o ? kiln_sum(o) : NULL;
+    kiln_tensor *t1 = ce && ls ? kiln_add(ce, ls) : NULL;
+    report[0] = t1 && os ? kiln_add(t1, os) : NULL;
+    *n_report = 1;
+    kiln_tensor *tmp[] = {s, p, o, logits, ce, ls, os, t1};
+    for (size_t i = 0; i < sizeof tmp / sizeof *tmp; i++) kiln_tensor_release(tmp[i]);
+    return report[0] ? KILN_OK : kiln_last_status();
+}
+
+static void misses(void) {
+    int64_t sq[4] = {1, 2, 5, 4}, sh[2] = {5, 4}, sw[2] = {7, 4}, st[1] = {5};
+    kiln_tensor *in[4] = {kiln_tensor_zeros(KILN_F32, 4, sq), kiln_tensor_zeros(KILN_F32, 2, sh), kiln_tensor_zeros(KILN_F32, 2, sw),
+                          kiln_tensor_zeros(KILN_I32, 1, st)};
+    kiln_graph_options o;
+    kiln_graph_options_default(&o);
+    o.backward = false;
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_build(odd_fn, NULL, NULL, 0, in, 4, &o, &g));
+    bool att = false, ce = false;
+    for (int i = 0; g && i < g->n_misses; i++) {
+        printf("  miss: %s\n", g->misses[i]);
+        att |= strstr(g->misses[i], "attention") && strstr(g->misses[i], "not scores + mask");
+        ce |= strstr(g->misses[i], "cross-entropy") && strstr(g->misses[i], "other readers");
+    }
+    CHECK(g && g->n_misses == 2 && att && ce, "the unfused attention and head + cross-entropy are named with why (%d)",
+          g ? g->n_misses : -1);
+    kiln_graph_free(g);
+    for (int i = 0; i < 4; i++) kiln_tensor_release(in[i]);
+    /* the model's step: nothing missed */
+    setup s = {0};
+    CHECK(load(&s, "tiny_gqa", false), "load: %s", kiln_last_error());
+    if (!s.m) return;
+    kiln_tensor *mi[4] = {s.ids, s.labels, s.mask, s.scale};
+    kiln_graph_options_default(&o);
+    CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, mi, 4, &o, &g));
+    CHECK(g && g->n_misses == 0, "the model's step: every attention and the head fused (%d misses)", g ? g->n_misses : -1);
+    kiln_graph_free(g);
+    unload(&s);
+}
+
 int main(void) {
+    misses();
     verify_rejects();
     compare("tiny_gqa", false, false);
     compare("tiny_gqa", true, false);

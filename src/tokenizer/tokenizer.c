@@ -609,14 +609,35 @@ typedef struct {
     const char *s;
     const size_t *starts, *lens;
     int32_t sep;
+    bool special; /* each document through the post-processor */
     size_t first[65]; /* document range of each part */
 } docs_ctx;
+
+/* ids [from, e->out.n) through the post-processor, in place */
+static void post_tail(const kiln_tokenizer *t, encoder *e, size_t from) {
+    int32_t *with;
+    size_t nw;
+    kiln_status st = kd_post_apply(t->post, e->out.v + from, e->out.n - from, &with, &nw);
+    if (st) return fail(e, st);
+    e->out.n = from;
+    if (!ivec_reserve(&e->out, nw)) {
+        free(with);
+        return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
+    }
+    if (nw) memcpy(e->out.v + from, with, nw * sizeof *with);
+    e->out.n += nw;
+    free(with);
+}
 
 static void docs_part(const kiln_tokenizer *t, encoder *e, const void *ctx, int p) {
     const docs_ctx *c = ctx;
     for (size_t d = c->first[p]; d < c->first[p + 1] && !e->st; d++) {
+        size_t from = e->out.n;
         encode_text(t, e, c->s + c->starts[d], c->lens[d], KD_AT0);
-        if (c->sep >= 0) {
+        if (c->special && t->post && !e->st) post_tail(t, e, from);
+        if (e->st) return;
+        /* a post-processor that ends a document with the separator already */
+        if (c->sep >= 0 && !(c->special && e->out.n > from && e->out.v[e->out.n - 1] == c->sep)) {
             if (!ivec_reserve(&e->out, 1)) return fail(e, kiln_error(KILN_ERR_OOM, "out of memory encoding"));
             e->out.v[e->out.n++] = c->sep;
         }
@@ -625,18 +646,18 @@ static void docs_part(const kiln_tokenizer *t, encoder *e, const void *ctx, int 
 
 /* Fewer documents than threads: each document is split across threads. */
 static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, const size_t *starts, const size_t *lens,
-                                   size_t n_docs, int32_t sep, int32_t **ids, size_t *n_ids) {
+                                   size_t n_docs, int32_t sep, bool special, int32_t **ids, size_t *n_ids) {
     ivec all = {0};
     kiln_status st = KILN_OK;
     for (size_t d = 0; d < n_docs && !st; d++) {
         int32_t *one;
         size_t n;
-        st = kiln_tokenizer_encode(t, text + starts[d], lens[d], &one, &n);
+        st = kiln_tokenizer_encode_ex(t, text + starts[d], lens[d], special ? KILN_ENCODE_SPECIAL : 0, &one, &n);
         if (st) break;
         if (!ivec_reserve(&all, n + 1)) st = kiln_error(KILN_ERR_OOM, "out of memory encoding");
         if (!st && n) memcpy(all.v + all.n, one, n * sizeof *one);
         if (!st) all.n += n;
-        if (!st && sep >= 0) all.v[all.n++] = sep;
+        if (!st && sep >= 0 && !(special && n && one[n - 1] == sep)) all.v[all.n++] = sep;
         free(one);
     }
     if (st) {
@@ -650,11 +671,18 @@ static kiln_status encode_few_docs(const kiln_tokenizer *t, const char *text, co
 
 kiln_status kiln_tokenizer_encode_docs(const kiln_tokenizer *t, const char *text, const size_t *starts,
                                        const size_t *lens, size_t n_docs, int32_t sep, int32_t **ids, size_t *n_ids) {
-    docs_ctx c = {.s = text, .starts = starts, .lens = lens, .sep = sep};
+    return kiln_tokenizer_encode_docs_ex(t, text, starts, lens, n_docs, sep, 0, ids, n_ids);
+}
+
+kiln_status kiln_tokenizer_encode_docs_ex(const kiln_tokenizer *t, const char *text, const size_t *starts,
+                                          const size_t *lens, size_t n_docs, int32_t sep, unsigned flags, int32_t **ids,
+                                          size_t *n_ids) {
+    bool special = flags & KILN_ENCODE_SPECIAL;
+    docs_ctx c = {.s = text, .starts = starts, .lens = lens, .sep = sep, .special = special};
     size_t total = 0;
     for (size_t d = 0; d < n_docs; d++) total += lens[d];
     int n = threads_for(total);
-    if ((size_t)n > n_docs && n_docs > 0) return encode_few_docs(t, text, starts, lens, n_docs, sep, ids, n_ids);
+    if ((size_t)n > n_docs && n_docs > 0) return encode_few_docs(t, text, starts, lens, n_docs, sep, special, ids, n_ids);
     /* Split the documents into n runs of about equal bytes. */
     size_t d = 0, acc = 0;
     c.first[0] = 0;

@@ -45,6 +45,7 @@ struct kiln_trainer {
     float *ref[2];
     int ref_pending;
     uint64_t ref_model_hash;
+    bool told_misses; /* the compiled step's unfused rewrites were reported */
 };
 
 static bool is_file(const char *p) {
@@ -595,6 +596,10 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
             break;
         }
         double dt = kiln_time_now() - t0;
+        /* what the compiler's rewrites left unfused costs memory and time: say so once */
+        const kiln_graph *cg = t->cs_train && !t->told_misses ? kiln_compiled_graph(t->cs_train) : NULL;
+        for (int i = 0; cg && kiln_dist_rank() == 0 && i < cg->n_misses; i++) kiln_log(KILN_LOG_WARN, "compile: %s", cg->misses[i]);
+        if (cg) t->told_misses = true;
         t->st.step++;
         t->st.elapsed_s += dt;
         double positions = (double)v[2] * t->cfg.seq_len;
