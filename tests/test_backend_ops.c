@@ -307,6 +307,10 @@ static void ops_nn(int v) {
     CASE("relu", KILN_OP_RELU, true, NOATTR, RND(-1, 1, 3, T, C));
     CASE("relu_backward", KILN_OP_RELU_BWD, false, NOATTR, RND(-1, 1, 3, T, C), RND(-1, 1, 3, T, C));
     CASE("gt0", KILN_OP_GT0, false, NOATTR, RND(-1, 1, 3, T, C));
+    CASE("tanh", KILN_OP_TANH, true, NOATTR, RND(-6, 6, 3, T, C));
+    CASE("tanh_backward", KILN_OP_TANH_BWD, false, NOATTR, RND(-6, 6, 3, T, C), RND(-1, 1, 3, T, C));
+    CASE("gelu_tanh", KILN_OP_GELU_TANH, true, NOATTR, RND(-6, 6, 3, T, C));
+    CASE("gelu_tanh_backward", KILN_OP_GELU_TANH_BWD, false, NOATTR, RND(-6, 6, 3, T, C), RND(-1, 1, 3, T, C));
     CASE("log1mexp", KILN_OP_LOG1MEXP, true, NOATTR, RND(-20, -1e-4f, 3, T, C));
     CASE("log1mexp_backward", KILN_OP_LOG1MEXP_BWD, false, NOATTR, RND(-20, -1e-4f, 3, T, C), RND(-1, 1, 3, T, C));
 }

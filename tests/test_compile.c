@@ -387,9 +387,20 @@ static void variants_and_cache(void) {
  * eager kernels and generated code alike, in the same order. */
 typedef struct {
     kiln_tensor *p[3];
+    bool gemma; /* gelu_tanh for silu, and a soft-cap (scale, tanh, scale) after the add */
 } ew_setup;
 static kiln_status ew_fn(void *user, kiln_tensor *const *in, kiln_tensor **report, int *n_report, kiln_tensor **diff) {
     ew_setup *e = user;
+    if (e->gemma) {
+        kiln_tensor *y = kiln_gelu_tanh(e->p[0]), *z = kiln_mul(y, e->p[1]), *u = kiln_add(z, e->p[2]), *c = kiln_softcap(u, 3.0);
+        kiln_tensor *v = kiln_scale_by(c, in[0]), *sum = kiln_sum(v);
+        kiln_tensor_release(y), kiln_tensor_release(z), kiln_tensor_release(u), kiln_tensor_release(c), kiln_tensor_release(v);
+        if (!sum) return kiln_last_status();
+        report[0] = sum;
+        *n_report = 1;
+        if (diff) *diff = kiln_tensor_retain(sum);
+        return KILN_OK;
+    }
     kiln_tensor *y = kiln_silu(e->p[0]), *z = kiln_mul(y, e->p[1]), *w = kiln_scale(z, 0.7), *u = kiln_add(w, e->p[2]);
     kiln_tensor *v = kiln_scale_by(u, in[0]), *sum = kiln_sum(v);
     kiln_tensor_release(y), kiln_tensor_release(z), kiln_tensor_release(w), kiln_tensor_release(u), kiln_tensor_release(v);
@@ -400,8 +411,8 @@ static kiln_status ew_fn(void *user, kiln_tensor *const *in, kiln_tensor **repor
     return KILN_OK;
 }
 
-static void elementwise_bitwise(void) {
-    ew_setup e;
+static void elementwise_bitwise(bool gemma) {
+    ew_setup e = {.gemma = gemma};
     int64_t shape[2] = {7, 433}, one = 1, n = 7 * 433;
     kiln_rng r = {5, 0};
     for (int i = 0; i < 3; i++) {
@@ -436,8 +447,8 @@ static void elementwise_bitwise(void) {
         kiln_compile_stats st = kiln_compiled_stats(c);
         int diff = 0;
         for (int i = 0; i < 3; i++) diff += memcmp(ref[i], e.p[i]->grad->data, sizeof(float) * (size_t)n) != 0;
-        printf("  element-wise groups, %-15s: %d fused groups of %d ops; sum %.9g vs eager %.9g, %d of 3 gradients differ\n",
-               modes[m], st.fused_groups, st.fused_ops, got, eager_sum, diff);
+        printf("  element-wise groups%s, %-15s: %d fused groups of %d ops; sum %.9g vs eager %.9g, %d of 3 gradients differ\n",
+               gemma ? " (gelu_tanh, softcap)" : "", modes[m], st.fused_groups, st.fused_ops, got, eager_sum, diff);
         CHECK(st.fused_groups >= 2 && (m == 3 || !st.interpreted), "%s: fused groups (%d), generated code", modes[m],
               st.fused_groups);
         CHECK(got == eager_sum && diff == 0, "%s: element-wise groups give eager's bits (sum %.9g vs %.9g, %d grads differ)",
@@ -494,7 +505,8 @@ int main(void) {
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
     kiln_eager_enable();
-    elementwise_bitwise();
+    elementwise_bitwise(false);
+    elementwise_bitwise(true);
     nonfinite_constants();
     modes_vs_eager();
     recompute();

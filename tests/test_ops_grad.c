@@ -122,6 +122,9 @@ static kiln_tensor *f_silu(kiln_tensor **in) { return kiln_silu(in[0]); }
 static kiln_tensor *f_logsigmoid(kiln_tensor **in) { return kiln_logsigmoid(in[0]); }
 static kiln_tensor *f_relu(kiln_tensor **in) { return kiln_relu(in[0]); }
 static kiln_tensor *f_log1mexp(kiln_tensor **in) { return kiln_log1mexp(in[0]); }
+static kiln_tensor *f_tanh(kiln_tensor **in) { return kiln_tanh(in[0]); }
+static kiln_tensor *f_gelu_tanh(kiln_tensor **in) { return kiln_gelu_tanh(in[0]); }
+static kiln_tensor *f_softcap(kiln_tensor **in) { return kiln_softcap(in[0], 2.5); }
 static kiln_tensor *f_pair_diff(kiln_tensor **in) { return kiln_pair_diff(in[0]); }
 static kiln_tensor *f_pair_sum(kiln_tensor **in) { return kiln_pair_sum(in[0]); }
 static kiln_tensor *f_row_nll(kiln_tensor **in) { return kiln_row_nll(in[0], in[1], KILN_IGNORE_INDEX); }
@@ -248,6 +251,21 @@ int main(void) {
     RUN("silu", f_silu, 1, 1, RND(-4, 4, 37, 24));
     RUN("logsigmoid", f_logsigmoid, 1, 1, RND(-6, 6, 37, 24));
     RUN("log1mexp", f_log1mexp, 1, 1, RND(-6, -0.2f, 37, 24)); /* both branches (-ln 2 between) */
+    RUN("tanh", f_tanh, 1, 1, RND(-3, 3, 37, 24));
+    RUN("gelu_tanh", f_gelu_tanh, 1, 1, RND(-4, 4, 37, 24));
+    RUN("softcap 2.5 (scale, tanh, scale)", f_softcap, 1, 1, RND(-8, 8, 37, 24));
+    { /* the values: PyTorch's gelu(approximate="tanh") and cap * tanh(x / cap), in double */
+        kiln_tensor *x = RND(-6, 6, 1000), *g = kiln_gelu_tanh(x), *c = kiln_softcap(x, 2.5);
+        double eg = 0, ec = 0;
+        for (int64_t i = 0; g && c && i < 1000; i++) {
+            double v = kiln_f32(x)[i], wg = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+            eg = fmax(eg, fabs(kiln_f32(g)[i] - wg) / fmax(1, fabs(wg)));
+            ec = fmax(ec, fabs(kiln_f32(c)[i] - 2.5 * tanh(v / 2.5)));
+        }
+        printf("gelu_tanh vs the formula in double: %.2e; softcap %.2e\n", eg, ec);
+        CHECK(g && c && eg < 1e-6 && ec < 1e-6, "gelu_tanh %.3g, softcap %.3g", eg, ec);
+        kiln_tensor_release(x), kiln_tensor_release(g), kiln_tensor_release(c);
+    }
     {
         kiln_tensor *x = RND(-1, 1, 37, 24); /* away from the kink, both signs */
         for (int64_t i = 0; i < kiln_tensor_numel(x); i++) kiln_f32(x)[i] += kiln_f32(x)[i] < 0 ? -0.1f : 0.1f;

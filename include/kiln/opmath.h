@@ -88,6 +88,21 @@ static inline float kiln_silu_bwd_f(float x, float g) {
 static inline float kiln_logsigmoid_f(float x) { return (x < 0.0f ? x : 0.0f) - log1pf(kiln_expf_fast(-fabsf(x))); }
 /* g * d logsigmoid / dx = g * sigmoid(-x) = g / (1 + e^x) */
 static inline float kiln_logsigmoid_bwd_f(float x, float g) { return g / (1.0f + kiln_expf_fast(x)); }
+/* g * d tanh / dx = g (1 - tanh^2 x) */
+static inline float kiln_tanh_bwd_f(float x, float g) {
+    float t = tanhf(x);
+    return g * (1.0f - t * t);
+}
+/* GELU, tanh approximation (PyTorch's approximate="tanh") and its gradient */
+static inline float kiln_gelu_tanh_f(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+static inline float kiln_gelu_tanh_bwd_f(float x, float g) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x), t = tanhf(u);
+    float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+    return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+}
 /* log(1 - e^x) for x < 0, accurate at both ends (log(-expm1(x)) near 0,
  * log1p(-e^x) far below); -inf at 0, NaN above */
 static inline float kiln_log1mexp_f(float x) { return x > -0.693147181f ? logf(-expm1f(x)) : log1pf(-expf(x)); }

@@ -45,6 +45,10 @@ extern "C" {
     X(SCALE_BY, scale_by)               /* (x, s[1]) -> s*x, s a runtime scalar */                   \
     X(SILU, silu)                                                                                    \
     X(SILU_BWD, silu_bwd)               /* (x, g) */                                                 \
+    X(TANH, tanh)                                                                                    \
+    X(TANH_BWD, tanh_bwd)               /* (x, g) -> g (1 - tanh^2 x) */                             \
+    X(GELU_TANH, gelu_tanh)             /* GELU, tanh approximation (gelu_pytorch_tanh) */           \
+    X(GELU_TANH_BWD, gelu_tanh_bwd)     /* (x, g) */                                                 \
     X(RMSNORM, rmsnorm)                 /* (x[...,C], w[C]) f0=eps */                                \
     X(RMSNORM_BWD_X, rmsnorm_bwd_x)     /* (x, w, g) f0=eps */                                       \
     X(RMSNORM_BWD_W, rmsnorm_bwd_w)     /* (x, w, g) f0=eps -> [C] */                                \
@@ -333,6 +337,13 @@ kiln_tensor *kiln_logsigmoid_backward(kiln_tensor *x, kiln_tensor *g);
 kiln_tensor *kiln_relu(kiln_tensor *x);
 kiln_tensor *kiln_relu_backward(kiln_tensor *x, kiln_tensor *g);
 kiln_tensor *kiln_gt0(kiln_tensor *x);
+kiln_tensor *kiln_tanh(kiln_tensor *x);
+kiln_tensor *kiln_tanh_backward(kiln_tensor *x, kiln_tensor *g);
+/* GELU with the tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+kiln_tensor *kiln_gelu_tanh(kiln_tensor *x);
+kiln_tensor *kiln_gelu_tanh_backward(kiln_tensor *x, kiln_tensor *g);
+/* Soft-capping by composition: cap * tanh(x / cap) (Gemma 2's logits) */
+kiln_tensor *kiln_softcap(kiln_tensor *x, double cap);
 kiln_tensor *kiln_log1mexp(kiln_tensor *x);
 kiln_tensor *kiln_log1mexp_backward(kiln_tensor *x, kiln_tensor *g);
 /* A new tensor holding W in storage dtype dt (f32, bf16, f16 or one of

@@ -28,4 +28,25 @@ kiln_meta kiln_attrs_shape(const kiln_attrs *a, kiln_dtype dt);
         if ((in)[idx].dtype != (dt))                                                           \
             return kiln_op_shape_error(name, in, -1, "input %d must be %s", idx, kiln_dtype_name(dt)); \
     } while (0)
+/* An element-wise f(x) with its gradient g * f'(x) as a second op: both
+ * defined by one C expression each (the eager kernels in the backends use
+ * the same scalar functions, kiln/opmath.h). The including file defines
+ * same_f32(name, in, n, out), the shape rule of f32 operands of one shape. */
+#define UNARY_WITH_BACKWARD(sym, fexpr, bexpr)                                                                   \
+    static kiln_status sym##_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {                  \
+        (void)a;                                                                                                 \
+        return same_f32(#sym, in, 1, out);                                                                       \
+    }                                                                                                            \
+    static kiln_status sym##_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {                      \
+        gin[0] = kiln_##sym##_backward(c->in[0], g);                                                             \
+        return gin[0] ? KILN_OK : kiln_last_status();                                                            \
+    }                                                                                                            \
+    const kiln_op_def kiln_opdef_##sym = {.name = #sym, .n_in = 1, .save_in = 1, .shape = sym##_shape,          \
+                                          .cexpr = fexpr, .backward = sym##_bw};                                 \
+    static kiln_status sym##_bw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {               \
+        (void)a;                                                                                                 \
+        return same_f32(#sym "_backward", in, 2, out);                                                           \
+    }                                                                                                            \
+    const kiln_op_def kiln_opdef_##sym##_bwd = {.name = #sym "_backward", .n_in = 2, .nondiff_in = 1,          \
+                                                .shape = sym##_bw_shape, .cexpr = bexpr};
 #endif

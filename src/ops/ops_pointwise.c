@@ -21,6 +21,10 @@ static kiln_status same_f32(const char *name, const kiln_meta *in, int n, kiln_m
     return KILN_OK;
 }
 
+/* ---- tanh and GELU (tanh approximation): Gemma's soft-capping and GeGLU -- */
+UNARY_WITH_BACKWARD(tanh, "tanhf($0)", "kiln_tanh_bwd_f($0, $1)")
+UNARY_WITH_BACKWARD(gelu_tanh, "kiln_gelu_tanh_f($0)", "kiln_gelu_tanh_bwd_f($0, $1)")
+
 /* ---- add (b broadcasts to a) -------------------------------------------- */
 static kiln_status add_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     (void)a;
@@ -253,3 +257,19 @@ kiln_tensor *kiln_reshape(kiln_tensor *x, int ndim, const int64_t *shape) {
     return call1(KILN_OP_RESHAPE, x, &a);
 }
 kiln_tensor *kiln_transpose12(kiln_tensor *x) { return call1(KILN_OP_TRANSPOSE12, x, NULL); }
+kiln_tensor *kiln_tanh(kiln_tensor *x) { return kiln_op_call(KILN_OP_TANH, &x, 1, NULL); }
+kiln_tensor *kiln_tanh_backward(kiln_tensor *x, kiln_tensor *g) {
+    kiln_tensor *in[2] = {x, g};
+    return kiln_op_call(KILN_OP_TANH_BWD, in, 2, NULL);
+}
+kiln_tensor *kiln_gelu_tanh(kiln_tensor *x) { return kiln_op_call(KILN_OP_GELU_TANH, &x, 1, NULL); }
+kiln_tensor *kiln_gelu_tanh_backward(kiln_tensor *x, kiln_tensor *g) {
+    kiln_tensor *in[2] = {x, g};
+    return kiln_op_call(KILN_OP_GELU_TANH_BWD, in, 2, NULL);
+}
+kiln_tensor *kiln_softcap(kiln_tensor *x, double cap) {
+    kiln_tensor *a = kiln_scale(x, 1.0 / cap), *t = a ? kiln_tanh(a) : NULL, *y = t ? kiln_scale(t, cap) : NULL;
+    kiln_tensor_release(a);
+    kiln_tensor_release(t);
+    return y;
+}

@@ -81,26 +81,6 @@ static kiln_status same_f32(const char *name, const kiln_meta *in, int n, kiln_m
     *out = in[0];
     return KILN_OK;
 }
-/* An element-wise f(x) with its gradient g * f'(x) as a second op: both
- * defined by one C expression each (the eager kernels in the backends use
- * the same scalar functions, kiln/opmath.h). */
-#define UNARY_WITH_BACKWARD(sym, fexpr, bexpr)                                                                   \
-    static kiln_status sym##_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {                  \
-        (void)a;                                                                                                 \
-        return same_f32(#sym, in, 1, out);                                                                       \
-    }                                                                                                            \
-    static kiln_status sym##_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **gin) {                      \
-        gin[0] = kiln_##sym##_backward(c->in[0], g);                                                             \
-        return gin[0] ? KILN_OK : kiln_last_status();                                                            \
-    }                                                                                                            \
-    const kiln_op_def kiln_opdef_##sym = {.name = #sym, .n_in = 1, .save_in = 1, .shape = sym##_shape,          \
-                                          .cexpr = fexpr, .backward = sym##_bw};                                 \
-    static kiln_status sym##_bw_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {               \
-        (void)a;                                                                                                 \
-        return same_f32(#sym "_backward", in, 2, out);                                                           \
-    }                                                                                                            \
-    const kiln_op_def kiln_opdef_##sym##_bwd = {.name = #sym "_backward", .n_in = 2, .nondiff_in = 1,          \
-                                                .shape = sym##_bw_shape, .cexpr = bexpr};
 UNARY_WITH_BACKWARD(logsigmoid, "kiln_logsigmoid_f($0)", "kiln_logsigmoid_bwd_f($0, $1)")
 UNARY_WITH_BACKWARD(relu, "($0 > 0.0f ? $0 : 0.0f)", "($0 > 0.0f ? $1 : 0.0f)")
 UNARY_WITH_BACKWARD(log1mexp, "kiln_log1mexp_f($0)", "kiln_log1mexp_bwd_f($0, $1)")

@@ -23,4 +23,21 @@ static inline void kiln_cpu_pad4(const kiln_tensor *t, int64_t *s) {
     int off = 4 - t->ndim;
     for (int i = 0; i < 4; i++) s[i] = i < off ? 1 : t->shape[i - off];
 }
+/* The eager kernel of an element-wise op from its scalar expression of x[i] (and g[i]). */
+#define POINTWISE1(sym, expr)                                                                                        \
+    kiln_status kiln_cpu_op_##sym(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) { \
+        (void)a, (void)aux;                                                                                          \
+        const float *x = kiln_f32(in[0]);                                                                            \
+        float *y = kiln_f32(out);                                                                                    \
+        for (int64_t i = 0; i < kiln_tensor_numel(out); i++) y[i] = (expr);                                          \
+        return KILN_OK;                                                                                              \
+    }
+#define POINTWISE2(sym, expr)                                                                                        \
+    kiln_status kiln_cpu_op_##sym(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) { \
+        (void)a, (void)aux;                                                                                          \
+        const float *x = kiln_f32(in[0]), *g = kiln_f32(in[1]);                                                      \
+        float *y = kiln_f32(out);                                                                                    \
+        for (int64_t i = 0; i < kiln_tensor_numel(out); i++) y[i] = (expr);                                          \
+        return KILN_OK;                                                                                              \
+    }
 #endif

@@ -145,3 +145,8 @@ kiln_status kiln_cpu_accumulate(kiln_tensor *const *in, const kiln_attrs *a, kil
     kiln_k_axpy(in[1] ? kiln_f32(in[1])[0] : 1.0f, kiln_f32(in[0]), kiln_f32(out), kiln_tensor_numel(out));
     return KILN_OK;
 }
+/* the same scalar functions the generated code uses (kiln/opmath.h) */
+POINTWISE1(tanh, tanhf(x[i]))
+POINTWISE2(tanh_bwd, kiln_tanh_bwd_f(x[i], g[i]))
+POINTWISE1(gelu_tanh, kiln_gelu_tanh_f(x[i]))
+POINTWISE2(gelu_tanh_bwd, kiln_gelu_tanh_bwd_f(x[i], g[i]))

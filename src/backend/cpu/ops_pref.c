@@ -53,22 +53,6 @@ kiln_status kiln_cpu_op_pair_diff_bwd(kiln_tensor *const *in, const kiln_attrs *
     return KILN_OK;
 }
 
-#define POINTWISE1(sym, expr)                                                                                        \
-    kiln_status kiln_cpu_op_##sym(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) { \
-        (void)a, (void)aux;                                                                                          \
-        const float *x = kiln_f32(in[0]);                                                                            \
-        float *y = kiln_f32(out);                                                                                    \
-        for (int64_t i = 0; i < kiln_tensor_numel(out); i++) y[i] = (expr);                                          \
-        return KILN_OK;                                                                                              \
-    }
-#define POINTWISE2(sym, expr)                                                                                        \
-    kiln_status kiln_cpu_op_##sym(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) { \
-        (void)a, (void)aux;                                                                                          \
-        const float *x = kiln_f32(in[0]), *g = kiln_f32(in[1]);                                                      \
-        float *y = kiln_f32(out);                                                                                    \
-        for (int64_t i = 0; i < kiln_tensor_numel(out); i++) y[i] = (expr);                                          \
-        return KILN_OK;                                                                                              \
-    }
 /* the same scalar functions the generated code uses (kiln/opmath.h) */
 POINTWISE1(logsigmoid, kiln_logsigmoid_f(x[i]))
 POINTWISE2(logsigmoid_bwd, kiln_logsigmoid_bwd_f(x[i], g[i]))
