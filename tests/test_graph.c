@@ -311,8 +311,74 @@ static void misses(void) {
     unload(&s);
 }
 
+/* cross_entropy(softcap(h·Wᵀ, 5)): the rewrite folds the soft-cap into
+ * the fused linear + cross-entropy (Gemma 2's final_logit_softcapping: the
+ * logits never exist), and its loss and gradients are eager's. */
+typedef struct { kiln_tensor *h, *W; } cap_setup;
+static kiln_status cap_fn(void *user, kiln_tensor *const *in, kiln_tensor **report, int *n_report, kiln_tensor **diff) {
+    cap_setup *c = user;
+    kiln_tensor *z = kiln_linear(c->h, c->W), *y = z ? kiln_softcap(z, 5.0) : NULL;
+    kiln_tensor *l = y ? kiln_cross_entropy(y, in[0], KILN_IGNORE_INDEX) : NULL;
+    kiln_tensor_release(z), kiln_tensor_release(y);
+    if (!l) return kiln_last_status();
+    report[0] = l;
+    *n_report = 1;
+    if (diff) *diff = kiln_tensor_retain(l);
+    return KILN_OK;
+}
+
+static void softcap_head(void) {
+    int64_t sh[2] = {37, 24}, sw[2] = {301, 24}, st[1] = {37};
+    kiln_rng r = {11, 0};
+    cap_setup c = {kiln_tensor_new(KILN_F32, 2, sh), kiln_tensor_new(KILN_F32, 2, sw)};
+    kiln_rng_uniform(&r, kiln_f32(c.h), 37 * 24, -3, 3);
+    kiln_rng_uniform(&r, kiln_f32(c.W), 301 * 24, -1, 1);
+    c.h->requires_grad = c.W->requires_grad = true;
+    kiln_tensor *t = kiln_tensor_new(KILN_I32, 1, st);
+    for (int i = 0; i < 37; i++) kiln_i32(t)[i] = i % 5 == 3 ? KILN_IGNORE_INDEX : (i * 17) % 301;
+    kiln_eager_enable();
+    kiln_tensor *rep[1] = {0}, *d = NULL;
+    int nr = 0;
+    CHECK_OK(cap_fn(&c, &t, rep, &nr, &d));
+    CHECK_OK(kiln_backward(d));
+    float want = kiln_f32(rep[0])[0];
+    float *gh = malloc(sizeof(float) * 37 * 24), *gw = malloc(sizeof(float) * 301 * 24);
+    memcpy(gh, c.h->grad->data, sizeof(float) * 37 * 24);
+    memcpy(gw, c.W->grad->data, sizeof(float) * 301 * 24);
+    kiln_tensor_release(rep[0]), kiln_tensor_release(d);
+    kiln_eager_disable();
+    kiln_graph_options o;
+    kiln_graph_options_default(&o);
+    o.verify = true;
+    kiln_tensor *params[2] = {c.h, c.W};
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_build(cap_fn, &c, params, 2, &t, 1, &o, &g));
+    int fused = 0;
+    for (int i = 0; g && i < g->n; i++)
+        if (!g->v[i].dead && g->v[i].kind == KILN_V_OP && g->v[i].op == KILN_OP_LINEAR_CE && g->v[i].attrs.f[0] == 5.0) fused++;
+    CHECK(g && fused == 1 && g->n_misses == 0, "the soft-capped head is one linear_cross_entropy with cap 5 (%d, %d misses)", fused,
+          g ? g->n_misses : -1);
+    kiln_interp *ip = NULL;
+    if (g) CHECK_OK(kiln_interp_new(g, &ip));
+    if (ip) {
+        memset(c.h->grad->data, 0, sizeof(float) * 37 * 24);
+        memset(c.W->grad->data, 0, sizeof(float) * 301 * 24);
+        float got = 0;
+        CHECK_OK(kiln_interp_run(ip, &t, &got));
+        double eh = max_rel(c.h->grad->data, gh, 37 * 24), ew = max_rel(c.W->grad->data, gw, 301 * 24);
+        printf("  soft-capped head fused: loss %.7f vs eager %.7f, gradients rel %.2e (h) %.2e (W)\n", got, want, eh, ew);
+        CHECK(t_rel(got, want) < 1e-6 && eh < 1e-5 && ew < 1e-5, "fused soft-capped head = eager (%.3g, %.3g, %.3g)",
+              t_rel(got, want), eh, ew);
+        kiln_interp_free(ip);
+    }
+    kiln_graph_free(g);
+    free(gh), free(gw);
+    kiln_tensor_release(c.h), kiln_tensor_release(c.W), kiln_tensor_release(t);
+}
+
 int main(void) {
     misses();
+    softcap_head();
     verify_rejects();
     compare("tiny_gqa", false, false);
     compare("tiny_gqa", true, false);

@@ -211,10 +211,13 @@ double kiln_k_linear_cross_entropy(const float *h, const float *W, const int32_t
  * them); bf16 makes the three products bf16 ones, as the bf16 MATMUL runs
  * them (h, W and the seeded dlogits rounded to bf16; kiln_gemm_bf16
  * natively, an fp32 GEMM of the rounded values emulated), the softmax and
- * the loss fp32. opts NULL: seed 1, fp32. */
+ * the loss fp32. softcap c > 0: the logits are capped first, z -> c·tanh(z/c)
+ * (Gemma 2's final_logit_softcapping; z·(1/c), tanhf, ·c as kiln_softcap),
+ * and the gradient goes back through the cap. opts NULL: seed 1, fp32. */
 typedef struct {
     float seed;
     bool bf16;
+    float softcap;
 } kiln_lce_opts;
 double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int32_t *targets, int64_t N,
                                       int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,

@@ -76,6 +76,7 @@ extern "C" {
     X(FLASH_ATTN_BWD, flash_attn_bwd)   /* (q,k,v,pad,out,lse,dout [, seg]) -> dq; aux dk, dv */     \
     X(LINEAR_CE, linear_ce)             /* (h[...,C], W[V,C], targets[...] [, seed[1]]) i0=ignore     \
                                            i1=need_dh i2=need_dW i3=bf16 products i4=seed given      \
+                                           f0=soft-cap of the logits (0 none)                        \
                                            -> loss sum [1]; aux dh, dW (of seed·loss; seed 1) */     \
     X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */ \
     X(DROPOUT, dropout)                 /* (x, key[1]) f0=p i0=instance i5=index offset -> masked  */ \

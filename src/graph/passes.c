@@ -1,6 +1,7 @@
 /* Graph passes: dead-code and common-subexpression elimination, the
  * attention and linear + cross-entropy rewrites, and GEMMs that accumulate
  * straight into gradient buffers. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +185,22 @@ kiln_status kiln_pass_rewrite_attention(kiln_graph *g, int *done_out) {
  * bf16 head (MATMUL i3) becomes the op's bf16 form (i3 too), which rounds
  * as that MATMUL and its backward products do. A head over a held bf16
  * weight (a LoRA base) stays a MATMUL: the fused op takes fp32 operands. */
+/* A soft-cap before the cross-entropy c, scale(tanh(scale(z, 1/cap)), cap)
+ * with each step read by the next alone (kiln_softcap): *logits becomes z
+ * and cap is returned; 0 (and *logits unchanged) when there is none. */
+static double softcap_of(const kiln_graph *g, int *logits, int c) {
+    int s2 = *logits;
+    if (!is_op(g, s2, KILN_OP_SCALE) || kiln_graph_only_user(g, s2) != c) return 0;
+    int t = g->v[s2].in[0];
+    if (!is_op(g, t, KILN_OP_TANH) || kiln_graph_only_user(g, t) != s2) return 0;
+    int s1 = g->v[t].in[0];
+    if (!is_op(g, s1, KILN_OP_SCALE) || kiln_graph_only_user(g, s1) != t) return 0;
+    double cap = g->v[s2].attrs.f[0], inv = g->v[s1].attrs.f[0];
+    if (!(cap > 0) || fabs(cap * inv - 1.0) > 1e-12) return 0;
+    *logits = g->v[s1].in[0];
+    return cap;
+}
+
 kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
     int done = 0;
     kiln_status st = KILN_OK;
@@ -191,11 +208,12 @@ kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
         if (!is_op(g, c, KILN_OP_CROSS_ENTROPY)) continue;
         int logits = g->v[c].in[0];
         const char *what = "the head + cross-entropy";
+        double cap = softcap_of(g, &logits, c);
         if (!is_op(g, logits, KILN_OP_MATMUL) || g->v[logits].attrs.i[0] != KILN_MM_ROWS || !g->v[logits].attrs.i[2]) {
             miss(g, c, what, "the logits are not h·Wᵀ (a linear)");
             continue;
         }
-        if (kiln_graph_only_user(g, logits) != c) {
+        if (kiln_graph_only_user(g, logits) != (cap > 0 ? g->v[g->v[g->v[c].in[0]].in[0]].in[0] : c)) {
             miss(g, c, what, "the logits have other readers than the cross-entropy (they would be materialised anyway)");
             continue;
         }
@@ -208,7 +226,8 @@ kiln_status kiln_pass_rewrite_linear_ce(kiln_graph *g, int *done_out) {
             continue;
         }
         int in[3] = {h, W, g->v[c].in[1]};
-        kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad, g->v[logits].attrs.i[3] != 0}};
+        kiln_attrs a = {.i = {g->v[c].attrs.i[0], g->v[h].requires_grad, g->v[W].requires_grad, g->v[logits].attrs.i[3] != 0},
+                        .f = {cap}};
         if (!(st = become(g, c, KILN_OP_LINEAR_CE, 3, in, a))) done++;
     }
     if (!st && done) st = kiln_pass_dce(g, NULL);

@@ -35,7 +35,15 @@ static int64_t choose_chunk(int64_t V) {
  * overwritten with seed·(softmax(x) − onehot(t)), in the very operations
  * kiln_k_cross_entropy_backward uses (e·(seed/s), then −seed at t), so a
  * bf16 head rounds the same dlogits eager rounds. */
-static double lce_row(float *x, int64_t V, int32_t t, bool grad, float seed) {
+static double lce_row(float *x, int64_t V, int32_t t, bool grad, float seed, float cap, float *th) {
+    if (cap > 0) { /* soft-capped logits, as kiln_softcap computes them; th keeps tanh for the gradient */
+        const float inv = (float)(1.0 / (double)cap);
+        for (int64_t j = 0; j < V; j++) {
+            float u = tanhf(x[j] * inv);
+            if (th) th[j] = u;
+            x[j] = u * cap;
+        }
+    }
     const float m = kiln_row_max(x, V);
     const double xt = x[t];
     float s = 0.0f;
@@ -50,6 +58,9 @@ static double lce_row(float *x, int64_t V, int32_t t, bool grad, float seed) {
 #pragma omp simd
         for (int64_t j = 0; j < V; j++) x[j] *= inv;
         x[t] -= seed;
+        if (cap > 0) /* through the cap: d(c tanh(z/c))/dz = 1 - tanh^2(z/c) */
+#pragma omp simd
+            for (int64_t j = 0; j < V; j++) x[j] *= 1.0f - th[j] * th[j];
     } else {
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < V; j++) s += kiln_expf_fast(x[j] - m);
@@ -113,7 +124,7 @@ double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int3
                                       int64_t C, int64_t V, int32_t ignore_index, int64_t chunk,
                                       int64_t *count, float *dh, float *dW, const kiln_lce_opts *o) {
     const bool bf16 = o && o->bf16, native = bf16 && kiln_bf16_native();
-    const float seed = o ? o->seed : 1.0f;
+    const float seed = o ? o->seed : 1.0f, cap = o ? o->softcap : 0.0f;
     if (count) *count = 0;
     if (N <= 0 || V <= 0) {
         if (dW && V > 0) memset(dW, 0, (size_t)(V * C) * sizeof(float));
@@ -169,8 +180,16 @@ double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int3
                             .ldb = C, .ldc = V, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
         st = gemm(&d, hc, Wg, logits, native);
         if (st) break;
-#pragma omp parallel for schedule(static) if (cn * V > (1 << 15) && cn > 1)
-        for (int64_t r = 0; r < cn; r++) rloss[r] = lce_row(logits + r * V, V, targets[ri[r]], grad, seed);
+#pragma omp parallel if (cn * V > (1 << 15) && cn > 1)
+        {
+            float *th = cap > 0 && grad ? kiln_alloc((size_t)V * sizeof(float)) : NULL; /* a row of tanh per thread */
+            if (cap > 0 && grad && !th) st = KILN_ERR_OOM;
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < cn; r++)
+                rloss[r] = th || !(cap > 0 && grad) ? lce_row(logits + r * V, V, targets[ri[r]], grad, seed, cap, th) : NAN;
+            kiln_dealloc(th);
+        }
+        if (st) break;
         for (int64_t r = 0; r < cn; r++) total += rloss[r];
         if (!grad) continue;
         /* the output gradient, already scaled by the seed, in the

@@ -2,6 +2,7 @@
  * the T×T score matrix) and linear + cross-entropy (never builds the N×V
  * logits: the gradients of the loss sum are made chunk by chunk in the
  * forward pass and scaled by the incoming gradient in backward). */
+#include <math.h>
 #include "internal.h"
 
 /* ---- flash attention ------------------------------------------------------- */
@@ -95,6 +96,8 @@ static kiln_status lce_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta
     if (a->i[4] && (s->dtype != KILN_F32 || kiln_meta_numel(s) != 1 || s->ndim < 1))
         return kiln_op_shape_error("linear_cross_entropy", in, 4, "a seeded call needs the seed as a one-element f32 input 3");
     if (!a->i[4] && s->ndim) return kiln_op_shape_error("linear_cross_entropy", in, 4, "a seed given but not announced (i4)");
+    if (!(a->f[0] >= 0) || !isfinite(a->f[0]))
+        return kiln_op_shape_error("linear_cross_entropy", in, 3, "soft-cap f0=%g must be finite and >= 0 (0: none)", a->f[0]);
     int64_t one = 1;
     *out = kiln_meta_make(KILN_F32, 1, &one);
     return KILN_OK;

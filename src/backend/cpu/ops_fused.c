@@ -27,7 +27,7 @@ kiln_status kiln_cpu_op_linear_ce(kiln_tensor *const *in, const kiln_attrs *a, k
         if (tg[i] != (int32_t)a->i[0] && (tg[i] < 0 || tg[i] >= V))
             return kiln_error(KILN_ERR_RANGE, "op linear_cross_entropy: target %d at position %lld is outside [0, %lld)", tg[i],
                               (long long)i, (long long)V);
-    kiln_lce_opts o = {.seed = a->i[4] ? kiln_f32(in[3])[0] : 1.0f, .bf16 = a->i[3] != 0};
+    kiln_lce_opts o = {.seed = a->i[4] ? kiln_f32(in[3])[0] : 1.0f, .bf16 = a->i[3] != 0, .softcap = (float)a->f[0]};
     double s = kiln_k_linear_cross_entropy_ex(kiln_f32(h), kiln_f32(W), tg, N, C, V, (int32_t)a->i[0], 0, &count,
                                               a->i[1] ? kiln_f32(aux[0]) : NULL, a->i[2] ? kiln_f32(aux[1]) : NULL, &o);
     kiln_f32(out)[0] = (float)s;
