@@ -18,12 +18,20 @@ extern "C" {
 
 /* The Hugging Face model families kiln builds from one model code: the
  * differences are switches (biases, q/k norms, window), not copies. */
-typedef enum { KILN_FAMILY_LLAMA, KILN_FAMILY_MISTRAL, KILN_FAMILY_QWEN2, KILN_FAMILY_QWEN3 } kiln_family;
+typedef enum {
+    KILN_FAMILY_LLAMA, KILN_FAMILY_MISTRAL, KILN_FAMILY_QWEN2, KILN_FAMILY_QWEN3, KILN_FAMILY_GEMMA2, KILN_FAMILY_GEMMA3
+} kiln_family;
+#define KILN_FAMILY_LAST KILN_FAMILY_GEMMA3
+/* Gemma's differences from the Llama layer: RMSNorm scaling by (1 + w),
+ * embeddings times sqrt(hidden_size), norms after attention and after the
+ * MLP as well as before, GeGLU (tanh-approximate GELU), scores scaled by
+ * query_pre_attn_scalar^-1/2 */
+#define KILN_FAMILY_IS_GEMMA(f) ((f) == KILN_FAMILY_GEMMA2 || (f) == KILN_FAMILY_GEMMA3)
 
 #define KILN_CONFIG_MAX_EOS 16 /* ids in an eos_token_id list */
 
 typedef struct {
-    kiln_family family; /* model_type: llama, mistral, qwen2, qwen3 */
+    kiln_family family; /* model_type: llama, mistral, qwen2, qwen3, gemma2, gemma3_text */
     int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers;
     int64_t num_attention_heads, num_key_value_heads, max_position_embeddings;
     int64_t head_dim; /* may differ from hidden_size / num_attention_heads */
@@ -38,6 +46,17 @@ typedef struct {
      * applies to layers >= max_window_layers when use_sliding_window) */
     int64_t sliding_window, max_window_layers;
     bool use_sliding_window;
+    /* gemma2, gemma3: layer l slides (sliding_window) unless
+     * (l + 1) % sliding_window_pattern == 0 (gemma2: 2; a layer_types list
+     * is read as the pattern it follows) */
+    int64_t sliding_window_pattern;
+    double query_pre_attn_scalar; /* gemma: scores times query_pre_attn_scalar^-1/2 (others: head_dim) */
+    /* gemma: c tanh(x / c) on the attention scores and on the final logits
+     * (0: none) */
+    double attn_logit_softcapping, final_logit_softcapping;
+    /* gemma3: the RoPE base of the sliding layers (no scaling there);
+     * rope_theta and rope_scaling are the full-attention layers' */
+    double rope_local_base_freq;
     int64_t bos_token_id, eos_token_id, pad_token_id; /* -1: not set */
     /* eos_token_id given as a list: its other entries (eos_token_id holds the first) */
     bool eos_is_list;
@@ -56,9 +75,11 @@ kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c);
 kiln_status kiln_llama_config_resolve(const char *name_or_path, kiln_llama_config *c);
 bool kiln_llama_config_is_preset(const char *name_or_path);
 kiln_status kiln_llama_config_validate(const kiln_llama_config *c);
-/* model_type and the architectures entry of a family ("llama",
- * "LlamaForCausalLM"). */
+/* The family's name ("llama", ..., "gemma3"), its config.json
+ * model_type ("gemma3_text" for gemma3) and architectures entry
+ * ("LlamaForCausalLM"). */
 const char *kiln_family_name(kiln_family f);
+const char *kiln_family_model_type(kiln_family f);
 const char *kiln_family_architecture(kiln_family f);
 /* The attention window (sliding_window where this config's attention uses
  * one on some layer, else 0): on those layers a query at position p sees
@@ -66,8 +87,13 @@ const char *kiln_family_architecture(kiln_family f);
  * flash kernels, with packed documents and the generation cache. */
 int64_t kiln_llama_config_window(const kiln_llama_config *c);
 /* The sliding window of one layer (0: it attends to every earlier key):
- * Mistral's on every layer, Qwen2/3's on layers >= max_window_layers. */
+ * Mistral's on every layer, Qwen2/3's on layers >= max_window_layers,
+ * Gemma's where (layer + 1) % sliding_window_pattern != 0. */
 int64_t kiln_llama_layer_window(const kiln_llama_config *c, int64_t layer);
+/* The RoPE base of layer l and its scaling (*s): rope_theta and
+ * rope_scaling, but Gemma 3's sliding layers use rope_local_base_freq
+ * unscaled. */
+double kiln_llama_layer_rope(const kiln_llama_config *c, int64_t layer, const kiln_rope_scaling **s);
 /* true when id is eos_token_id or one of the list's other entries */
 bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id);
 /* Field by field (padding bytes are not part of a config). */
@@ -78,7 +104,11 @@ bool kiln_llama_config_equal(const kiln_llama_config *a, const kiln_llama_config
  * change the network and is refused by name), or one of a short list it
  * ignores on purpose (torch_dtype, transformers_version, use_cache, ...);
  * anything else is refused naming the file and the field. hidden_act is
- * SiLU by either of transformers' names ("silu", "swish"). */
+ * SiLU by either of transformers' names ("silu", "swish"); Gemma's
+ * hidden_activation (and hidden_act) is "gelu_pytorch_tanh". A
+ * Gemma3ForConditionalGeneration config (model_type gemma3) reads as its
+ * text_config: kiln builds the language model, the vision tower is not
+ * part of it (a note says so). */
 kiln_status kiln_llama_config_parse(const char *json, const char *source, kiln_llama_config *c);
 kiln_status kiln_llama_config_load(const char *path, kiln_llama_config *c);
 /* JSON text (malloc'd) with HF field names; written atomically by _save. */
@@ -90,7 +120,10 @@ typedef struct {
     kiln_tensor *post_attention_layernorm, *gate_proj, *up_proj, *down_proj;
     /* NULL where the family has none */
     kiln_tensor *q_bias, *k_bias, *v_bias, *o_bias, *gate_bias, *up_bias, *down_bias;
-    kiln_tensor *q_norm, *k_norm; /* qwen3: RMSNorm weights [head_dim] */
+    kiln_tensor *q_norm, *k_norm; /* qwen3, gemma3: RMSNorm weights [head_dim] */
+    /* gemma: post_attention_layernorm normalises the attention's output;
+     * these come before and after the MLP */
+    kiln_tensor *pre_feedforward_layernorm, *post_feedforward_layernorm;
 } kiln_llama_layer;
 
 /* LoRA (low-rank adapters, as PEFT defines them): each targeted linear

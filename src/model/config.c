@@ -8,11 +8,14 @@
 #include <string.h>
 #include "kiln/model.h"
 
-static const char *const family_names[] = {"llama", "mistral", "qwen2", "qwen3"};
-static const char *const family_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+static const char *const family_names[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"};
+static const char *const family_types[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"};
+static const char *const family_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                           "Qwen3ForCausalLM", "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
 
-const char *kiln_family_name(kiln_family f) { return (unsigned)f < 4 ? family_names[f] : "?"; }
-const char *kiln_family_architecture(kiln_family f) { return (unsigned)f < 4 ? family_archs[f] : "?"; }
+const char *kiln_family_name(kiln_family f) { return (unsigned)f <= KILN_FAMILY_LAST ? family_names[f] : "?"; }
+const char *kiln_family_model_type(kiln_family f) { return (unsigned)f <= KILN_FAMILY_LAST ? family_types[f] : "?"; }
+const char *kiln_family_architecture(kiln_family f) { return (unsigned)f <= KILN_FAMILY_LAST ? family_archs[f] : "?"; }
 
 void kiln_llama_config_default(kiln_llama_config *c) {
     memset(c, 0, sizeof *c); /* padding too: configs are compared and hashed */
@@ -31,6 +34,9 @@ int64_t kiln_llama_config_window(const kiln_llama_config *c) {
     case KILN_FAMILY_QWEN2:
     case KILN_FAMILY_QWEN3: /* HF: layers >= max_window_layers slide when use_sliding_window */
         return c->use_sliding_window && c->max_window_layers < c->num_hidden_layers ? c->sliding_window : 0;
+    case KILN_FAMILY_GEMMA2:
+    case KILN_FAMILY_GEMMA3: /* some layer slides unless every one is full (pattern 1) */
+        return c->sliding_window_pattern > 1 ? c->sliding_window : 0;
     default: return 0;
     }
 }
@@ -38,7 +44,18 @@ int64_t kiln_llama_config_window(const kiln_llama_config *c) {
 int64_t kiln_llama_layer_window(const kiln_llama_config *c, int64_t layer) {
     int64_t w = kiln_llama_config_window(c);
     if (c->family == KILN_FAMILY_QWEN2 || c->family == KILN_FAMILY_QWEN3) return layer >= c->max_window_layers ? w : 0;
+    if (KILN_FAMILY_IS_GEMMA(c->family)) return (layer + 1) % c->sliding_window_pattern ? w : 0;
     return w;
+}
+
+double kiln_llama_layer_rope(const kiln_llama_config *c, int64_t layer, const kiln_rope_scaling **s) {
+    static const kiln_rope_scaling none = {.type = KILN_ROPE_DEFAULT, .factor = 1};
+    if (c->family == KILN_FAMILY_GEMMA3 && kiln_llama_layer_window(c, layer)) {
+        *s = &none;
+        return c->rope_local_base_freq;
+    }
+    *s = &c->rope_scaling;
+    return c->rope_theta;
 }
 
 bool kiln_llama_config_is_eos(const kiln_llama_config *c, int64_t id) {
@@ -66,7 +83,10 @@ bool kiln_llama_config_equal(const kiln_llama_config *a, const kiln_llama_config
            a->initializer_range == b->initializer_range && a->tie_word_embeddings == b->tie_word_embeddings &&
            a->attention_bias == b->attention_bias && a->mlp_bias == b->mlp_bias && a->sliding_window == b->sliding_window &&
            a->max_window_layers == b->max_window_layers && a->use_sliding_window == b->use_sliding_window &&
-           a->bos_token_id == b->bos_token_id && a->pad_token_id == b->pad_token_id;
+           a->bos_token_id == b->bos_token_id && a->pad_token_id == b->pad_token_id &&
+           a->sliding_window_pattern == b->sliding_window_pattern && a->query_pre_attn_scalar == b->query_pre_attn_scalar &&
+           a->attn_logit_softcapping == b->attn_logit_softcapping && a->final_logit_softcapping == b->final_logit_softcapping &&
+           a->rope_local_base_freq == b->rope_local_base_freq;
 }
 
 kiln_status kiln_llama_config_preset(const char *name, kiln_llama_config *c) {
@@ -117,7 +137,30 @@ kiln_status kiln_llama_config_validate(const kiln_llama_config *c) {
     if (c->num_hidden_layers > 65536) /* the parameter list is indexed by int */
         return kiln_error(KILN_ERR_INVALID, "config: num_hidden_layers %lld is above kiln's limit of 65536",
                           (long long)c->num_hidden_layers);
-    if ((unsigned)c->family > KILN_FAMILY_QWEN3) return kiln_error(KILN_ERR_INVALID, "config: unknown model family %d", (int)c->family);
+    if ((unsigned)c->family > KILN_FAMILY_LAST) return kiln_error(KILN_ERR_INVALID, "config: unknown model family %d", (int)c->family);
+    if (KILN_FAMILY_IS_GEMMA(c->family)) {
+        if (c->sliding_window <= 0 || c->sliding_window > (1ll << 31))
+            return kiln_error(KILN_ERR_INVALID, "config: sliding_window must be a positive integer below 2^31 for %s, got %lld",
+                              kiln_family_name(c->family), (long long)c->sliding_window);
+        if (c->sliding_window_pattern < 1 || c->sliding_window_pattern > (1ll << 31))
+            return kiln_error(KILN_ERR_INVALID, "config: sliding_window_pattern must be a positive integer, got %lld",
+                              (long long)c->sliding_window_pattern);
+        struct { const char *name; double v; bool zero_ok; } g[] = {
+            {"query_pre_attn_scalar", c->query_pre_attn_scalar, false},
+            {"attn_logit_softcapping", c->attn_logit_softcapping, true},
+            {"final_logit_softcapping", c->final_logit_softcapping, true},
+            {"rope_local_base_freq", c->rope_local_base_freq, c->family != KILN_FAMILY_GEMMA3},
+        };
+        for (size_t i = 0; i < sizeof g / sizeof g[0]; i++)
+            if (!isfinite(g[i].v) || g[i].v < 0 || (g[i].v == 0 && !g[i].zero_ok) || g[i].v > FLT_MAX ||
+                (g[i].v > 0 && !((float)g[i].v > 0)))
+                return kiln_error(KILN_ERR_INVALID, "config: %s must be a positive number representable as a float32%s, got %.17g",
+                                  g[i].name, g[i].zero_ok ? " (or none)" : "", g[i].v);
+    } else if (c->sliding_window_pattern || c->query_pre_attn_scalar || c->attn_logit_softcapping || c->final_logit_softcapping ||
+               c->rope_local_base_freq) {
+        return kiln_error(KILN_ERR_INVALID, "config: Gemma's fields (sliding_window_pattern, query_pre_attn_scalar, soft-caps, "
+                                            "rope_local_base_freq) set for model_type %s", kiln_family_name(c->family));
+    }
     if (c->sliding_window < 0 || c->sliding_window > (1ll << 31) || c->max_window_layers < 0 || c->max_window_layers > (1ll << 31))
         return kiln_error(KILN_ERR_INVALID, "config: sliding_window %lld / max_window_layers %lld must be integers in [0, 2^31]",
                           (long long)c->sliding_window, (long long)c->max_window_layers);
@@ -181,8 +224,10 @@ char *kiln_llama_config_to_json(const kiln_llama_config *c) {
     json_t *o = json_object();
     if (!o) return NULL;
     json_object_set_new(o, "architectures", json_pack("[s]", kiln_family_architecture(c->family)));
-    json_object_set_new(o, "model_type", json_string(kiln_family_name(c->family)));
-    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "model_type", json_string(kiln_family_model_type(c->family)));
+    bool gemma = KILN_FAMILY_IS_GEMMA(c->family);
+    json_object_set_new(o, "hidden_act", json_string(gemma ? "gelu_pytorch_tanh" : "silu"));
+    if (gemma) json_object_set_new(o, "hidden_activation", json_string("gelu_pytorch_tanh"));
     json_object_set_new(o, "torch_dtype", json_string("float32"));
     json_object_set_new(o, "vocab_size", json_integer(c->vocab_size));
     json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
@@ -199,8 +244,21 @@ char *kiln_llama_config_to_json(const kiln_llama_config *c) {
     json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
     json_object_set_new(o, "attention_dropout", json_real(0.0));
     json_object_set_new(o, "use_cache", json_true());
-    if (c->family == KILN_FAMILY_LLAMA || c->family == KILN_FAMILY_QWEN3)
+    if (c->family == KILN_FAMILY_LLAMA || c->family == KILN_FAMILY_QWEN3 || gemma)
         json_object_set_new(o, "attention_bias", json_boolean(c->attention_bias));
+    if (gemma) {
+        json_object_set_new(o, "query_pre_attn_scalar", json_real(c->query_pre_attn_scalar));
+        json_object_set_new(o, "attn_logit_softcapping", c->attn_logit_softcapping ? json_real(c->attn_logit_softcapping) : json_null());
+        json_object_set_new(o, "final_logit_softcapping", c->final_logit_softcapping ? json_real(c->final_logit_softcapping) : json_null());
+        json_t *lt = json_array(); /* each layer's attention, as newer transformers write it */
+        for (int64_t l = 0; l < c->num_hidden_layers; l++)
+            json_array_append_new(lt, json_string(kiln_llama_layer_window(c, l) ? "sliding_attention" : "full_attention"));
+        json_object_set_new(o, "layer_types", lt);
+    }
+    if (c->family == KILN_FAMILY_GEMMA3) { /* what transformers 4.50-4.52 read instead of layer_types */
+        json_object_set_new(o, "sliding_window_pattern", json_integer(c->sliding_window_pattern));
+        json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_base_freq));
+    }
     if (c->family == KILN_FAMILY_LLAMA) {
         json_object_set_new(o, "mlp_bias", json_boolean(c->mlp_bias));
         json_object_set_new(o, "pretraining_tp", json_integer(1)); /* read and ignored: it only splits HF's matmuls */

@@ -31,7 +31,9 @@ static int layer_specs(const kiln_llama_config *c, kiln_llama_layer *ly, int64_t
     int64_t C = c->hidden_size, I = c->intermediate_size, D = c->head_dim;
     int64_t qd = c->num_attention_heads * D, kd = c->num_key_value_heads * D;
     bool qkv_b = c->attention_bias || c->family == KILN_FAMILY_QWEN2, o_b = c->attention_bias;
-    bool mlp_b = c->mlp_bias, qk_norm = c->family == KILN_FAMILY_QWEN3;
+    bool mlp_b = c->mlp_bias, qk_norm = c->family == KILN_FAMILY_QWEN3 || c->family == KILN_FAMILY_GEMMA3;
+    bool gemma = KILN_FAMILY_IS_GEMMA(c->family);
+    int norm_init = gemma ? INIT_ZEROS : INIT_ONES; /* HF's Gemma norms scale by 1 + w, w starting at 0 */
     int n = 0;
 #define S(field, part, ini, nd, d0, d1)                                                                  \
     do {                                                                                              \
@@ -40,7 +42,7 @@ static int layer_specs(const kiln_llama_config *c, kiln_llama_layer *ly, int64_t
         o[n].slot = ly ? &ly->field : NULL;                                                           \
         n++;                                                                                          \
     } while (0)
-    S(input_layernorm, "input_layernorm.weight", INIT_ONES, 1, C, 0);
+    S(input_layernorm, "input_layernorm.weight", norm_init, 1, C, 0);
     S(q_proj, "self_attn.q_proj.weight", INIT_NORMAL, 2, qd, C);
     if (qkv_b) S(q_bias, "self_attn.q_proj.bias", INIT_ZEROS, 1, qd, 0);
     S(k_proj, "self_attn.k_proj.weight", INIT_NORMAL, 2, kd, C);
@@ -50,10 +52,14 @@ static int layer_specs(const kiln_llama_config *c, kiln_llama_layer *ly, int64_t
     S(o_proj, "self_attn.o_proj.weight", INIT_NORMAL, 2, C, qd);
     if (o_b) S(o_bias, "self_attn.o_proj.bias", INIT_ZEROS, 1, C, 0);
     if (qk_norm) {
-        S(q_norm, "self_attn.q_norm.weight", INIT_ONES, 1, D, 0);
-        S(k_norm, "self_attn.k_norm.weight", INIT_ONES, 1, D, 0);
+        S(q_norm, "self_attn.q_norm.weight", norm_init, 1, D, 0);
+        S(k_norm, "self_attn.k_norm.weight", norm_init, 1, D, 0);
     }
-    S(post_attention_layernorm, "post_attention_layernorm.weight", INIT_ONES, 1, C, 0);
+    S(post_attention_layernorm, "post_attention_layernorm.weight", norm_init, 1, C, 0);
+    if (gemma) {
+        S(pre_feedforward_layernorm, "pre_feedforward_layernorm.weight", norm_init, 1, C, 0);
+        S(post_feedforward_layernorm, "post_feedforward_layernorm.weight", norm_init, 1, C, 0);
+    }
     S(gate_proj, "mlp.gate_proj.weight", INIT_NORMAL, 2, I, C);
     if (mlp_b) S(gate_bias, "mlp.gate_proj.bias", INIT_ZEROS, 1, I, 0);
     S(up_proj, "mlp.up_proj.weight", INIT_NORMAL, 2, I, C);
@@ -70,7 +76,7 @@ static int outer_specs(const kiln_llama_config *c, kiln_llama *m, pspec *o) {
     int n = 0;
     o[n] = (pspec){"model.embed_tokens.weight", 2, {V, C}, INIT_NORMAL, m ? &m->embed_tokens : NULL};
     n++;
-    o[n] = (pspec){"model.norm.weight", 1, {C, 0}, INIT_ONES, m ? &m->norm : NULL};
+    o[n] = (pspec){"model.norm.weight", 1, {C, 0}, KILN_FAMILY_IS_GEMMA(c->family) ? INIT_ZEROS : INIT_ONES, m ? &m->norm : NULL};
     n++;
     if (!c->tie_word_embeddings) {
         o[n] = (pspec){"lm_head.weight", 2, {V, C}, INIT_NORMAL, m ? &m->lm_head : NULL};
@@ -383,16 +389,30 @@ static kiln_tensor *lproj(kiln_llama *m, int64_t l, int which, kiln_tensor *x, k
     return y;
 }
 
-/* x [B, T, C] -> [B, heads, T, D]: per-head RMSNorm (qwen3's q_norm/k_norm,
- * over each head's D features, before RoPE) and rotation where asked */
-static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, kiln_tensor *norm, bool rotate, int64_t pos0,
-                          kiln_tensor *positions) {
+/* RMSNorm as the family defines it: x / rms(x) times w, Gemma's times
+ * (1 + w) (HF's Gemma RMSNorm; the 1 + w is an add, so its gradient is w's) */
+static kiln_tensor *norm(const kiln_llama_config *c, kiln_tensor *x, kiln_tensor *w) {
+    if (!x) return NULL;
+    if (!KILN_FAMILY_IS_GEMMA(c->family)) return kiln_rmsnorm(x, w, c->rms_norm_eps);
+    kiln_tensor *one = kiln_fill(w->ndim, w->shape, 1.0);
+    kiln_tensor *w1 = one ? kiln_add(w, one) : NULL;
+    kiln_tensor_release(one);
+    kiln_tensor *y = w1 ? kiln_rmsnorm(x, w1, c->rms_norm_eps) : NULL;
+    kiln_tensor_release(w1);
+    return y;
+}
+
+/* x [B, T, C] -> [B, heads, T, D]: per-head RMSNorm (qwen3's and gemma3's
+ * q_norm/k_norm, over each head's D features, before RoPE) and rotation
+ * (RoPE base theta, scaling rs) where asked */
+static kiln_tensor *heads(kiln_tensor *x, const kiln_llama_config *c, int64_t nh, kiln_tensor *nw, bool rotate, double theta,
+                          const kiln_rope_scaling *rs, int64_t pos0, kiln_tensor *positions) {
     if (!x) return NULL;
     int64_t s[4] = {x->shape[0], x->shape[1], nh, c->head_dim};
     kiln_tensor *t = kiln_reshape(x, 4, s);
-    if (norm) NEXT(t, kiln_rmsnorm(t, norm, c->rms_norm_eps));
-    if (rotate && positions) NEXT(t, kiln_rope_at(t, positions, c->rope_theta, false, &c->rope_scaling));
-    else if (rotate) NEXT(t, kiln_rope_scaled(t, c->rope_theta, pos0, false, &c->rope_scaling));
+    if (nw) NEXT(t, norm(c, t, nw));
+    if (rotate && positions) NEXT(t, kiln_rope_at(t, positions, theta, false, rs));
+    else if (rotate) NEXT(t, kiln_rope_scaled(t, theta, pos0, false, rs));
     NEXT(t, kiln_transpose12(t));
     return t;
 }
@@ -402,12 +422,14 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     const kiln_llama_config *c = &m->cfg;
     int64_t B = x->shape[0], T = x->shape[1], pos0 = kc ? kc->len : 0;
     int64_t rep = c->num_attention_heads / c->num_key_value_heads;
+    const kiln_rope_scaling *rs;
+    double theta = kiln_llama_layer_rope(c, l, &rs);
     kiln_tensor *t = lproj(m, l, KILN_LORA_Q, x, ly->q_proj, ly->q_bias);
-    kiln_tensor *q = heads(t, c, c->num_attention_heads, ly->q_norm, true, pos0, positions);
+    kiln_tensor *q = heads(t, c, c->num_attention_heads, ly->q_norm, true, theta, rs, pos0, positions);
     NEXT(t, lproj(m, l, KILN_LORA_K, x, ly->k_proj, ly->k_bias));
-    kiln_tensor *k = heads(t, c, c->num_key_value_heads, ly->k_norm, true, pos0, positions);
+    kiln_tensor *k = heads(t, c, c->num_key_value_heads, ly->k_norm, true, theta, rs, pos0, positions);
     NEXT(t, lproj(m, l, KILN_LORA_V, x, ly->v_proj, ly->v_bias));
-    kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, pos0, NULL);
+    kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, theta, rs, pos0, NULL);
     kiln_tensor_release(t);
     if (kc) {
         NEXT(k, cache_append(kc->k[l], k, kc->len));
@@ -420,7 +442,9 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     kiln_tensor *s = kiln_matmul(q, k, KILN_MM_BATCHED, false, true);
     kiln_tensor_release(q);
     kiln_tensor_release(k);
-    NEXT(s, kiln_scale(s, 1.0 / sqrt((double)c->head_dim)));
+    bool gemma = KILN_FAMILY_IS_GEMMA(c->family); /* HF: query_pre_attn_scalar ** -0.5 */
+    NEXT(s, kiln_scale(s, 1.0 / sqrt(gemma ? c->query_pre_attn_scalar : (double)c->head_dim)));
+    if (c->attn_logit_softcapping > 0) NEXT(s, kiln_softcap(s, c->attn_logit_softcapping));
     NEXT(s, kiln_add(s, mask));
     NEXT(s, kiln_softmax(s));
     kiln_tensor *o = kiln_matmul(s, v, KILN_MM_BATCHED, false, false);
@@ -436,7 +460,7 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
 static kiln_tensor *mlp(kiln_llama *m, int64_t l, kiln_llama_layer *ly, kiln_tensor *x) {
     kiln_tensor *g = lproj(m, l, KILN_LORA_GATE, x, ly->gate_proj, ly->gate_bias);
     kiln_tensor *u = lproj(m, l, KILN_LORA_UP, x, ly->up_proj, ly->up_bias);
-    NEXT(g, kiln_silu(g));
+    NEXT(g, KILN_FAMILY_IS_GEMMA(m->cfg.family) ? kiln_gelu_tanh(g) : kiln_silu(g)); /* GeGLU or SwiGLU */
     NEXT(g, kiln_mul(g, u));
     kiln_tensor_release(u);
     NEXT(g, lproj(m, l, KILN_LORA_DOWN, g, ly->down_proj, ly->down_bias));
@@ -514,20 +538,24 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
     kiln_tensor *mask_w = window && pos0 + T > window ? kiln_attn_mask_win(pm, segments, T, window) : NULL;
     kiln_tensor_release(pm);
     kiln_tensor *h = kiln_embedding(m->embed_tokens, ids);
+    bool gemma = KILN_FAMILY_IS_GEMMA(c->family);
+    if (gemma) NEXT(h, kiln_scale(h, (float)sqrt((double)c->hidden_size))); /* HF: sqrt(hidden) in the activations' dtype */
     int outer = kiln_op_get_scope();
     for (int64_t l = 0; l < c->num_hidden_layers && h && mask; l++) {
         kiln_llama_layer *ly = &m->layers[l];
         kiln_op_set_scope((int)(2 * l + 1)); /* the attention block */
-        kiln_tensor *x = kiln_rmsnorm(h, ly->input_layernorm, c->rms_norm_eps);
+        kiln_tensor *x = norm(c, h, ly->input_layernorm);
         kiln_tensor *lm = mask_w && kiln_llama_layer_window(c, l) ? mask_w : mask;
         kiln_tensor *a = x ? attention(m, ly, l, x, lm, positions, kc) : NULL;
         kiln_tensor_release(x);
+        if (gemma) NEXT(a, norm(c, a, ly->post_attention_layernorm)); /* Gemma normalises the block's output too */
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);
         kiln_op_set_scope((int)(2 * l + 2)); /* the MLP block */
-        x = kiln_rmsnorm(h, ly->post_attention_layernorm, c->rms_norm_eps);
+        x = norm(c, h, gemma ? ly->pre_feedforward_layernorm : ly->post_attention_layernorm);
         a = x ? mlp(m, l, ly, x) : NULL;
         kiln_tensor_release(x);
+        if (gemma) NEXT(a, norm(c, a, ly->post_feedforward_layernorm));
         NEXT(h, kiln_add(h, a));
         kiln_tensor_release(a);
     }
@@ -535,7 +563,8 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
     kiln_tensor_release(mask);
     kiln_tensor_release(mask_w);
     if (kc && h) kc->len += T;
-    NEXT(h, kiln_rmsnorm(h, m->norm, c->rms_norm_eps));
+    NEXT(h, norm(c, h, m->norm));
     NEXT(h, kiln_linear(h, m->lm_head));
+    if (c->final_logit_softcapping > 0) NEXT(h, kiln_softcap(h, c->final_logit_softcapping)); /* Gemma 2 */
     return h;
 }

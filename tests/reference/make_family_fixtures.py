@@ -42,7 +42,8 @@ sys.path.insert(0, HERE)
 from make_fixtures import OUT, make_batch, raw, rel_err, rms_norm, rotate_half, st_bytes, write_file  # noqa: E402
 
 ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-        "qwen3": "Qwen3ForCausalLM"}
+        "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+GEMMA = ("gemma2", "gemma3_text")
 
 
 def head_dim(cfg):
@@ -56,12 +57,13 @@ def head_dim(cfg):
 def switches(cfg):
     """Which optional tensors a family's layers have (HF's constructors)."""
     mt = cfg["model_type"]
-    ab = bool(cfg.get("attention_bias", False)) if mt in ("llama", "qwen3") else False
+    ab = bool(cfg.get("attention_bias", False)) if mt in ("llama", "qwen3") + GEMMA else False
     return {
         "qkv_bias": ab or mt == "qwen2",
         "o_bias": ab,
         "mlp_bias": bool(cfg.get("mlp_bias", False)) if mt == "llama" else False,
-        "qk_norm": mt == "qwen3",
+        "qk_norm": mt in ("qwen3", "gemma3_text"),
+        "gemma": mt in GEMMA,
     }
 
 
@@ -75,6 +77,9 @@ def param_shapes(cfg):
         pre = "model.layers.%d." % i
         s[pre + "input_layernorm.weight"] = [H]
         s[pre + "post_attention_layernorm.weight"] = [H]
+        if sw["gemma"]:  # Gemma2DecoderLayer: norms before and after both blocks
+            s[pre + "pre_feedforward_layernorm.weight"] = [H]
+            s[pre + "post_feedforward_layernorm.weight"] = [H]
         for n, (o, k) in {"q": (nh * D, H), "k": (nkv * D, H), "v": (nkv * D, H), "o": (H, nh * D)}.items():
             s[pre + "self_attn.%s_proj.weight" % n] = [o, k]
             if (n != "o" and sw["qkv_bias"]) or (n == "o" and sw["o_bias"]):
@@ -94,12 +99,14 @@ def param_shapes(cfg):
 def make_params(cfg, gen, torch):
     """Weights ~ N(0, initializer_range); biases ~ N(0, 0.05) (HF starts them
     at zero; random ones make their effect and gradients visible); norm
-    weights 1 + 0.1 N(0, 1). Drawn in sorted name order, rounded to float32."""
+    weights 1 + 0.1 N(0, 1) (Gemma's, which scale by 1 + w: 0.1 N(0, 1)).
+    Drawn in sorted name order, rounded to float32."""
     std = cfg["initializer_range"]
+    one = 0.0 if cfg["model_type"] in GEMMA else 1.0
     p = {}
     for name, shape in sorted(param_shapes(cfg).items()):
         if name.endswith("norm.weight"):
-            p[name] = 1.0 + 0.1 * torch.randn(*shape, generator=gen, dtype=torch.float64)
+            p[name] = one + 0.1 * torch.randn(*shape, generator=gen, dtype=torch.float64)
         elif name.endswith(".bias"):
             p[name] = 0.05 * torch.randn(*shape, generator=gen, dtype=torch.float64)
         else:
@@ -107,11 +114,13 @@ def make_params(cfg, gen, torch):
     return {k: v.to(torch.float32) for k, v in p.items()}
 
 
-def inv_freq(cfg, D, torch):
-    """modeling_rope_utils: default, linear and llama3 (float64 here)."""
-    base = cfg.get("rope_theta", 10000.0)
+def inv_freq(cfg, D, torch, local=False):
+    """modeling_rope_utils: default, linear and llama3 (float64 here). local:
+    Gemma 3's sliding layers (rotary_emb_local: rope_local_base_freq, no
+    scaling)."""
+    base = cfg["rope_local_base_freq"] if local else cfg.get("rope_theta", 10000.0)
     inv = 1.0 / (base ** (torch.arange(0, D, 2, dtype=torch.int64).to(torch.float64) / D))
-    rs = cfg.get("rope_scaling")
+    rs = None if local else cfg.get("rope_scaling")
     if not rs:
         return inv
     kind = rs.get("rope_type", rs.get("type"))
@@ -136,17 +145,39 @@ def lin(x, p, name, F):
     return F.linear(x, p[name + ".weight"], p.get(name + ".bias"))
 
 
+def gemma_sliding(cfg, li):
+    """Gemma: layer_types when given, else every sliding_window_pattern-th
+    layer attends fully (Gemma2: 2, Gemma3TextConfig: 6)."""
+    if cfg.get("layer_types"):
+        return cfg["layer_types"][li] == "sliding_attention"
+    pattern = cfg.get("sliding_window_pattern", 2 if cfg["model_type"] == "gemma2" else 6)
+    return bool((li + 1) % pattern)
+
+
+def softcap(x, cap, torch):
+    return torch.tanh(x / cap) * cap
+
+
 def forward(cfg, p, input_ids, attention_mask, torch):
     F = torch.nn.functional
     B, T = input_ids.shape
     nh, nkv, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
     n_rep, eps = nh // nkv, cfg["rms_norm_eps"]
     dt = p["model.norm.weight"].dtype
-    qk_norm = switches(cfg)["qk_norm"]
+    sw = switches(cfg)
+    qk_norm, gemma = sw["qk_norm"], sw["gemma"]
 
-    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(cfg, D, torch))
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().to(dt), emb.sin().to(dt)
+    def rope_tables(local):
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(cfg, D, torch, local))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dt), emb.sin().to(dt)
+
+    tables = {False: rope_tables(False)}
+    if cfg["model_type"] == "gemma3_text":
+        tables[True] = rope_tables(True)
+
+    def norm(x, w):  # Gemma's RMSNorm scales by (1 + w)
+        return rms_norm(x, 1.0 + w if gemma else w, eps, torch)
 
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
@@ -164,37 +195,58 @@ def forward(cfg, p, input_ids, attention_mask, torch):
         if cfg["model_type"] in ("qwen2", "qwen3") and cfg.get("use_sliding_window"):
             # layer_types: the first max_window_layers layers attend fully, the rest slide
             return cfg.get("sliding_window") if li >= cfg.get("max_window_layers", 0) else None
+        if gemma:
+            return cfg["sliding_window"] if gemma_sliding(cfg, li) else None
         return None
 
     x = F.embedding(input_ids.long(), p["model.embed_tokens.weight"])
+    if gemma:  # Gemma2Model: the embeddings times sqrt(hidden) in their dtype
+        x = x * torch.tensor(cfg["hidden_size"] ** 0.5, dtype=dt)
+    # Gemma: scores times query_pre_attn_scalar ** -0.5, the others over sqrt(head_dim)
+    scaling = cfg["query_pre_attn_scalar"] ** -0.5 if gemma else None
     for li in range(cfg["num_hidden_layers"]):
         pre = "model.layers.%d." % li
-        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps, torch)
+        window = layer_window(li)
+        cos, sin = tables[cfg["model_type"] == "gemma3_text" and window is not None]
+        h = norm(x, p[pre + "input_layernorm.weight"])
         q = lin(h, p, pre + "self_attn.q_proj", F).view(B, T, nh, D)
         k = lin(h, p, pre + "self_attn.k_proj", F).view(B, T, nkv, D)
         v = lin(h, p, pre + "self_attn.v_proj", F).view(B, T, nkv, D)
-        if qk_norm:  # Qwen3: RMSNorm over each head's D features, before RoPE
-            q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps, torch)
-            k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps, torch)
+        if qk_norm:  # Qwen3, Gemma3: RMSNorm over each head's D features, before RoPE
+            q = norm(q, p[pre + "self_attn.q_norm.weight"])
+            k = norm(k, p[pre + "self_attn.k_norm.weight"])
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q = q * cos + rotate_half(q, torch) * sin
         k = k * cos + rotate_half(k, torch) * sin
         k = k.repeat_interleave(n_rep, dim=1)
         v = v.repeat_interleave(n_rep, dim=1)
-        mask = mask_of(layer_window(li))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(D) + mask
+        mask = mask_of(window)
+        scores = (q @ k.transpose(-1, -2)) * scaling if gemma else q @ k.transpose(-1, -2) / math.sqrt(D)
+        if gemma and cfg.get("attn_logit_softcapping"):
+            scores = softcap(scores, cfg["attn_logit_softcapping"], torch)
+        scores = scores + mask
         # a query that sees no key (a padding position whose window holds only
         # padding) gets zeros, as kiln's softmax of an all -inf row: no NaN
         seen = (mask > float("-inf")).any(-1, keepdim=True)
         probs = torch.softmax(torch.where(seen, scores, torch.zeros_like(scores)), dim=-1) * seen
         a = (probs @ v).transpose(1, 2).reshape(B, T, nh * D)
-        x = x + lin(a, p, pre + "self_attn.o_proj", F)
-        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps, torch)
+        a = lin(a, p, pre + "self_attn.o_proj", F)
+        if gemma:
+            x = x + norm(a, p[pre + "post_attention_layernorm.weight"])
+            h = norm(x, p[pre + "pre_feedforward_layernorm.weight"])
+            m = F.gelu(lin(h, p, pre + "mlp.gate_proj", F), approximate="tanh") * lin(h, p, pre + "mlp.up_proj", F)
+            x = x + norm(lin(m, p, pre + "mlp.down_proj", F), p[pre + "post_feedforward_layernorm.weight"])
+            continue
+        x = x + a
+        h = norm(x, p[pre + "post_attention_layernorm.weight"])
         m = F.silu(lin(h, p, pre + "mlp.gate_proj", F)) * lin(h, p, pre + "mlp.up_proj", F)
         x = x + lin(m, p, pre + "mlp.down_proj", F)
-    x = rms_norm(x, p["model.norm.weight"], eps, torch)
+    x = norm(x, p["model.norm.weight"])
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else p["lm_head.weight"]
-    return F.linear(x, head)
+    logits = F.linear(x, head)
+    if gemma and cfg.get("final_logit_softcapping"):
+        logits = softcap(logits, cfg["final_logit_softcapping"], torch)
+    return logits
 
 
 def run(cfg, params, ids, mask, labels, torch):
@@ -260,7 +312,27 @@ def extra_configs():
         "qwen2_swa": (201, base_config("qwen2", tie_word_embeddings=True, use_sliding_window=True, sliding_window=5,
                                        max_window_layers=1, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                        layer_types=["full_attention", "sliding_attention"])),
+        # Gemma 2: layers 0 and 2 slide (window 5), layer 1 attends fully; both
+        # soft-caps at values the (larger than HF) weights reach; head_dim 16 x 4
+        # heads != hidden 48, query_pre_attn_scalar 24 != head_dim
+        "gemma2": (202, gemma_config("gemma2", num_hidden_layers=3, sliding_window=5, query_pre_attn_scalar=24,
+                                     attn_logit_softcapping=0.5, final_logit_softcapping=1.5)),
+        # Gemma 3: q/k norms, attention biases, every 3rd layer full (layers 0, 1
+        # slide with rope_local_base_freq, layer 2 uses rope_theta with linear
+        # scaling), window 6
+        "gemma3": (203, gemma_config("gemma3_text", num_hidden_layers=3, sliding_window=6, sliding_window_pattern=3,
+                                     query_pre_attn_scalar=16, attention_bias=True, rope_theta=1000000.0,
+                                     rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
+                                     final_logit_softcapping=None, attn_logit_softcapping=None)),
     }
+
+
+def gemma_config(model_type, **kw):
+    c = base_config(model_type, head_dim=16, tie_word_embeddings=True, rms_norm_eps=1e-6, initializer_range=0.2,
+                    hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    del c["hidden_act"]
+    c.update(kw)
+    return c
 
 
 def make_fixture(name, cfg, seed, torch):
