@@ -6,6 +6,7 @@
  * eager and compiled; the checkpoint kiln writes is read back by the
  * reference (python3 with torch, skipped with a line without it); every
  * refusal names the file, the field and the value. */
+#include <jansson.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -243,6 +244,75 @@ static void cache_matches(int fi) {
     kiln_tensor_release(full);
     kiln_tensor_release(ids);
     kiln_llama_free(m);
+}
+
+/* A Gemma3ForConditionalGeneration checkpoint directory as transformers
+ * >= 4.52 writes it (config.json with text_config and vision_config; the
+ * language model under model.language_model.*, a vision tower and a
+ * projector beside it), and as older ones do (language_model.model.*):
+ * kiln_load_model_dir (what --init runs) builds the language model from
+ * it, and its logits on the fixture batch are PyTorch's. */
+static void gemma3_multimodal_dir(void) {
+    char path[300], d[200];
+    kiln_st_file *f = NULL;
+    CHECK_OK(kiln_st_open(FIX "family_gemma3.safetensors", &f));
+    char *cfg_text = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_read_file(FIX "family_gemma3.config.json", &cfg_text, &n));
+    if (!f || !cfg_text) return;
+    for (int layout = 0; layout < 2; layout++) {
+        snprintf(d, sizeof d, "%s/gemma3_mm%d", tmpdir, layout);
+        mkdir(d, 0755);
+        json_t *text = json_loads(cfg_text, 0, NULL), *top = json_object();
+        json_object_del(text, "architectures");
+        json_object_set_new(top, "architectures", json_pack("[s]", "Gemma3ForConditionalGeneration"));
+        json_object_set_new(top, "model_type", json_string("gemma3"));
+        json_object_set_new(top, "text_config", text);
+        json_object_set_new(top, "vision_config", json_pack("{s:i, s:s}", "hidden_size", 8, "model_type", "siglip_vision_model"));
+        json_object_set_new(top, "mm_tokens_per_image", json_integer(256));
+        json_object_set_new(top, "image_token_index", json_integer(60));
+        snprintf(path, sizeof path, "%s/config.json", d);
+        CHECK(json_dump_file(top, path, JSON_INDENT(2)) == 0, "write %s", path);
+        json_decref(top);
+        /* the parameters renamed, plus vision tensors */
+        kiln_st_tensor ts[128];
+        char names[128][160];
+        int nt = 0;
+        for (int i = 0; i < kiln_st_count(f) && nt < 126; i++) {
+            const kiln_st_tensor *t = kiln_st_at(f, i);
+            if (strncmp(t->name, "model.", 6) && strcmp(t->name, "lm_head.weight")) continue;
+            if (layout == 0) snprintf(names[nt], sizeof names[nt], "model.language_model.%s", t->name + 6);
+            else snprintf(names[nt], sizeof names[nt], "language_model.%s", t->name);
+            ts[nt] = *t;
+            ts[nt].name = names[nt];
+            nt++;
+        }
+        static const uint16_t vis[16] = {0};
+        const char *vn[2] = {layout == 0 ? "model.vision_tower.vision_model.post_layernorm.weight" : "vision_tower.vision_model.post_layernorm.weight",
+                             layout == 0 ? "model.multi_modal_projector.mm_soft_emb_norm.weight" : "multi_modal_projector.mm_soft_emb_norm.weight"};
+        for (int v = 0; v < 2; v++)
+            ts[nt++] = (kiln_st_tensor){.name = vn[v], .dtype = KILN_BF16, .ndim = 1, .shape = {16}, .bytes = vis, .nbytes = sizeof vis};
+        snprintf(path, sizeof path, "%s/model.safetensors", d);
+        CHECK_OK(kiln_st_save(path, ts, nt, NULL));
+        kiln_llama *m = NULL;
+        CHECK_OK(kiln_load_model_dir(d, &m));
+        if (!m) continue;
+        CHECK(m->cfg.family == KILN_FAMILY_GEMMA3 && m->cfg.num_hidden_layers == 3, "layout %d: a gemma3 language model", layout);
+        kiln_tensor *ids = wrap_st(kiln_st_find(f, "input_ids")), *mask = wrap_st(kiln_st_find(f, "attention_mask"));
+        kiln_eager_disable();
+        kiln_tensor *lg = kiln_llama_forward(m, ids, mask, NULL);
+        kiln_eager_enable();
+        double e = lg ? rel_err(kiln_f32(lg), kiln_st_find(f, "logits")->bytes, kiln_tensor_numel(lg)) : 1;
+        CHECK(e < 1e-5, "layout %d: the multimodal checkpoint's language model gives PyTorch's logits (%.3g)", layout, e);
+        printf("gemma3 multimodal layout %d: %d tensors read, 2 vision tensors left out, logits vs PyTorch %.2e\n",
+               layout, m->n_params, e);
+        kiln_tensor_release(lg);
+        kiln_tensor_release(ids);
+        kiln_tensor_release(mask);
+        kiln_llama_free(m);
+    }
+    free(cfg_text);
+    kiln_st_close(f);
 }
 
 /* ---- refusals --------------------------------------------------------------- */
@@ -562,6 +632,7 @@ int main(void) {
         cache_matches(i);
     }
     torch_read_back();
+    gemma3_multimodal_dir();
     refusals();
     real_configs();
     if (t_rmtree(tmpdir)) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -123,6 +123,28 @@ static void families(const char *data, const char *tok) {
     rc = train_with(data, tok, cfg, swa_run, "16");
     CHECK(rc == 0, "--seq-len 16 beyond mistral's sliding_window 8 trains (sliding-window attention; rc %d)", rc);
 
+    /* Gemma 2 beyond its window: trains, warns that its soft-capped
+     * attention stays unfused, and is saved as Gemma2ForCausalLM */
+    snprintf(cfg, sizeof cfg, "%s/gemma2.json", dir);
+    snprintf(json, sizeof json,
+             "{\"architectures\": [\"Gemma2ForCausalLM\"], \"model_type\": \"gemma2\", %s, \"head_dim\": 8,"
+             " \"sliding_window\": 8, \"query_pre_attn_scalar\": 8, \"hidden_activation\": \"gelu_pytorch_tanh\"}",
+             base);
+    write_text(cfg, json);
+    char g2_run[600];
+    snprintf(g2_run, sizeof g2_run, "%s/famrun_gemma2", dir);
+    rc = cli_kiln_run((const char *[]){"train", "--data", data, "--tokenizer", tok, "--model", cfg, "--run-dir", g2_run, "--steps",
+                                       "2", "--seq-len", "16", "--batch", "1", "--no-plot", "--eval-every", "0", "--compile",
+                                       "default", NULL});
+    CHECK(rc == 0 && output_has((const char *[]){"not fused", "soft-capped", NULL}),
+          "a gemma2 config.json trains past its window, saying its soft-capped attention stays unfused (rc %d)", rc);
+    char g2cfg[700];
+    snprintf(g2cfg, sizeof g2cfg, "%s/config.json", g2_run);
+    kiln_llama_config g2;
+    CHECK(kiln_llama_config_load(g2cfg, &g2) == KILN_OK && g2.family == KILN_FAMILY_GEMMA2 && g2.sliding_window == 8 &&
+              g2.attn_logit_softcapping == 50 && g2.final_logit_softcapping == 30,
+          "the run's config.json is gemma2 with its window and soft-caps: %s", kiln_last_error());
+
     snprintf(cfg, sizeof cfg, "%s/qwen3.json", dir);
     snprintf(json, sizeof json,
              "{\"architectures\": [\"Qwen3ForCausalLM\"], \"model_type\": \"qwen3\", %s, \"head_dim\": 16,"

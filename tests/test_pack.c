@@ -215,14 +215,21 @@ static void eager_vs_compiled(kiln_llama *m, kiln_compiled *cs_docs) {
 }
 
 /* window > 0: a Mistral whose sliding window (shorter than both documents)
- * applies inside each document of the packed row as in it alone */
-static void test_equivalence(int64_t window) {
+ * applies inside each document of the packed row as in it alone; with
+ * gemma3, Gemma 3's layers (layer 0 slides with the local RoPE base, layer
+ * 1 attends fully), norms and GeGLU */
+static void test_equivalence(int64_t window, kiln_family family) {
     for (int i = 0; i <= LA; i++) tok_a[i] = 3 + (int32_t)(kiln_rng_u64(21, (uint64_t)i) % 58);
     for (int i = 0; i <= LB; i++) tok_b[i] = 3 + (int32_t)(kiln_rng_u64(22, (uint64_t)i) % 58);
     kiln_llama_config mc = pack_config();
     if (window) {
-        mc.family = KILN_FAMILY_MISTRAL, mc.sliding_window = window;
-        printf(" with sliding_window %lld (Mistral):\n", (long long)window);
+        mc.family = family, mc.sliding_window = window;
+        if (family == KILN_FAMILY_GEMMA3) {
+            mc.sliding_window_pattern = 2, mc.query_pre_attn_scalar = (double)mc.head_dim, mc.rope_local_base_freq = 10000.0;
+            mc.rope_theta = 1e6;
+        }
+        CHECK_OK(kiln_llama_config_validate(&mc));
+        printf(" with sliding_window %lld (%s):\n", (long long)window, kiln_family_name(family));
     }
     kiln_llama *m = kiln_llama_new(&mc, 5);
     logits_alone(m);
@@ -690,8 +697,9 @@ int main(void) {
     printf("flash attention kernels:\n");
     test_flash_segments();
     printf("documents A and B in one row against each alone:\n");
-    test_equivalence(0);
-    test_equivalence(16);
+    test_equivalence(0, KILN_FAMILY_LLAMA);
+    test_equivalence(16, KILN_FAMILY_MISTRAL);
+    test_equivalence(16, KILN_FAMILY_GEMMA3);
     printf("against PyTorch:\n");
     test_torch();
     printf("accumulation:\n");

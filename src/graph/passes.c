@@ -130,6 +130,8 @@ static const char *attention_shape(const kiln_graph *g, int p, int *in, kiln_att
         return "the softmax's input is not scores + mask (an add read by the softmax alone)";
     int s1 = g->v[s2].in[0], mask = g->v[s2].in[1];
     if (!is_op(g, mask, KILN_OP_ATTN_MASK)) return "the added term is not an attention mask (attn_mask)";
+    if (is_op(g, s1, KILN_OP_SCALE) && is_op(g, g->v[s1].in[0], KILN_OP_TANH))
+        return "the scores are soft-capped (c tanh(s / c), Gemma 2's attn_logit_softcapping), which the flash kernels do not do";
     if (!is_op(g, s1, KILN_OP_SCALE) || kiln_graph_only_user(g, s1) != s2)
         return "the scores are not scaled once (scale) and read by the mask's add alone";
     int sc = g->v[s1].in[0];

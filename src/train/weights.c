@@ -107,9 +107,31 @@ static void set_free(weight_set *w) {
     memset(w, 0, sizeof *w);
 }
 
+/* A Gemma3ForConditionalGeneration checkpoint keeps its language model
+ * under language_model.* (transformers < 4.52: language_model.model.layers...,
+ * language_model.lm_head.weight) or model.language_model.* (newer:
+ * model.language_model.layers...): the parameter name each stands for. */
+static const char *canon_name(const char *n, char *buf, size_t cap) {
+    if (!strncmp(n, "language_model.", 15)) return n + 15;
+    if (!strncmp(n, "model.language_model.", 21)) {
+        snprintf(buf, cap, "model.%s", n + 21);
+        return buf;
+    }
+    return n;
+}
+
+/* the vision tower and projector of such a checkpoint */
+static bool vision_tensor(const char *n) {
+    static const char *const pre[] = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."};
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
+        if (!strncmp(n, pre[i], strlen(pre[i]))) return true;
+    return false;
+}
+
 static int find_name(const weight_set *w, const char *name) {
+    char buf[512];
     for (int i = 0; i < w->n; i++)
-        if (!strcmp(w->names[i], name)) return i;
+        if (!strcmp(canon_name(w->names[i], buf, sizeof buf), name)) return i;
     return -1;
 }
 
@@ -240,13 +262,22 @@ static void check_set(const weight_set *w, const kiln_llama *m, const char *what
         else if (q->dtype != KILN_F32 && q->dtype != KILN_BF16)
             add_problem(p, "tensor '%s': loading into a %s parameter is not supported", q->name, kiln_dtype_name(q->dtype));
     }
+    int vision = 0;
+    char buf[512];
     for (int i = 0; i < w->n; i++) {
-        if (base_param(m, w->names[i])) continue;
-        if (m->cfg.tie_word_embeddings && !strcmp(w->names[i], "lm_head.weight"))
-            kiln_log(KILN_LOG_WARN, "%s: ignoring 'lm_head.weight': the model ties it to model.embed_tokens.weight", what);
+        const char *name = canon_name(w->names[i], buf, sizeof buf);
+        if (base_param(m, name) && find_name(w, name) == i) continue;
+        if (m->cfg.family == KILN_FAMILY_GEMMA3 && vision_tensor(w->names[i])) vision++;
+        else if (base_param(m, name))
+            add_problem(p, "tensor '%s' is in %s twice (as '%s' too)", name, what, w->names[find_name(w, name)]);
+        else if (m->cfg.tie_word_embeddings && !strcmp(name, "lm_head.weight"))
+            kiln_log(KILN_LOG_WARN, "%s: ignoring '%s': the model ties it to model.embed_tokens.weight", what, w->names[i]);
         else
             add_problem(p, "unexpected tensor '%s' in %s (not a parameter of this model)", w->names[i], w->file[i]);
     }
+    if (vision)
+        kiln_log(KILN_LOG_INFO, "%s: %d tensors of the vision tower and the multimodal projector are not loaded: kiln builds "
+                 "the language model of this Gemma 3 checkpoint", what, vision);
 }
 
 /* Conversions of file elements [first, first + n) into a parameter's
