@@ -69,6 +69,24 @@ static const family_case cases[] = {
      " \"tie_word_embeddings\": false, \"bos_token_id\": 0, \"eos_token_id\": 1,"
      " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}",
      "kiln", "llama", "gpt-2", 128},
+    /* Gemma 2: layers 0 and 2 slide (window 8, shorter than the greedy
+     * runs), both soft-caps; Gemma 3: 7 layers, the 6th full, q/k norms,
+     * local/global RoPE with linear scaling on the full layer, window 8 */
+    {"gemma2",
+     "{\"model_type\": \"gemma2\", \"vocab_size\": 512, \"hidden_size\": 48, \"intermediate_size\": 80,"
+     " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16,"
+     " \"query_pre_attn_scalar\": 16, \"max_position_embeddings\": 256, \"sliding_window\": 8, \"rms_norm_eps\": 1e-6,"
+     " \"attn_logit_softcapping\": 20.0, \"final_logit_softcapping\": 15.0, \"bos_token_id\": 0, \"eos_token_id\": 1,"
+     " \"pad_token_id\": 0}",
+     "kiln", "gemma2", "gpt-2", 256},
+    {"gemma3",
+     "{\"model_type\": \"gemma3_text\", \"vocab_size\": 512, \"hidden_size\": 48, \"intermediate_size\": 80,"
+     " \"num_hidden_layers\": 7, \"num_attention_heads\": 4, \"num_key_value_heads\": 1, \"head_dim\": 16,"
+     " \"query_pre_attn_scalar\": 16, \"max_position_embeddings\": 256, \"sliding_window\": 8, \"rms_norm_eps\": 1e-6,"
+     " \"rope_theta\": 1000000.0, \"rope_local_base_freq\": 10000.0, \"sliding_window_pattern\": 6,"
+     " \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4.0}, \"bos_token_id\": 0, \"eos_token_id\": 1,"
+     " \"pad_token_id\": 0}",
+     "kiln", "gemma3", "gpt-2", 256},
 };
 #define N_CASES (int)(sizeof cases / sizeof cases[0])
 
@@ -184,7 +202,13 @@ static void check_metadata(const family_case *fc, const char *path, const kiln_l
           fc->tag);
     CHECK((G.find_tensor(g, "blk.1.attn_q.bias") >= 0) == (c->family == KILN_FAMILY_QWEN2 || c->attention_bias),
           "%s: attn_q.bias", fc->tag);
-    CHECK((G.find_tensor(g, "blk.1.attn_k_norm.weight") >= 0) == (c->family == KILN_FAMILY_QWEN3), "%s: attn_k_norm", fc->tag);
+    CHECK((G.find_tensor(g, "blk.1.attn_k_norm.weight") >= 0) == (c->family == KILN_FAMILY_QWEN3 || c->family == KILN_FAMILY_GEMMA3),
+          "%s: attn_k_norm", fc->tag);
+    CHECK((G.find_tensor(g, "blk.1.post_ffw_norm.weight") >= 0) == KILN_FAMILY_IS_GEMMA(c->family), "%s: post_ffw_norm", fc->tag);
+    if (KILN_FAMILY_IS_GEMMA(c->family)) {
+        snprintf(k, sizeof k, "%s.attention.sliding_window", fc->arch);
+        CHECK(llref_u32(&G, g, k) == (uint32_t)c->sliding_window, "%s: %s = %u", fc->tag, k, llref_u32(&G, g, k));
+    }
     CHECK((G.find_tensor(g, "blk.0.ffn_down.bias") >= 0) == c->mlp_bias, "%s: ffn_down.bias", fc->tag);
     /* every token string and type as tokenizer.json has it */
     json_t *tj = tokenizer_json(tok_src);
@@ -262,6 +286,13 @@ static void compare(const family_case *fc, kiln_side *k, int t, json_t *o) {
      * 1e-5 with 512 tokens, 5e-5 with 128k, 4.4e-4 with qwen2's 151k);
      * a wrong permutation, bias or rope factor moves -log p by units */
     double worst = 0, big = 0, tol = k->m[0]->cfg.vocab_size > 65536 ? 1e-3 : 2e-4;
+    /* Gemma's GeGLU: ggml's CPU GELU on f32 rounds its input to f16 and
+     * reads a table (GGML_GELU_FP16 in ggml-cpu's vec.h: up to 3.7e-3
+     * relative per activation), so -log p moves by about 1e-2 on these
+     * models; kiln computes the formula in f32, as PyTorch does. A wrong
+     * window, norm or soft-cap moves it by units, and the greedy
+     * continuations below (past the window of 8) must still be identical. */
+    if (KILN_FAMILY_IS_GEMMA(k->m[0]->cfg.family)) tol = 5e-2;
     for (int i = 0; i + 1 < k->nw; i++) {
         double e = fabs(json_real_value(json_array_get(json_object_get(o, "nll"), (size_t)i)) - k->nll[i]);
         worst = fmax(worst, e), big = fmax(big, k->nll[i]);

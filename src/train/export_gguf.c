@@ -90,6 +90,46 @@ kiln_status kiln_gguf_plan_arch(const char *path, const kiln_llama_config *c, ar
                               "them for llama.cpp's qwen3 architecture (not checked to be read there)",
                               path);
         break;
+    case KILN_FAMILY_GEMMA2:
+    case KILN_FAMILY_GEMMA3: {
+        /* llama.cpp's gemma2/gemma3 fix what config.json may vary: the
+         * layer pattern (every 2nd / 6th layer full), the score scale
+         * (1 / sqrt(head_dim) below 27B), Gemma 3's local RoPE base
+         * (10000); Gemma 2 always soft-caps its scores (50 unless the file
+         * says), Gemma 3 never; neither has attention biases */
+        bool g2 = c->family == KILN_FAMILY_GEMMA2;
+        a->arch = g2 ? "gemma2" : "gemma3", a->gemma = true;
+        int64_t pattern = g2 ? 2 : 6;
+        int64_t big = g2 ? 46 : 62; /* the 27B models: n_embd / n_head */
+        double scalar = c->num_hidden_layers == big ? (double)(c->hidden_size / c->num_attention_heads) : (double)c->head_dim;
+        const char *why = NULL;
+        char b[200];
+        if (c->sliding_window_pattern != pattern) {
+            snprintf(b, sizeof b, "sliding_window_pattern %lld: llama.cpp's %s attends fully on every %lld-th layer only",
+                     (long long)c->sliding_window_pattern, a->arch, (long long)pattern);
+            why = b;
+        } else if (c->query_pre_attn_scalar != scalar) {
+            snprintf(b, sizeof b, "query_pre_attn_scalar %g: llama.cpp's %s scales the scores by 1 / sqrt(%g) for %lld layers", c->query_pre_attn_scalar,
+                     a->arch, scalar, (long long)c->num_hidden_layers);
+            why = b;
+        } else if (c->attention_bias) {
+            why = "attention_bias is true: llama.cpp's Gemma architectures have no attention biases";
+        } else if (g2 && !(c->attn_logit_softcapping > 0)) {
+            why = "attn_logit_softcapping is null: llama.cpp's gemma2 always soft-caps the attention scores";
+        } else if (g2 && !(c->final_logit_softcapping > 0)) {
+            why = "final_logit_softcapping is null: llama.cpp's gemma2 soft-caps the logits at 30 unless the file says otherwise";
+        } else if (!g2 && c->attn_logit_softcapping > 0) {
+            why = "attn_logit_softcapping is set: llama.cpp's gemma3 does not soft-cap the attention scores";
+        } else if (!g2 && c->final_logit_softcapping > 0) {
+            why = "final_logit_softcapping is set: kiln export does not write it for llama.cpp's gemma3 (not checked to be read there)";
+        } else if (!g2 && c->rope_local_base_freq != 10000.0) {
+            snprintf(b, sizeof b, "rope_local_base_freq %g: llama.cpp's gemma3 rotates its sliding layers with base 10000",
+                     c->rope_local_base_freq);
+            why = b;
+        }
+        if (why) return kiln_error(KILN_ERR_UNSUPPORTED, "%s: %s", path, why);
+        break;
+    }
     default: return kiln_error(KILN_ERR_UNSUPPORTED, "%s: model family %d has no llama.cpp architecture", path, (int)c->family);
     }
     if (rope == KILN_ROPE_LLAMA3 && !a->rope_freqs)
@@ -101,7 +141,7 @@ kiln_status kiln_gguf_plan_arch(const char *path, const kiln_llama_config *c, ar
      * within the window they equal kiln's sliding-window attention, so the
      * file's context_length is the window */
     int64_t win = kiln_llama_config_window(c);
-    a->context = win > 0 && win < c->max_position_embeddings ? win : c->max_position_embeddings;
+    a->context = win > 0 && win < c->max_position_embeddings && !a->gemma ? win : c->max_position_embeddings;
     return KILN_OK;
 }
 
@@ -129,6 +169,17 @@ static kiln_status set_arch(kiln_gguf_writer *w, const kiln_llama_config *c, con
     if (!st) st = kiln_gguf_set_f32(w, key, (float)c->rms_norm_eps);
     /* linear: llama.cpp scales positions by 1 / factor, which is Hugging
      * Face's dividing every frequency by it */
+    if (!st && a->gemma) { /* llama.cpp's Gemma attends within the window on its sliding layers */
+        snprintf(key, sizeof key, "%s.attention.sliding_window", a->arch);
+        st = kiln_gguf_set_u32(w, key, (uint32_t)c->sliding_window);
+    }
+    struct { const char *k; double v; } caps[] = {{"attn_logit_softcapping", c->attn_logit_softcapping},
+                                                  {"final_logit_softcapping", c->final_logit_softcapping}};
+    for (int i = 0; i < 2 && !st && a->gemma; i++)
+        if (caps[i].v > 0) {
+            snprintf(key, sizeof key, "%s.%s", a->arch, caps[i].k);
+            st = kiln_gguf_set_f32(w, key, (float)caps[i].v);
+        }
     if (!st && c->rope_scaling.type == KILN_ROPE_LINEAR) {
         snprintf(key, sizeof key, "%s.rope.scaling.type", a->arch);
         st = kiln_gguf_set_str(w, key, "linear");
@@ -170,6 +221,7 @@ typedef struct {
     const float *values;  /* a tensor computed here (rope_freqs), host memory */
     int64_t n;            /* its length */
     int heads;            /* > 0: q or k projection (or bias), rows reordered per head */
+    bool plus_one;        /* Gemma's norms: llama.cpp multiplies by the weight, Gemma by 1 + w */
     kiln_ggml_type type;
 } out_tensor;
 
@@ -269,7 +321,13 @@ static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *ro
         LAYER("attn_k_norm.weight", L->k_norm, 0);
         LAYER("attn_output.weight", L->o_proj, 0);
         LAYER("attn_output.bias", L->o_bias, 0);
-        LAYER("ffn_norm.weight", L->post_attention_layernorm, 0);
+        if (a->gemma) { /* Gemma's block norms: after attention, before and after the MLP */
+            LAYER("post_attention_norm.weight", L->post_attention_layernorm, 0);
+            LAYER("ffn_norm.weight", L->pre_feedforward_layernorm, 0);
+            LAYER("post_ffw_norm.weight", L->post_feedforward_layernorm, 0);
+        } else {
+            LAYER("ffn_norm.weight", L->post_attention_layernorm, 0);
+        }
         LAYER("ffn_gate.weight", L->gate_proj, 0);
         LAYER("ffn_gate.bias", L->gate_bias, 0);
         LAYER("ffn_up.weight", L->up_proj, 0);
@@ -281,6 +339,7 @@ static int plan_tensors(const kiln_llama *m, const arch_plan *a, const float *ro
     ADD("output_norm.weight", m->norm, 0);
     if (!c->tie_word_embeddings) ADD("output.weight", m->lm_head, 0);
 #undef ADD
+    for (int i = 0; i < n && a->gemma; i++) o[i].plus_one = strstr(o[i].name, "norm.weight") != NULL;
     return n;
 }
 
@@ -311,7 +370,19 @@ static kiln_status write_tensor(kiln_gguf_writer *w, const out_tensor *o, void *
     void *owned = NULL;
     const float *x = kiln_host_bytes(t, &owned);
     if (!x) return kiln_error_context(kiln_last_status(), "tensor %s", o->name);
+    float *shifted = NULL;
+    if (o->plus_one) { /* 1 + w, as llama.cpp's converter writes Gemma's norms */
+        int64_t k = kiln_tensor_numel(t);
+        shifted = malloc((size_t)(k ? k : 1) * sizeof *shifted);
+        if (!shifted) {
+            free(owned);
+            return kiln_error(KILN_ERR_OOM, "out of memory writing %s", o->name);
+        }
+        for (int64_t j = 0; j < k; j++) shifted[j] = 1.0f + x[j];
+        x = shifted;
+    }
     kiln_status st = write_values(w, o, x, buf);
+    free(shifted);
     free(owned);
     return st;
 }
@@ -377,7 +448,7 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
     if (m->lora_a) st = kiln_llama_lora_merge(m);
     const kiln_llama_config *c = &m->cfg;
     kiln_gguf_writer *w = NULL;
-    out_tensor *ot = calloc((size_t)(4 + 18 * c->num_hidden_layers), sizeof *ot);
+    out_tensor *ot = calloc((size_t)(4 + 20 * c->num_hidden_layers), sizeof *ot);
     float *freqs = a.rope_freqs ? kiln_llama3_freq_factors(c) : NULL;
     const char *slash = strrchr(run_or_model_dir, '/');
     const char *name = opts->name ? opts->name : (slash && slash[1] ? slash + 1 : run_or_model_dir);

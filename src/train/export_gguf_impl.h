@@ -10,12 +10,13 @@
 
 /* How a kiln family is written as one of llama.cpp's architectures
  * (export_gguf.c): Llama and Mistral as "llama", Qwen2 as "qwen2", Qwen3 as
- * "qwen3". */
+ * "qwen3", Gemma 2 as "gemma2", Gemma 3 as "gemma3". */
 typedef struct {
     const char *arch;     /* general.architecture, and the prefix of its keys */
     bool permute;         /* llama rotates adjacent pairs: q/k rows reordered */
     bool rope_freqs;      /* rope_scaling llama3: the rope_freqs.weight tensor */
     int64_t context;      /* context_length */
+    bool gemma;           /* gemma2/gemma3: (1 + w) norms, post norms, the window in the file */
 } kiln_gguf_arch;
 /* The architecture of config c (read from path), or the refusal of what it
  * cannot hold, naming path, the field and the reason. */
