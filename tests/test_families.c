@@ -204,8 +204,10 @@ static void check_family(int fi) {
     kiln_st_close(f);
 }
 
-/* Generation's key/value cache with every family's switches: one token at
- * a time (RoPE scaling at position pos0, q/k norms, biases) gives the
+/* Generation's key/value cache with every family's switches: a prompt of
+ * 7 positions at once (longer than every fixture's window), then one token
+ * at a time (RoPE scaling at position pos0, q/k norms, biases, sliding
+ * layers whose store keeps only the last window - 1 positions) gives the
  * logits of the full forward. */
 static void cache_matches(int fi) {
     char path[256];
@@ -216,30 +218,43 @@ static void cache_matches(int fi) {
     for (int i = 0; m && i < m->n_params; i++) /* non-zero biases: the zero init would hide them */
         if (strstr(m->params[i]->name, ".bias"))
             for (int64_t j = 0; j < kiln_tensor_numel(m->params[i]); j++) kiln_f32(m->params[i])[j] = 0.01f * (float)(j % 7) - 0.03f;
-    const int T = 12;
-    int64_t s[2] = {1, T}, s1[2] = {1, 1};
+    const int T = 20, P = 7;
+    int64_t s[2] = {1, T};
     kiln_tensor *ids = kiln_tensor_new(KILN_I32, 2, s);
     for (int t = 0; t < T; t++) kiln_i32(ids)[t] = 3 + (t * 7) % 50;
     kiln_eager_disable(); /* inference: no tape */
     kiln_tensor *full = m ? kiln_llama_forward(m, ids, NULL, NULL) : NULL;
     kiln_llama_cache *kc = m ? kiln_llama_cache_new(m, 1, T) : NULL;
     double worst = full && kc ? 0 : 1;
-    for (int t = 0; t < T && kc && full; t++) {
-        kiln_tensor *one = kiln_tensor_new(KILN_I32, 2, s1);
-        kiln_i32(one)[0] = kiln_i32(ids)[t];
-        kiln_tensor *lg = kiln_llama_forward(m, one, NULL, kc);
+    for (int t = 0; t < T && kc && full;) {
+        int n = t ? 1 : P;
+        int64_t sn[2] = {1, n};
+        kiln_tensor *chunk = kiln_tensor_new(KILN_I32, 2, sn);
+        for (int j = 0; j < n; j++) kiln_i32(chunk)[j] = kiln_i32(ids)[t + j];
+        kiln_tensor *lg = kiln_llama_forward(m, chunk, NULL, kc);
+        kiln_tensor_release(chunk);
         if (!lg) {
             worst = 1;
-            kiln_tensor_release(one);
             break;
         }
-        worst = fmax(worst, rel_err(kiln_f32(lg), kiln_f32(full) + (int64_t)t * cfg.vocab_size, cfg.vocab_size));
+        worst = fmax(worst, rel_err(kiln_f32(lg), kiln_f32(full) + (int64_t)t * cfg.vocab_size, n * cfg.vocab_size));
         kiln_tensor_release(lg);
-        kiln_tensor_release(one);
+        t += n;
     }
     kiln_eager_enable();
     CHECK(worst < 1e-5, "%s: cached generation gives the full forward's logits (worst %.3g): %s", families[fi], worst,
           kiln_last_error());
+    /* what the cache holds: max_len positions a full layer, window - 1 a sliding one */
+    uint64_t want = 0;
+    for (int64_t l = 0; l < cfg.num_hidden_layers; l++) {
+        int64_t w = kiln_llama_layer_window(&cfg, l), held = w && w - 1 < T ? w - 1 : T;
+        want += 2 * (uint64_t)(held * cfg.num_key_value_heads * cfg.head_dim) * sizeof(float);
+    }
+    CHECK(kc && kiln_llama_cache_bytes(kc) == want, "%s: the cache holds %llu bytes, want %llu", families[fi],
+          kc ? (unsigned long long)kiln_llama_cache_bytes(kc) : 0ull, (unsigned long long)want);
+    if (kc && kiln_llama_config_window(&cfg))
+        printf("%-8s cache: %llu bytes for %d positions (sliding layers keep window - 1 = %lld)\n", families[fi],
+               (unsigned long long)kiln_llama_cache_bytes(kc), T, (long long)kiln_llama_config_window(&cfg) - 1);
     kiln_llama_cache_free(kc);
     kiln_tensor_release(full);
     kiln_tensor_release(ids);

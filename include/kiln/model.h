@@ -221,11 +221,16 @@ kiln_status kiln_llama_base_cast(kiln_llama *m, kiln_dtype dt);
 kiln_status kiln_llama_lora_merge(kiln_llama *m);
 
 /* Key/value cache for generation: keys and values of every layer for up to
- * max_len positions, so each new token costs one position. */
+ * max_len positions (a sliding layer's last window - 1), so each new token
+ * costs one position. */
 typedef struct kiln_llama_cache kiln_llama_cache;
 kiln_llama_cache *kiln_llama_cache_new(const kiln_llama *m, int64_t batch, int64_t max_len);
 void kiln_llama_cache_free(kiln_llama_cache *c);
 int64_t kiln_llama_cache_len(const kiln_llama_cache *c);
+/* Bytes the cache holds: a full-attention layer keeps max_len positions, a
+ * sliding layer its last window - 1 (all a later query can see), so a
+ * Gemma 3 or Mistral cache grows with the window, not the context. */
+uint64_t kiln_llama_cache_bytes(const kiln_llama_cache *c);
 
 /* ids [B, T] i32, pad_mask [B, T] i32 (1 real, 0 pad; NULL: all real).
  * Returns logits [B, T, V]. With a cache, the T new positions follow the

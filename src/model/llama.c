@@ -6,9 +6,13 @@
 #include <string.h>
 #include "kiln/model.h"
 
+/* Full-attention layers keep every position ([B, Hkv, max_len, D]); a
+ * sliding layer keeps the last window - 1 only ([B, Hkv, window - 1, D]:
+ * the keys a future query can still see), held in position order. */
 struct kiln_llama_cache {
     int64_t B, max_len, len, n_layers;
-    kiln_tensor **k, **v; /* per layer [B, Hkv, max_len, D] */
+    kiln_tensor **k, **v;
+    int64_t *cap; /* positions each layer's store holds (max_len, or window - 1 for a sliding layer) */
 };
 
 /* One parameter: its Hugging Face name, shape, initialisation and where the
@@ -304,10 +308,13 @@ kiln_llama_cache *kiln_llama_cache_new(const kiln_llama *m, int64_t B, int64_t m
     kc->n_layers = c->num_hidden_layers;
     kc->k = calloc((size_t)kc->n_layers, sizeof *kc->k);
     kc->v = calloc((size_t)kc->n_layers, sizeof *kc->v);
-    if (!kc->k || !kc->v) goto fail;
-    int64_t s[4] = {B, c->num_key_value_heads, max_len, c->head_dim};
+    kc->cap = calloc((size_t)kc->n_layers, sizeof *kc->cap);
+    if (!kc->k || !kc->v || !kc->cap) goto fail;
     const kiln_buffer_type *bt = kiln_tensor_buft(m->embed_tokens); /* on the model's device */
     for (int64_t l = 0; l < kc->n_layers; l++) {
+        int64_t w = kiln_llama_layer_window(c, l);
+        kc->cap[l] = w && w - 1 < max_len ? w - 1 : max_len;
+        int64_t s[4] = {B, c->num_key_value_heads, kc->cap[l] ? kc->cap[l] : 1, c->head_dim};
         kc->k[l] = kiln_tensor_new_on(bt, KILN_F32, 4, s);
         kc->v[l] = kiln_tensor_new_on(bt, KILN_F32, 4, s);
         if (!kc->k[l] || !kc->v[l]) goto fail;
@@ -326,31 +333,45 @@ void kiln_llama_cache_free(kiln_llama_cache *kc) {
     }
     free(kc->k);
     free(kc->v);
+    free(kc->cap);
     free(kc);
 }
 
 int64_t kiln_llama_cache_len(const kiln_llama_cache *kc) { return kc->len; }
 
-/* Appends x [B, Hkv, T, D] at position len of `store` and returns the first
- * len + T positions as a new contiguous [B, Hkv, len+T, D] tensor on the
- * store's device. Inference only: the cache is plain storage, outside the
- * op graph; its rows move with kiln_tensor_copy (device to device). */
-static kiln_tensor *cache_append(kiln_tensor *store, kiln_tensor *x, int64_t len) {
+uint64_t kiln_llama_cache_bytes(const kiln_llama_cache *kc) {
+    uint64_t b = 0;
+    for (int64_t l = 0; l < kc->n_layers; l++) b += kiln_tensor_nbytes(kc->k[l]) + kiln_tensor_nbytes(kc->v[l]);
+    return b;
+}
+
+/* The positions layer l's store holds before a forward at len: all of
+ * them, or a sliding layer's last window - 1. */
+static int64_t cache_held(const kiln_llama_cache *kc, int64_t l) { return kc->len < kc->cap[l] ? kc->len : kc->cap[l]; }
+
+/* The keys (or values) layer l attends to: the `held` positions its store
+ * keeps followed by x [B, Hkv, T, D], as a new contiguous [B, Hkv, held + T,
+ * D] tensor on the store's device; then the store keeps what the next
+ * forward needs (all of it, or a sliding layer's last window - 1).
+ * Inference only: the cache is plain storage, outside the op graph; its
+ * rows move with kiln_tensor_copy (device to device). */
+static kiln_tensor *cache_append(kiln_tensor *store, kiln_tensor *x, int64_t held) {
     if (!x) return NULL;
-    int64_t B = x->shape[0], H = x->shape[1], T = x->shape[2], D = x->shape[3], M = store->shape[2];
+    int64_t B = x->shape[0], H = x->shape[1], T = x->shape[2], D = x->shape[3], M = store->shape[2], L = held + T;
     const size_t f = sizeof(float);
-    for (int64_t bh = 0; bh < B * H; bh++)
-        if (kiln_tensor_copy(store, (size_t)((bh * M + len) * D) * f, x, (size_t)(bh * T * D) * f, (size_t)(T * D) * f))
-            return NULL;
-    int64_t shape[4] = {B, H, len + T, D};
+    int64_t shape[4] = {B, H, L, D};
     kiln_tensor *out = kiln_tensor_new_on(kiln_tensor_buft(store), KILN_F32, 4, shape);
     if (!out) return NULL;
-    for (int64_t bh = 0; bh < B * H; bh++)
-        if (kiln_tensor_copy(out, (size_t)(bh * (len + T) * D) * f, store, (size_t)(bh * M * D) * f,
-                             (size_t)((len + T) * D) * f)) {
+    int64_t keep = L < M ? L : M; /* the last `keep` positions stay */
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        size_t o = (size_t)(bh * L * D) * f;
+        if ((held && kiln_tensor_copy(out, o, store, (size_t)(bh * M * D) * f, (size_t)(held * D) * f)) ||
+            kiln_tensor_copy(out, o + (size_t)(held * D) * f, x, (size_t)(bh * T * D) * f, (size_t)(T * D) * f) ||
+            (keep && kiln_tensor_copy(store, (size_t)(bh * M * D) * f, out, o + (size_t)((L - keep) * D) * f, (size_t)(keep * D) * f))) {
             kiln_tensor_release(out);
             return NULL;
         }
+    }
     return out;
 }
 
@@ -432,8 +453,9 @@ static kiln_tensor *attention(kiln_llama *m, kiln_llama_layer *ly, int64_t l, ki
     kiln_tensor *v = heads(t, c, c->num_key_value_heads, NULL, false, theta, rs, pos0, NULL);
     kiln_tensor_release(t);
     if (kc) {
-        NEXT(k, cache_append(kc->k[l], k, kc->len));
-        NEXT(v, cache_append(kc->v[l], v, kc->len));
+        int64_t held = cache_held(kc, l);
+        NEXT(k, cache_append(kc->k[l], k, held));
+        NEXT(v, cache_append(kc->v[l], v, held));
     }
     if (rep > 1) {
         NEXT(k, kiln_repeat_kv(k, rep));
@@ -533,9 +555,18 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
     /* packed documents: block-diagonal causal (each token sees its own
      * document only), RoPE positions restarting at each document */
     kiln_tensor *mask = kiln_attn_mask_seg(pm, segments, T);
-    /* sliding-window layers: the same mask, keys within the window only */
-    int64_t window = kiln_llama_config_window(c);
-    kiln_tensor *mask_w = window && pos0 + T > window ? kiln_attn_mask_win(pm, segments, T, window) : NULL;
+    /* sliding-window layers: the same mask, keys within the window only;
+     * with a cache, over the keys a sliding layer's store kept (the last
+     * window - 1) and the new ones: positions pos0 - kept .. pos0 + T - 1,
+     * so the same window rule on the shorter row */
+    int64_t window = kiln_llama_config_window(c), kept = pos0;
+    for (int64_t l = 0; kc && l < c->num_hidden_layers; l++)
+        if (kiln_llama_layer_window(c, l)) kept = cache_held(kc, l);
+    kiln_tensor *pw = kc && window && kept < pos0 ? ones_mask(m, B, kept + T) : kiln_tensor_retain(pm);
+    kiln_tensor *mask_w = window && kept + T > window ? kiln_attn_mask_win(pw, segments, T, window)
+                          : window && pw != pm  ? kiln_attn_mask_seg(pw, NULL, T)
+                                                : NULL;
+    kiln_tensor_release(pw);
     kiln_tensor_release(pm);
     kiln_tensor *h = kiln_embedding(m->embed_tokens, ids);
     bool gemma = KILN_FAMILY_IS_GEMMA(c->family);
@@ -546,6 +577,7 @@ kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor 
         kiln_op_set_scope((int)(2 * l + 1)); /* the attention block */
         kiln_tensor *x = norm(c, h, ly->input_layernorm);
         kiln_tensor *lm = mask_w && kiln_llama_layer_window(c, l) ? mask_w : mask;
+        if (!lm) break;
         kiln_tensor *a = x ? attention(m, ly, l, x, lm, positions, kc) : NULL;
         kiln_tensor_release(x);
         if (gemma) NEXT(a, norm(c, a, ly->post_attention_layernorm)); /* Gemma normalises the block's output too */
