@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "kiln/backend.h"
 #include "kiln/compile.h"
+#include "kiln/graph.h"
 #include "kiln/eager.h"
 #include "kiln/kernels.h"
 #include "kiln/model.h"
@@ -53,7 +54,8 @@ static const char *bench_help =
     "  --base-dtype D      fp32 (default), bf16, f16, q8_0, q4_0, q4_k, q5_k or q6_k: the frozen base held so\n"
     "Bench-only model names: smollm2-135m (SmolLM2-135M's shape), llama-1b (a 1.1B Llama:\n"
     "hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 kv heads, vocab 32000), llama3-8b\n"
-    "(Llama-3.1-8B's shape: hidden 4096, intermediate 14336, 32 layers, vocab 128256).\n"
+    "(Llama-3.1-8B's shape: hidden 4096, intermediate 14336, 32 layers, vocab 128256), gemma3-1b\n"
+    "(Gemma-3-1B's config: hidden 1152, 26 layers, window 512 on 5 of 6, vocab 262144, tied).\n"
     "With --base-dtype f16 or a block type (q8_0, q4_0, q4_k, q5_k, q6_k) the base is made in\n"
     "that type directly (embeddings and head too, as a GGUF of that type holds them), never\n"
     "in fp32: random blocks from kiln's quantizer, 64 rows repeated over each matrix.\n";
@@ -68,7 +70,8 @@ static bool bench_config(const char *name, kiln_llama_config *c) {
         double theta;
     } k[] = {{"smollm2-135m", 49152, 576, 1536, 30, 9, 3, 8192, true, 100000},
              {"llama-1b", 32000, 2048, 8192, 16, 32, 8, 2048, false, 10000},
-             {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, false, 500000}};
+             {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 8192, false, 500000},
+             {"gemma3-1b", 262144, 1152, 6912, 26, 4, 1, 32768, true, 1000000}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         if (strcmp(name, k[i].name)) continue;
         kiln_llama_config_default(c);
@@ -76,6 +79,10 @@ static bool bench_config(const char *name, kiln_llama_config *c) {
         c->num_attention_heads = k[i].H, c->num_key_value_heads = k[i].KV, c->head_dim = k[i].C / k[i].H;
         c->max_position_embeddings = k[i].ctx, c->tie_word_embeddings = k[i].tied, c->rope_theta = k[i].theta;
         c->rms_norm_eps = 1e-5;
+        if (!strcmp(name, "gemma3-1b")) { /* Gemma-3-1B's config.json */
+            c->family = KILN_FAMILY_GEMMA3, c->head_dim = 256, c->rms_norm_eps = 1e-6, c->query_pre_attn_scalar = 256;
+            c->sliding_window = 512, c->sliding_window_pattern = 6, c->rope_local_base_freq = 10000;
+        }
         return true;
     }
     return false;
@@ -164,6 +171,25 @@ static void print_profile(const kiln_op_profile *table, int steps) {
             printf("%-24s %8llu %8.1f %6.1f%% %9.1f\n", kiln_op_name(o), (unsigned long long)table[o].calls / steps,
                    table[o].seconds * 1e3 / steps, 100 * table[o].seconds / total,
                    table[o].seconds > 0 ? table[o].flops / table[o].seconds / 1e9 : 0);
+}
+
+/* The compiled step's largest computed value, and how many hold [tokens
+ * x vocab] or more (logits the fused head + cross-entropy never forms). */
+static void largest_value(const kiln_graph *g, int64_t tokens, int64_t vocab) {
+    int best = -1, logits = 0;
+    double most = 0;
+    for (int i = 0; g && i < g->n; i++) {
+        if (g->v[i].dead || g->v[i].kind != KILN_V_OP) continue; /* computed values, not parameters */
+        double n = 1;
+        for (int d = 0; d < g->v[i].meta.ndim; d++) n *= (double)g->v[i].meta.shape[d];
+        if (n > most) most = n, best = i;
+        logits += n >= (double)tokens * (double)vocab;
+    }
+    if (best < 0) return;
+    char b[96];
+    printf("  largest value: v%d %s %s (%.0f MB); values of >= tokens x vocab (%lld x %lld) elements: %d\n", best,
+           kiln_dtype_name(g->v[best].meta.dtype), kiln_dims_str(g->v[best].meta.ndim, g->v[best].meta.shape, b, sizeof b),
+           most * (double)kiln_dtype_size(g->v[best].meta.dtype) / 1e6, (long long)tokens, (long long)vocab, logits);
 }
 
 static result run_mode(bench_ctx *b, const char *mode) {
@@ -255,6 +281,7 @@ static result run_mode(bench_ctx *b, const char *mode) {
         float rep[1];
         if (again && !kiln_compiled_run(again, b->in, rep)) r.warm_s = kiln_compiled_stats(again).build_seconds;
         kiln_compiled_free(again);
+        largest_value(kiln_compiled_graph(cs), b->in[0]->shape[0] * b->in[0]->shape[1], b->m->cfg.vocab_size);
         printf("  %s: %d nodes, %d fused groups (%d ops), arena %.0f MB (%.0f MB without reuse), %.1f GFLOP executed per step "
                "(%.2fx the model's), %s%s\n",
                mode, s.nodes, s.fused_groups, s.fused_ops, s.arena_bytes / 1e6, s.unplanned_bytes / 1e6, s.flops / 1e9,

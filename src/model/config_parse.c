@@ -341,8 +341,8 @@ static kiln_status gemma_layer_types(json_t *root, const char *src, kiln_llama_c
         const char *want = (l + 1) % P ? "sliding_attention" : "full_attention";
         if (strcmp(t, want))
             return kiln_error(KILN_ERR_UNSUPPORTED,
-                              "%s: field layer_types[%lld] is \"%s\" where every %lld-th layer attending fully gives \"%s\" (kiln "
-                              "implements Gemma's periodic layer patterns)",
+                              "%s: field layer_types[%lld] is \"%s\" where one full-attention layer in every %lld gives \"%s\" "
+                              "(kiln implements Gemma's periodic layer patterns)",
                               src, (long long)l, t, (long long)P, want);
     }
     if (pattern_given && P != c->sliding_window_pattern && !(P > L && c->sliding_window_pattern > L))
