@@ -641,10 +641,15 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * rope_freqs.weight tensor), qwen2 as "qwen2" (q/k/v biases), qwen3 as
  * "qwen3" (attn_q_norm/attn_k_norm), both rotating halves as Hugging Face
  * does; head_dim as attention.key_length/value_length; a sliding window
- * shorter than max_position_embeddings as context_length. The byte-level
+ * shorter than max_position_embeddings as context_length. A byte-level
  * BPE tokenizer goes in as tokenizer.ggml.* (model "gpt2"; pre "gpt-2",
  * "llama-bpe" or "qwen2" by the exact regex and options of its
- * pre-tokenizer; tokens, token types, merges, bos/eos/pad (kiln_model_meta:
+ * pre-tokenizer; tokens, token types, merges), a SentencePiece-style one
+ * (byte_fallback: Llama 2, Mistral, Gemma) as model "llama" (tokens, a
+ * score per token that makes llama.cpp's highest-score-first merging run
+ * the merges in their order, types with <0xXX> as bytes and the unknown
+ * token, add_space_prefix from a Prepend normalizer); both with
+ * bos/eos/pad (kiln_model_meta:
  * the first of an eos list as eos, the ids whose text is <|eot_id|> /
  * <|eom_id|> as eot / eom, another second one as eot), add_bos_token as
  * kiln generate does it, the chat template when the directory has one,
@@ -667,8 +672,10 @@ kiln_status kiln_generate(kiln_llama *m, const int32_t *prompt, int n_prompt, co
  * biases, llama3 rope scaling outside llama, head_dim x heads != hidden
  * with qwen2), a tokenizer that llama.cpp would
  * tokenize differently (another pre-tokenizer regex, a normalizer other
- * than Qwen's NFC, ignore_merges not as that pre-tokenizer does it,
- * SentencePiece-style byte fallback), non-finite weights. A Q4_K/Q5_K
+ * than Qwen's NFC, ignore_merges not as that pre-tokenizer does it; for
+ * SentencePiece, a normalizer, pre-tokenizer or decoder llama.cpp does not
+ * have, missing byte tokens, two tokens that make a token without a merge
+ * joining them), non-finite weights. A Q4_K/Q5_K
  * matrix whose rows are not a multiple of 256 falls back to Q5_0/Q5_1 as
  * in llama.cpp. The file is written atomically. */
 /* GGUF file types, numbered as llama.cpp's llama_ftype (general.file_type). */
@@ -693,7 +700,9 @@ typedef struct {
     int n_tensors;
     int64_t n_tokens, n_merges, n_params;
     uint64_t data_bytes;
-    const char *arch, *pre; /* general.architecture, tokenizer.ggml.pre (static strings) */
+    const char *arch, *pre; /* general.architecture, tokenizer.ggml.pre (static strings; pre NULL for llama) */
+    const char *tok_model;  /* tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece) */
+    bool add_space_prefix;  /* llama: tokenizer.ggml.add_space_prefix */
     int n_of_type[KILN_GGML_BF16 + 1]; /* tensors of each ggml type id */
 } kiln_export_gguf_stats;
 kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path, const kiln_export_gguf_opts *opts,

@@ -19,13 +19,14 @@ static const char *export_usage =
     "checkpoint; or any directory with config.json, model.safetensors and\n"
     "tokenizer.json) as one GGUF file that llama.cpp, Ollama, LM Studio and\n"
     "node-llama-cpp load: the metadata of the llama.cpp architecture of the\n"
-    "family (llama and mistral: llama; qwen2; qwen3), the byte-level BPE\n"
-    "tokenizer (pre-tokenizer gpt-2, llama-bpe or qwen2), and the tensors\n"
-    "under llama.cpp's names. Matrices are written in --type, norms and biases\n"
-    "in f32; the quantized types mix block types per tensor exactly as\n"
-    "llama.cpp's llama-quantize does for that type (without an imatrix). The\n"
-    "file appears only when it is complete. A LoRA run's adapters are merged\n"
-    "into the base first.\n"
+    "family (llama and mistral: llama; qwen2; qwen3), the tokenizer (byte-level\n"
+    "BPE with pre-tokenizer gpt-2, llama-bpe or qwen2; SentencePiece-style BPE\n"
+    "with byte fallback, Llama 2's or Gemma's, as llama.cpp's \"llama\" with\n"
+    "scores), and the tensors under llama.cpp's names. Matrices are written\n"
+    "in --type, norms and biases in f32; the quantized types mix block types\n"
+    "per tensor exactly as llama.cpp's llama-quantize does for that type\n"
+    "(without an imatrix). The file appears only when it is complete. A LoRA\n"
+    "run's adapters are merged into the base first.\n"
     "\n"
     "--gguf-lora writes only the LoRA adapters of LORA_RUN as a llama.cpp\n"
     "adapter (F32; alpha as llama.cpp scales it, rslora included), to load\n"
@@ -102,10 +103,14 @@ static int export_gguf(const export_args *a) {
     char ft[16];
     snprintf(ft, sizeof ft, "%s", kiln_export_ftype_name(o.ftype));
     for (char *c = ft; *c; c++) *c = (char)toupper((unsigned char)*c);
-    printf("kiln export: %s -> %s (GGUF v3, %s %s (%s), %lld parameters in %d tensors, %.2f MB of data; %lld tokens, "
-           "%lld merges, pre-tokenizer %s) in %.2f s\n",
-           a->dir, a->gguf, s.arch, ft, mix, (long long)s.n_params, s.n_tensors, s.data_bytes / 1e6, (long long)s.n_tokens,
-           (long long)s.n_merges, s.pre, kiln_time_now() - t0);
+    char tok[160];
+    if (s.pre) snprintf(tok, sizeof tok, "%lld merges, pre-tokenizer %s", (long long)s.n_merges, s.pre);
+    else snprintf(tok, sizeof tok, "SentencePiece (llama) with scores from %lld merges, add_space_prefix %s", (long long)s.n_merges,
+                  s.add_space_prefix ? "true" : "false");
+    printf("kiln export: %s -> %s (GGUF v3, %s %s (%s), %lld parameters in %d tensors, %.2f MB of data; %lld tokens, %s) in "
+           "%.2f s\n",
+           a->dir, a->gguf, s.arch, ft, mix, (long long)s.n_params, s.n_tensors, s.data_bytes / 1e6, (long long)s.n_tokens, tok,
+           kiln_time_now() - t0);
     return 0;
 }
 

@@ -487,6 +487,8 @@ kiln_status kiln_export_gguf(const char *run_or_model_dir, const char *out_path,
         }
         stats->arch = a.arch;
         stats->pre = v.pre;
+        stats->tok_model = v.model;
+        stats->add_space_prefix = v.add_space_prefix;
     }
     free(row);
     free(ot);

@@ -27,16 +27,23 @@ kiln_status kiln_gguf_plan_arch(const char *path, const kiln_llama_config *c, ki
  * adjacent pairs). heads <= 0: r. */
 int64_t kiln_gguf_qk_source_row(int64_t rows, int heads, int64_t r);
 
-/* tokenizer.json as llama.cpp's BPE vocabulary: its tokens padded to the
- * model's vocab_size, token types, merges, and the pre-tokenizer name. */
+/* tokenizer.json as llama.cpp's vocabulary: its tokens padded to the
+ * model's vocab_size and token types; for byte-level BPE (model "gpt2")
+ * the merges and the pre-tokenizer name, for SentencePiece-style BPE
+ * (byte_fallback: model "llama") a score per token that makes llama.cpp's
+ * highest-score-first merging give the merges' rank order. */
 typedef struct {
     char **tokens;
     size_t *lens;
     int32_t *types;
-    char **merges;
-    size_t n_merges;
+    char **merges;      /* gpt2 only */
+    size_t n_merges;    /* the file's merges (both models) */
     int64_t n;
-    const char *pre; /* tokenizer.ggml.pre: "gpt-2", "llama-bpe", "qwen2" */
+    const char *pre;    /* tokenizer.ggml.pre: "gpt-2", "llama-bpe", "qwen2"; NULL for llama */
+    const char *model;  /* tokenizer.ggml.model: "gpt2" or "llama" */
+    float *scores;      /* llama: tokenizer.ggml.scores */
+    bool add_space_prefix; /* llama: the normalizer prepends U+2581 */
+    int64_t unk;        /* llama: model.unk_token's id, -1 when none */
 } kiln_gguf_vocab;
 
 /* Reads tok_path (refusing what llama.cpp would tokenize differently, with

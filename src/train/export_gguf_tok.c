@@ -1,10 +1,22 @@
-/* tokenizer.json as llama.cpp's byte-level BPE vocabulary (tokenizer.ggml.*
- * with model "gpt2"). llama.cpp does not run a tokenizer.json: it splits
- * text with one of the pre-tokenizer regexes it implements, chosen by the
- * name in tokenizer.ggml.pre, and applies no normalizer. So the file's
- * pre-tokenizer is matched on its exact regex text and options to one of
- * those names, and anything else is refused: it would tokenize differently
- * there. */
+/* tokenizer.json as llama.cpp's vocabulary. llama.cpp does not run a
+ * tokenizer.json: it has a few tokenizers of its own, and what the file
+ * says must be one of them exactly, or it is refused (it would tokenize
+ * differently there):
+ *   - byte-level BPE as model "gpt2": llama.cpp splits text with one of the
+ *     pre-tokenizer regexes it implements, chosen by the name in
+ *     tokenizer.ggml.pre, and applies no normalizer, so the file's
+ *     pre-tokenizer is matched on its exact regex text and options to one
+ *     of those names;
+ *   - SentencePiece-style BPE (byte_fallback: Llama 2, Mistral, Gemma) as
+ *     model "llama": llama.cpp turns spaces into U+2581 (prepending one
+ *     with add_space_prefix), splits the text into characters and merges
+ *     the adjacent pair whose concatenation is a token of the highest score
+ *     (leftmost among equal scores), a character without a token as its
+ *     <0xXX> bytes. It has no merge list: every token gets the score
+ *     -(1 + the rank of the first merge that makes it), so the merges run
+ *     in the file's order, and a vocabulary where that differs from the
+ *     listed merges (two tokens that make a third without a merge joining
+ *     them, a character without a token inside a token) is refused. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +29,7 @@
 void kiln_gguf_vocab_free(kiln_gguf_vocab *v) {
     for (int64_t i = 0; v->tokens && i < v->n; i++) free(v->tokens[i]);
     for (size_t i = 0; v->merges && i < v->n_merges; i++) free(v->merges[i]);
-    free(v->tokens), free(v->lens), free(v->types), free(v->merges);
+    free(v->tokens), free(v->lens), free(v->types), free(v->merges), free(v->scores);
     memset(v, 0, sizeof *v);
 }
 
@@ -93,18 +105,9 @@ static kiln_status pre_regex(const char *path, json_t *pt, const char **regex) {
     return KILN_OK;
 }
 
-/* The llama.cpp name for root's model.type, normalizer and pre_tokenizer. */
+/* The llama.cpp name for a byte-level BPE's normalizer and pre_tokenizer. */
 static kiln_status pre_type(const char *path, json_t *root, const char **pre) {
     json_t *model = json_object_get(root, "model"), *norm = json_object_get(root, "normalizer");
-    const char *mt = json_string_value(json_object_get(model, "type"));
-    if (!mt || strcmp(mt, "BPE"))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: model.type %s: kiln export writes byte-level BPE only (tokenizer.ggml.model gpt2)",
-                          path, mt ? mt : "(none)");
-    if (is_true(model, "byte_fallback"))
-        return kiln_error(KILN_ERR_UNSUPPORTED,
-                          "%s: model.byte_fallback is true: a SentencePiece-style BPE (Llama 2, Gemma), which llama.cpp "
-                          "holds as tokenizer.ggml.model \"llama\" with scores; kiln export does not write that",
-                          path);
     const char *re = NULL;
     kiln_status st = pre_regex(path, json_object_get(root, "pre_tokenizer"), &re);
     if (st) return st;
@@ -132,6 +135,159 @@ static kiln_status pre_type(const char *path, json_t *root, const char **pre) {
     return KILN_OK;
 }
 
+/* ---- SentencePiece-style BPE: the text pipeline ------------------------ */
+
+static bool is_spm(const kiln_gguf_vocab *v) { return v->model && !strcmp(v->model, "llama"); }
+
+#define WS "\xe2\x96\x81" /* U+2581, SentencePiece's space */
+
+static const char *type_of(json_t *o) { return json_is_object(o) ? json_string_value(json_object_get(o, "type")) : NULL; }
+static bool str_is(json_t *o, const char *key, const char *want) {
+    const char *s = json_string_value(json_object_get(o, key));
+    return s && !strcmp(s, want);
+}
+/* {"type": "Replace", "pattern": {"String": from}, "content": to} */
+static bool is_replace(json_t *o, const char *from, const char *to) {
+    json_t *pat = json_object_get(o, "pattern");
+    return str_is(o, "type", "Replace") && json_object_size(pat) == 1 && str_is(pat, "String", from) && str_is(o, "content", to);
+}
+
+/* The normalizer llama.cpp's SentencePiece tokenizer is: spaces to U+2581
+ * (Replace), with add_space_prefix one U+2581 before every piece of text
+ * (Prepend; Hugging Face prepends to every piece between added tokens, as
+ * llama.cpp does after each special token). The order of the two does not
+ * matter. */
+static kiln_status spm_normalizer(const char *path, json_t *norm, bool *replaced, bool *prefix) {
+    *replaced = *prefix = false;
+    if (!norm || json_is_null(norm)) return KILN_OK;
+    const char *t = type_of(norm);
+    bool seq = t && !strcmp(t, "Sequence");
+    json_t *steps = seq ? json_object_get(norm, "normalizers") : NULL;
+    size_t n = seq ? json_array_size(steps) : 1;
+    if (seq && !json_is_array(steps))
+        return kiln_error(KILN_ERR_FORMAT, "%s: normalizer Sequence has no array normalizers", path);
+    for (size_t i = 0; i < n; i++) {
+        json_t *step = seq ? json_array_get(steps, i) : norm;
+        const char *st = type_of(step);
+        if (is_replace(step, " ", WS) && !*replaced) *replaced = true;
+        else if (st && !strcmp(st, "Prepend") && str_is(step, "prepend", WS) && json_object_size(step) == 2 && !*prefix)
+            *prefix = true;
+        else {
+            char where[64] = "normalizer";
+            if (seq) snprintf(where, sizeof where, "normalizer.normalizers[%zu]", i);
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: %s %s: llama.cpp's SentencePiece tokenizer only turns spaces into U+2581 (and with "
+                              "add_space_prefix puts one before the text); kiln export maps a Replace of ' ' by U+2581 "
+                              "(Gemma), with a Prepend of U+2581 (Llama 2), and nothing else",
+                              path, where, st ? st : "(no type)");
+        }
+    }
+    return KILN_OK;
+}
+
+/* llama.cpp runs no pre-tokenizer on SentencePiece text. Accepted: none; a
+ * Metaspace that only turns spaces into U+2581 (prepend_scheme never,
+ * split false); a Split on ' ' after a normalizer that left no space to
+ * split on (Gemma's). */
+static kiln_status spm_pretok(const char *path, json_t *pt, bool *replaced) {
+    if (!pt || json_is_null(pt)) return KILN_OK;
+    const char *t = type_of(pt);
+    if (t && !strcmp(t, "Metaspace")) {
+        json_t *rep = json_object_get(pt, "replacement"), *split = json_object_get(pt, "split");
+        const char *ps = json_string_value(json_object_get(pt, "prepend_scheme"));
+        bool never = ps ? !strcmp(ps, "never") : json_is_false(json_object_get(pt, "add_prefix_space"));
+        if (rep && !str_is(pt, "replacement", WS))
+            return kiln_error(KILN_ERR_UNSUPPORTED, "%s: pre_tokenizer Metaspace with replacement '%s': llama.cpp turns "
+                              "spaces into U+2581 only", path, json_string_value(rep) ? json_string_value(rep) : "?");
+        if (!split || json_is_true(split))
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: pre_tokenizer Metaspace with split true: Hugging Face runs BPE on each word (U+2581 "
+                              "and what follows), llama.cpp's SentencePiece tokenizer on the whole text, merging "
+                              "across words (tokens such as '" WS WS "')",
+                              path);
+        if (!never)
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: pre_tokenizer Metaspace with prepend_scheme %s: Hugging Face prepends U+2581 only to "
+                              "text that does not start with a space%s, llama.cpp's add_space_prefix to every piece of "
+                              "text, after each special token too (kiln export maps prepend_scheme never, and a Prepend "
+                              "normalizer as add_space_prefix)",
+                              path, ps ? ps : "always", ps && !strcmp(ps, "first") ? ", and only at the start of the input" : "");
+        *replaced = true;
+        return KILN_OK;
+    }
+    if (t && !strcmp(t, "Split")) {
+        json_t *pat = json_object_get(pt, "pattern");
+        if (*replaced && json_object_size(pat) == 1 && str_is(pat, "String", " ") && is_false_or_absent(pt, "invert"))
+            return KILN_OK; /* every space is U+2581 by now: nothing to split */
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: pre_tokenizer Split: llama.cpp's SentencePiece tokenizer does not split the text (kiln "
+                          "export accepts a Split on ' ' only after a normalizer that turned every space into U+2581, "
+                          "where it finds nothing)",
+                          path);
+    }
+    return kiln_error(KILN_ERR_UNSUPPORTED,
+                      "%s: pre_tokenizer %s: llama.cpp's SentencePiece tokenizer runs no pre-tokenizer (kiln export "
+                      "maps none, Metaspace with prepend_scheme never and split false, and Gemma's no-op Split)",
+                      path, t ? t : "(no type)");
+}
+
+/* llama.cpp shows a SentencePiece token with its U+2581 as spaces, a byte
+ * token as its byte, and drops the space add_space_prefix put first: the
+ * decoder must be that, Sequence [Replace(U+2581 -> ' '), ByteFallback,
+ * Fuse] with Strip(' ', 1, 0) after exactly when the normalizer
+ * prepends. */
+static kiln_status spm_decoder(const char *path, json_t *dec, bool prefix) {
+    json_t *d = json_object_get(dec, "decoders");
+    size_t n = json_array_size(d);
+    json_t *strip = json_array_get(d, 3);
+    bool ok = str_is(dec, "type", "Sequence") && n == (prefix ? 4u : 3u) && is_replace(json_array_get(d, 0), WS, " ") &&
+              str_is(json_array_get(d, 1), "type", "ByteFallback") && str_is(json_array_get(d, 2), "type", "Fuse");
+    if (ok && prefix)
+        ok = str_is(strip, "type", "Strip") && str_is(strip, "content", " ") &&
+             json_integer_value(json_object_get(strip, "start")) == 1 && json_is_integer(json_object_get(strip, "stop")) &&
+             json_integer_value(json_object_get(strip, "stop")) == 0;
+    if (ok) return KILN_OK;
+    const char *t = type_of(dec);
+    return kiln_error(KILN_ERR_UNSUPPORTED,
+                      "%s: decoder %s%s: llama.cpp shows SentencePiece tokens with U+2581 as spaces and byte tokens as "
+                      "bytes%s; kiln export maps only the decoder that does that, Sequence [Replace(U+2581 -> ' '), "
+                      "ByteFallback, Fuse%s]",
+                      path, t ? t : "(none)", t && !strcmp(t, "Sequence") ? " of other steps" : "",
+                      prefix ? ", without the space add_space_prefix put first" : "", prefix ? ", Strip(' ', 1, 0)" : "");
+}
+
+/* The model's options and the text pipeline of a byte_fallback BPE; sets
+ * v->add_space_prefix. */
+static kiln_status spm_type(const char *path, json_t *root, kiln_gguf_vocab *v) {
+    json_t *model = json_object_get(root, "model"), *drop = json_object_get(model, "dropout");
+    if (drop && !json_is_null(drop) && !(json_is_number(drop) && json_number_value(drop) == 0))
+        return kiln_error(KILN_ERR_UNSUPPORTED, "%s: model.dropout is %g: llama.cpp merges deterministically", path,
+                          json_number_value(drop));
+    if (is_true(model, "ignore_merges"))
+        return kiln_error(KILN_ERR_UNSUPPORTED,
+                          "%s: model.ignore_merges is true: Hugging Face takes a whole word that is a token as it is, "
+                          "llama.cpp's SentencePiece tokenizer always merges",
+                          path);
+    static const char *const affix[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2; i++) {
+        const char *a = json_string_value(json_object_get(model, affix[i]));
+        if (a && *a)
+            return kiln_error(KILN_ERR_UNSUPPORTED, "%s: model.%s is '%s': llama.cpp's SentencePiece tokenizer has none", path,
+                              affix[i], a);
+    }
+    bool replaced, prefix;
+    kiln_status st = spm_normalizer(path, json_object_get(root, "normalizer"), &replaced, &prefix);
+    if (!st) st = spm_pretok(path, json_object_get(root, "pre_tokenizer"), &replaced);
+    if (!st && !replaced)
+        st = kiln_error(KILN_ERR_UNSUPPORTED,
+                        "%s: neither the normalizer nor the pre-tokenizer turns spaces into U+2581, which llama.cpp's "
+                        "SentencePiece tokenizer always does",
+                        path);
+    if (!st) st = spm_decoder(path, json_object_get(root, "decoder"), prefix);
+    v->add_space_prefix = prefix;
+    return st;
+}
+
 /* ---- tokens and merges ------------------------------------------------- */
 
 static kiln_status set_token(kiln_gguf_vocab *v, const char *path, int64_t id, const char *s, size_t n, int32_t type) {
@@ -149,11 +305,16 @@ static kiln_status set_token(kiln_gguf_vocab *v, const char *path, int64_t id, c
 
 /* GGUF token types (llama.cpp's llama_token_type): byte-level vocabularies
  * have no byte tokens of their own (that type is SentencePiece's <0xNN>) */
-enum { TT_NORMAL = 1, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5 };
+enum { TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3, TT_USER_DEFINED = 4, TT_UNUSED = 5, TT_BYTE = 6 };
 
 /* added_tokens: special ones are control tokens (matched in text only when
  * asked to parse specials), the others user-defined (always matched), as
- * in Hugging Face. GGUF keeps no lstrip/rstrip/single_word per token. */
+ * in Hugging Face. GGUF keeps no lstrip/rstrip/single_word per token. In a
+ * SentencePiece vocabulary llama.cpp matches them in the text before
+ * spaces become U+2581; Hugging Face matches a "normalized" one in the
+ * normalized text, which is the same place only for a token without
+ * spaces or U+2581 and without a Prepend (after which llama.cpp puts a
+ * U+2581 before the next piece of text, Hugging Face does not). */
 static kiln_status read_added(const char *path, json_t *added, kiln_gguf_vocab *v) {
     size_t i;
     json_t *val;
@@ -166,6 +327,14 @@ static kiln_status read_added(const char *path, json_t *added, kiln_gguf_vocab *
             if (is_true(val, flags[f]))
                 return kiln_error(KILN_ERR_UNSUPPORTED, "%s: added_tokens[%zu] ('%.40s') has %s true, which GGUF cannot hold",
                                   path, i, json_string_value(content), flags[f]);
+        const char *text = json_string_value(content);
+        json_t *norm = json_object_get(val, "normalized");
+        bool normalized = norm ? json_is_true(norm) : !is_true(val, "special");
+        if (is_spm(v) && normalized && (v->add_space_prefix || strchr(text, ' ') || strstr(text, WS)))
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: added_tokens[%zu] ('%.40s') has normalized true: Hugging Face matches it in the text "
+                              "after the normalizer, llama.cpp before (with %s it would tokenize differently)",
+                              path, i, text, v->add_space_prefix ? "the Prepend normalizer" : "its spaces or U+2581");
         int32_t type = is_true(val, "special") ? TT_CONTROL : TT_USER_DEFINED;
         kiln_status st = set_token(v, path, json_integer_value(id), json_string_value(content), json_string_length(content), type);
         if (st) return st;
@@ -191,13 +360,233 @@ static kiln_status read_merges(const char *path, json_t *jm, kiln_gguf_vocab *v)
     return KILN_OK;
 }
 
+/* ---- SentencePiece-style BPE: scores ----------------------------------- */
+
+/* bytes of the character at s[0] as llama.cpp's unicode_len_utf8 counts
+ * them (by the lead byte, cut at the end) */
+static size_t char_len(const char *s, size_t n) {
+    static const unsigned char len[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
+    size_t k = len[(unsigned char)s[0] >> 4];
+    return k < n ? k : n;
+}
+
+/* token text -> id, and (left, right) -> (rank, result) of the merges, by
+ * open addressing (-1 / 0: empty) */
+typedef struct {
+    const kiln_gguf_vocab *v;
+    int32_t *tok;
+    size_t tok_cap;
+    uint64_t *pair; /* (left << 32 | right) + 1 */
+    uint32_t *rank;
+    int32_t *result;
+    size_t pair_cap;
+} spm_index;
+
+static void spm_index_free(spm_index *x) { free(x->tok), free(x->pair), free(x->rank), free(x->result); }
+
+static int32_t spm_find(const spm_index *x, const char *s, size_t n) {
+    for (size_t h = kiln_hash_bytes(s, n) & (x->tok_cap - 1);; h = (h + 1) & (x->tok_cap - 1)) {
+        int32_t id = x->tok[h];
+        if (id < 0 || (x->v->lens[id] == n && !memcmp(x->v->tokens[id], s, n))) return id;
+    }
+}
+
+static size_t spm_pair_slot(const spm_index *x, uint64_t key) {
+    size_t h = (size_t)(key * 0x9E3779B97F4A7C15ull >> 17) & (x->pair_cap - 1);
+    while (x->pair[h] && x->pair[h] != key) h = (h + 1) & (x->pair_cap - 1);
+    return h;
+}
+
+static bool spm_has_pair(const spm_index *x, int32_t a, int32_t b) {
+    return x->pair[spm_pair_slot(x, ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1)] != 0;
+}
+
+static kiln_status spm_index_build(const char *path, const kiln_gguf_vocab *v, size_t n_merges, spm_index *x) {
+    memset(x, 0, sizeof *x);
+    x->v = v;
+    for (x->tok_cap = 64; x->tok_cap < 2 * (size_t)v->n; x->tok_cap *= 2) {}
+    for (x->pair_cap = 64; x->pair_cap < 2 * n_merges + 2; x->pair_cap *= 2) {}
+    x->tok = malloc(x->tok_cap * sizeof *x->tok);
+    x->pair = calloc(x->pair_cap, sizeof *x->pair);
+    x->rank = malloc(x->pair_cap * sizeof *x->rank);
+    x->result = malloc(x->pair_cap * sizeof *x->result);
+    if (!x->tok || !x->pair || !x->rank || !x->result) return kiln_error(KILN_ERR_OOM, "out of memory");
+    memset(x->tok, 0xff, x->tok_cap * sizeof *x->tok);
+    for (int64_t i = 0; i < v->n; i++) {
+        size_t h = kiln_hash_bytes(v->tokens[i], v->lens[i]) & (x->tok_cap - 1);
+        for (; x->tok[h] >= 0; h = (h + 1) & (x->tok_cap - 1)) {
+            int32_t j = x->tok[h];
+            if (v->lens[j] == v->lens[i] && !memcmp(v->tokens[j], v->tokens[i], v->lens[i]))
+                return kiln_error(KILN_ERR_FORMAT, "%s: tokens %d and %lld are both '%.40s' (llama.cpp refuses a vocabulary "
+                                  "with a text twice)", path, (int)j, (long long)i, v->tokens[i]);
+        }
+        x->tok[h] = (int32_t)i;
+    }
+    return KILN_OK;
+}
+
+/* The merges as Hugging Face ranks them (the file's order, "#version"
+ * lines skipped; a pair listed twice has its last rank) into x. */
+static kiln_status spm_read_merges(const char *path, json_t *jm, kiln_gguf_vocab *v, spm_index *x) {
+    size_t i;
+    json_t *m;
+    uint32_t rank = 0;
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    kiln_status st = KILN_OK;
+    json_array_foreach(jm, i, m) {
+        const char *a, *b;
+        size_t an, bn;
+        if (json_is_string(m)) {
+            a = json_string_value(m);
+            if (!strncmp(a, "#version", 8)) continue;
+            const char *sp = strchr(a, ' ');
+            if (!sp || strchr(sp + 1, ' ')) {
+                st = kiln_error(KILN_ERR_FORMAT, "%s: model.merges[%zu] '%.60s' is not two tokens separated by one space",
+                                path, i, a);
+                break;
+            }
+            an = (size_t)(sp - a), b = sp + 1, bn = strlen(b);
+        } else if (json_is_array(m) && json_array_size(m) == 2 && json_is_string(json_array_get(m, 0)) &&
+                   json_is_string(json_array_get(m, 1))) {
+            a = json_string_value(json_array_get(m, 0)), an = json_string_length(json_array_get(m, 0));
+            b = json_string_value(json_array_get(m, 1)), bn = json_string_length(json_array_get(m, 1));
+        } else {
+            st = kiln_error(KILN_ERR_FORMAT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+            break;
+        }
+        if (an + bn > cat_cap) {
+            char *p = realloc(cat, an + bn);
+            if (!p) {
+                st = kiln_error(KILN_ERR_OOM, "out of memory");
+                break;
+            }
+            cat = p, cat_cap = an + bn;
+        }
+        memcpy(cat, a, an);
+        memcpy(cat + an, b, bn);
+        int32_t ia = spm_find(x, a, an), ib = spm_find(x, b, bn), ic = spm_find(x, cat, an + bn);
+        if (ia < 0 || ib < 0 || ic < 0) {
+            const char *what = ia < 0 ? a : ib < 0 ? b : cat;
+            size_t wn = ia < 0 ? an : ib < 0 ? bn : an + bn;
+            st = kiln_error(KILN_ERR_FORMAT, "%s: model.merges[%zu] ('%.*s' '%.*s'): '%.*s' is no token", path, i,
+                            (int)(an > 40 ? 40 : an), a, (int)(bn > 40 ? 40 : bn), b, (int)(wn > 40 ? 40 : wn), what);
+            break;
+        }
+        int32_t byte = v->types[ia] == TT_BYTE ? ia : v->types[ib] == TT_BYTE ? ib : v->types[ic] == TT_BYTE ? ic : -1;
+        if (byte >= 0) {
+            st = kiln_error(KILN_ERR_UNSUPPORTED,
+                            "%s: model.merges[%zu] ('%.*s' '%.*s') involves the byte token %s: Hugging Face merges the "
+                            "bytes a character without a token falls back to, llama.cpp keeps such a character whole",
+                            path, i, (int)(an > 40 ? 40 : an), a, (int)(bn > 40 ? 40 : bn), b, v->tokens[byte]);
+            break;
+        }
+        size_t h = spm_pair_slot(x, ((uint64_t)(uint32_t)ia << 32 | (uint32_t)ib) + 1);
+        x->pair[h] = ((uint64_t)(uint32_t)ia << 32 | (uint32_t)ib) + 1;
+        x->rank[h] = rank++;
+        x->result[h] = ic;
+    }
+    free(cat);
+    v->n_merges = rank;
+    return st;
+}
+
+/* llama.cpp merges adjacent pieces whose concatenation is a token, by the
+ * token's score; Hugging Face the listed pairs, by rank. With token T's
+ * score -(1 + the lowest rank of a merge giving T) (a token no merge gives:
+ * below every merge) they agree where (a) every two tokens that make a
+ * token are a listed merge, and (b) no token holds a character that is no
+ * token next to a token (llama.cpp merges that character, Hugging Face has
+ * turned it into bytes). Tokens both split out of the raw text first (added
+ * tokens) never come out of merging unless their text holds U+2581 or a
+ * space, which the raw text does not have where the merged text does. The
+ * merges of one token share a score in llama.cpp where Hugging Face ranks
+ * them one by one: converters write them one after another
+ * (SentencePiece's own order); Gemma's whitespace runs are interleaved, and
+ * tokenize alike (tests/test_gguf_families). */
+static kiln_status spm_scores(const char *path, json_t *jm, kiln_gguf_vocab *v) {
+    spm_index x;
+    kiln_status st = spm_index_build(path, v, json_array_size(jm), &x);
+    uint32_t *first = st ? NULL : malloc((size_t)v->n * sizeof *first);
+    if (!st && !(first && (v->scores = malloc((size_t)v->n * sizeof *v->scores)))) st = kiln_error(KILN_ERR_OOM, "out of memory");
+    if (!st) st = spm_read_merges(path, jm, v, &x);
+    if (!st && v->n_merges >= (1u << 24))
+        st = kiln_error(KILN_ERR_LIMIT, "%s: %zu merges: their ranks are not all distinct as float32 scores (at most 2^24)",
+                        path, v->n_merges);
+    for (int64_t i = 0; !st && i < v->n; i++) first[i] = UINT32_MAX;
+    for (size_t h = 0; !st && h < x.pair_cap; h++)
+        if (x.pair[h] && x.rank[h] < first[x.result[h]]) first[x.result[h]] = x.rank[h];
+    for (int64_t i = 0; !st && i < v->n; i++)
+        v->scores[i] = first[i] < UINT32_MAX ? -(float)first[i] - 1 : -(float)v->n_merges - 1;
+    for (int64_t i = 0; !st && i < v->n; i++) {
+        const char *s = v->tokens[i];
+        size_t l = v->lens[i];
+        bool added = v->types[i] == TT_CONTROL || v->types[i] == TT_USER_DEFINED || v->types[i] == TT_UNKNOWN;
+        if (added && !memchr(s, ' ', l) && !strstr(s, WS)) continue;
+        for (size_t k = char_len(s, l); k < l && !st; k += char_len(s + k, l - k)) {
+            int32_t a = spm_find(&x, s, k), b = spm_find(&x, s + k, l - k);
+            int shown = (int)(l > 40 ? 40 : l), an = (int)(k > 40 ? 40 : k), bn = (int)(l - k > 40 ? 40 : l - k);
+            if (a >= 0 && b >= 0) {
+                if (!spm_has_pair(&x, a, b))
+                    st = kiln_error(KILN_ERR_UNSUPPORTED,
+                                    "%s: token %lld '%.*s' is '%.*s' + '%.*s', two tokens that model.merges does not "
+                                    "join: llama.cpp's SentencePiece tokenizer merges any two adjacent pieces that make a "
+                                    "token, Hugging Face only the listed pairs",
+                                    path, (long long)i, shown, s, an, s, bn, s + k);
+            } else if ((a >= 0 || char_len(s, k) == k) && (b >= 0 || char_len(s + k, l - k) == l - k)) {
+                st = kiln_error(KILN_ERR_UNSUPPORTED,
+                                "%s: token %lld '%.*s' is '%.*s' + '%.*s', where '%.*s' is no token: llama.cpp merges "
+                                "such a character, Hugging Face has turned it into its bytes",
+                                path, (long long)i, shown, s, an, s, bn, s + k, a < 0 ? an : bn, a < 0 ? s : s + k);
+            }
+        }
+    }
+    free(first);
+    spm_index_free(&x);
+    return st;
+}
+
+/* Byte tokens <0x00>..<0xFF>, all of them (llama.cpp falls back to them for
+ * text outside the vocabulary), typed as bytes; the unknown token. */
+static kiln_status spm_specials(const char *path, json_t *model, kiln_gguf_vocab *v) {
+    json_t *jv = json_object_get(model, "vocab");
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        json_t *id = json_object_get(jv, name);
+        if (!json_is_integer(id))
+            return kiln_error(KILN_ERR_UNSUPPORTED,
+                              "%s: model.vocab has no '%s': a byte_fallback vocabulary needs all 256 byte tokens "
+                              "<0x00>..<0xFF> (llama.cpp falls back to them for characters without a token)",
+                              path, name);
+        int64_t i = json_integer_value(id);
+        if (v->types[i] == TT_NORMAL) v->types[i] = TT_BYTE;
+    }
+    v->unk = -1;
+    const char *unk = json_string_value(json_object_get(model, "unk_token"));
+    if (unk) {
+        json_t *id = json_object_get(jv, unk);
+        if (!json_is_integer(id))
+            return kiln_error(KILN_ERR_FORMAT, "%s: model.unk_token '%.40s' is not in model.vocab", path, unk);
+        v->unk = json_integer_value(id);
+        if (v->types[v->unk] == TT_CONTROL) v->types[v->unk] = TT_UNKNOWN;
+    }
+    return KILN_OK;
+}
+
 kiln_status kiln_gguf_vocab_read(const char *path, int64_t n_vocab, kiln_gguf_vocab *v) {
     memset(v, 0, sizeof *v);
     json_error_t e;
     json_t *root = json_load_file(path, 0, &e);
     if (!root) return kiln_error(KILN_ERR_FORMAT, "%s: invalid JSON at line %d: %s", path, e.line, e.text);
-    kiln_status st = pre_type(path, root, &v->pre);
     json_t *model = json_object_get(root, "model");
+    const char *mt = json_string_value(json_object_get(model, "type"));
+    kiln_status st = KILN_OK;
+    if (!mt || strcmp(mt, "BPE"))
+        st = kiln_error(KILN_ERR_UNSUPPORTED, "%s: model.type %s: kiln export writes BPE only (tokenizer.ggml.model gpt2, "
+                        "or llama for byte_fallback)", path, mt ? mt : "(none)");
+    else if (is_true(model, "byte_fallback")) v->model = "llama", st = spm_type(path, root, v);
+    else v->model = "gpt2", st = pre_type(path, root, &v->pre);
     json_t *jv = json_object_get(model, "vocab"), *jm = json_object_get(model, "merges");
     if (!st && (!json_is_object(jv) || !json_is_array(jm)))
         st = kiln_error(KILN_ERR_FORMAT, "%s: model.vocab must be an object and model.merges an array", path);
@@ -223,7 +612,8 @@ kiln_status kiln_gguf_vocab_read(const char *path, int64_t n_vocab, kiln_gguf_vo
             snprintf(pad, sizeof pad, "[PAD%lld]", (long long)id);
             st = set_token(v, path, id, pad, strlen(pad), TT_UNUSED);
         }
-    if (!st) st = read_merges(path, jm, v);
+    if (!st && is_spm(v)) st = spm_specials(path, model, v);
+    if (!st) st = is_spm(v) ? spm_scores(path, jm, v) : read_merges(path, jm, v);
     json_decref(root);
     if (st) kiln_gguf_vocab_free(v);
     return st;
@@ -338,15 +728,26 @@ kiln_status kiln_gguf_vocab_set(kiln_gguf_writer *w, const kiln_llama_config *c,
     kiln_tokenizer_free(tok);
     if (!st) st = eos_keys(dir, &meta, v, &eos, &eot, &eom);
     if (!st && meta.chat_template) st = check_template(dir);
-    if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.model", "gpt2");
-    if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.pre", v->pre);
+    bool spm = is_spm(v);
+    if (!st) st = kiln_gguf_set_str(w, "tokenizer.ggml.model", v->model);
+    if (!st && !spm) st = kiln_gguf_set_str(w, "tokenizer.ggml.pre", v->pre);
     if (!st) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.tokens", (const char *const *)v->tokens, v->lens, (uint64_t)v->n);
+    if (!st && spm) st = kiln_gguf_set_array(w, "tokenizer.ggml.scores", KILN_GGUF_FLOAT32, v->scores, (uint64_t)v->n);
     if (!st) st = kiln_gguf_set_array(w, "tokenizer.ggml.token_type", KILN_GGUF_INT32, v->types, (uint64_t)v->n);
-    if (!st) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.merges", (const char *const *)v->merges, NULL, v->n_merges);
+    if (!st && !spm) st = kiln_gguf_set_str_array(w, "tokenizer.ggml.merges", (const char *const *)v->merges, NULL, v->n_merges);
+    /* llama.cpp's defaults for "llama" (bos 1, eos 2, unk 0) hold where no
+     * id is written: without an eos it would stop at id 2 where kiln does
+     * not (unk is harmless: with all 256 byte tokens it never comes out) */
+    if (!st && spm && eos < 0)
+        st = kiln_error(KILN_ERR_UNSUPPORTED,
+                        "%s: no eos token (generation_config.json, config.json, tokenizer_config.json or an eos-named "
+                        "special token): llama.cpp's SentencePiece tokenizer would end generation at id 2 ('%.40s')",
+                        dir, v->n > 2 ? v->tokens[2] : "");
     struct { const char *k; int64_t id; } ids[] = {{"tokenizer.ggml.bos_token_id", bos}, {"tokenizer.ggml.eos_token_id", eos},
                                                    {"tokenizer.ggml.eot_token_id", eot}, {"tokenizer.ggml.eom_token_id", eom},
-                                                   {"tokenizer.ggml.padding_token_id", pad}};
-    for (int i = 0; i < 5 && !st; i++) {
+                                                   {"tokenizer.ggml.padding_token_id", pad},
+                                                   {"tokenizer.ggml.unknown_token_id", spm ? v->unk : -1}};
+    for (int i = 0; i < 6 && !st; i++) {
         if (ids[i].id >= c->vocab_size)
             st = kiln_error(KILN_ERR_RANGE, "%s: %s %lld is outside the vocabulary (%lld)", dir, ids[i].k, (long long)ids[i].id,
                             (long long)c->vocab_size);
@@ -354,6 +755,7 @@ kiln_status kiln_gguf_vocab_set(kiln_gguf_writer *w, const kiln_llama_config *c,
     }
     if (!st) st = kiln_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", add_bos);
     if (!st) st = kiln_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+    if (!st && spm) st = kiln_gguf_set_bool(w, "tokenizer.ggml.add_space_prefix", v->add_space_prefix);
     if (!st && meta.chat_template) st = kiln_gguf_set_str(w, "tokenizer.chat_template", meta.chat_template);
     kiln_model_meta_free(&meta);
     return st;

@@ -17,6 +17,8 @@
 //   add_bos_token), for n_predict tokens or until eos.
 //   lora (optional): a GGUF LoRA adapter loaded onto the context at scale 1
 //   (llama.cpp's llama_adapter_lora_init + llama_set_adapter_lora).
+//   texts (optional, per model): more texts, tokenized with parse_special
+//   (special tokens typed in the text are matched), no bos, as "text_ids".
 //   ppl_tokens (a model's own, else the job's) is a window that starts with
 //   bos where there is one; the perplexity is
 //   exp(mean -log p(t[i] | t[<i])) over i >= 1, from llama.cpp's logits.
@@ -31,7 +33,7 @@ const llama = await getLlama({
     logger: (level, message) => logs.push(`${level}: ${message}`.trimEnd()),
 });
 
-for (const {path, defaults, ppl_tokens, lora} of job.models) {
+for (const {path, defaults, ppl_tokens, lora, texts} of job.models) {
     logs.length = 0;
     const out = {model: path, defaults: !!defaults, ...(lora ? {lora} : {})};
     try {
@@ -41,6 +43,7 @@ for (const {path, defaults, ppl_tokens, lora} of job.models) {
         out.eos = model.tokens.eos;
         out.add_bos = model.tokens.shouldPrependBosToken;
         out.prompt_ids = job.prompts.map((p) => Array.from(model.tokenize(p)));
+        if (texts) out.text_ids = texts.map((t) => Array.from(model.tokenize(t, true)));
         const context = await model.createContext({
             contextSize: 256, batchSize: 256, threads: job.threads ?? 1, flashAttention: defaults ? "auto" : false,
             ...(defaults ? {} : {experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32"}),
