@@ -6,13 +6,23 @@
  *     the same weights on both ranks, one all-reduce per bucket per step;
  *   - a checkpoint of a 2-rank run resumes bit-identically on 2 ranks, and on
  *     1 rank (with 2k micro-batches: the same weights; with k: it runs on);
- *   - a failure on rank 1 ends the whole job with the rank and the reason.
+ *   - a failure on rank 1 ends the whole job with the rank and the reason;
+ *   - ZeRO sharding (--shard optimizer|gradients) on 2 and 4 ranks (4
+ *     oversubscribed): 20 steps' losses and the final weights within 1e-6
+ *     relative of one process with the same global batch, overlapped and
+ *     blocking reduce-scatters bit-identical, the optimiser's bytes per
+ *     rank as the formula says; sharded checkpoints resumed 4 -> 2, 2 -> 4
+ *     and 2 -> 1 ranks continue as the uninterrupted run; torn, missing
+ *     and foreign shards refused by name; a rank killed mid-step ends the
+ *     job in seconds, naming the rank, and the last checkpoint resumes.
  * Without mpirun (or a build without MPI) it says so and passes the rest. */
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <omp.h>
+#include <pthread.h>
+#include <signal.h>
 #include "kiln/eager.h"
 #include "kiln/train.h"
 #include "kiln/safetensors.h"
@@ -79,11 +89,19 @@ static void base_config(kiln_train_config *c, const char *run, int accum) {
     c->lr = 3e-3, c->min_lr = 3e-4, c->clip = 0.5;
 }
 
+/* what train() runs with besides base_config: --shard, --steps, --save-every,
+ * and where the step losses go (NULL: nowhere) */
+static int g_shard, g_save_every;
+static int64_t g_steps;
+static double *g_losses;
+static kiln_opt_memory *g_mem;
+
 typedef struct { kiln_trainer *t; int64_t stop_at; int steps; } watch;
 static void on_event(const kiln_event *e, void *user) {
     watch *w = user;
     if (e->kind != KILN_EVENT_STEP) return;
     w->steps++;
+    if (g_losses && e->state->step >= 1 && e->state->step <= 64) g_losses[e->state->step - 1] = e->step->loss;
     if (e->state->step == w->stop_at) kiln_trainer_request_stop(w->t);
 }
 
@@ -169,9 +187,13 @@ static double st_rel_diff(const char *a, const char *b, const char *file) {
 
 /* Trains run `name` (fresh, or resumed) to its end or stop_at; returns the
  * steps it ran and the total, -1 on error. */
+
 static int train(const char *name, int accum, bool resume, int64_t stop_at, int64_t *total, uint64_t *hash) {
     kiln_train_config c;
     base_config(&c, name, accum);
+    c.shard = g_shard;
+    if (g_steps) c.steps = g_steps, c.eval_every = 0;
+    if (g_save_every) c.save_every = g_save_every;
     kiln_trainer *t = NULL;
     CHECK_OK(kiln_trainer_open(&c, resume, &t));
     if (!t) return -1;
@@ -180,6 +202,7 @@ static int train(const char *name, int accum, bool resume, int64_t stop_at, int6
     watch w = {.t = t, .stop_at = stop_at};
     kiln_status st = kiln_trainer_run(t, on_event, &w);
     CHECK(st == KILN_OK, "run %s: %s", name, kiln_last_error());
+    if (g_mem) kiln_adamw_memory(kiln_trainer_optimizer(t), g_mem);
     if (hash) { /* FNV-1a over the weights */
         const kiln_llama *m = kiln_trainer_model(t);
         uint64_t h = 1469598103934665603ull;
@@ -214,11 +237,151 @@ static bool same_run(const char *a, const char *b) {
     return same_file(pa, pb);
 }
 
+
+/* ---- ZeRO sharding ------------------------------------------------------------ */
+enum { ZSTEPS = 20, ZSTOP = 8, GLOBAL_K = 4 }; /* micro-batches per step over all ranks */
+static const char *const shard_names[] = {"off", "optimizer", "gradients"};
+
+static void save_losses(const char *name, const double *l) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s/losses.bin", tmpdir, name);
+    FILE *f = fopen(p, "wb");
+    CHECK(f && fwrite(l, sizeof *l, ZSTEPS, f) == ZSTEPS, "write %s", p);
+    if (f) fclose(f);
+}
+
+static void copy_run(const char *from, const char *to) {
+    if (kiln_dist_rank() == 0) {
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "rm -rf %s/%s && cp -r %s/%s %s/%s", tmpdir, to, tmpdir, from, tmpdir, to);
+        CHECK(system(cmd) == 0, "copy %s to %s", from, to);
+    }
+    CHECK_OK(kiln_dist_barrier());
+}
+
+static int64_t n_trainable(void) {
+    kiln_llama_config mc;
+    CHECK_OK(kiln_llama_config_preset("tiny", &mc));
+    mc.vocab_size = 61; /* the shards' */
+    kiln_llama *m = kiln_llama_new(&mc, 1);
+    int64_t n = m ? kiln_llama_num_params(m) : 0;
+    kiln_llama_free(m);
+    return n;
+}
+
+/* P ranks x GLOBAL_K / P micro-batches: every shard mode for ZSTEPS steps
+ * (losses and weights compared by the parent), and the resumes. */
+static void zero_child(const char *what) {
+    int P = kiln_dist_size(), rank = kiln_dist_rank(), accum = GLOBAL_K / P;
+    kiln_dist_set_bucket_bytes(96 << 10); /* several buckets, pieces across parameters */
+    static double losses[64];
+    g_steps = ZSTEPS;
+    g_shard = KILN_SHARD_GRADIENTS;
+    if (!strcmp(what, "zero_resume")) { /* the 4-rank run's step-8 checkpoint, on these ranks */
+        char name[64];
+        snprintf(name, sizeof name, "z%d_from%d", P, 6 - P);
+        g_losses = losses;
+        memset(losses, 0, sizeof losses);
+        CHECK(train(name, accum, true, -1, NULL, NULL) == ZSTEPS - ZSTOP, "%s resumed the remaining steps", name);
+        if (rank == 0) save_losses(name, losses);
+        return;
+    }
+    int64_t N = n_trainable();
+    for (int sm = 0; sm < 3; sm++) {
+        char name[64];
+        snprintf(name, sizeof name, "z%d_%s", P, shard_names[sm]);
+        g_shard = sm, g_losses = losses;
+        memset(losses, 0, sizeof losses);
+        kiln_opt_memory mem;
+        g_mem = &mem;
+        kiln_dist_stats_reset();
+        CHECK(train(name, accum, false, -1, NULL, NULL) == ZSTEPS, "%s: %d steps", name, ZSTEPS);
+        g_mem = NULL;
+        kiln_dist_stats ds;
+        kiln_dist_stats_get(&ds);
+        if (rank == 0) save_losses(name, losses);
+        /* the formula: moments 8 bytes per parameter, / P when sharded; gradients 4, / P with --shard gradients */
+        double pm = sm ? 8.0 * (double)N / P : 8.0 * (double)N, pg = sm == KILN_SHARD_GRADIENTS ? 4.0 * (double)N / P : 4.0 * (double)N;
+        double slack = 8.0 * ds.n_buckets; /* pieces are whole floats */
+        int64_t sum[2] = {(int64_t)mem.moments, (int64_t)mem.grads};
+        CHECK_OK(kiln_dist_sum_i64(sum, 2));
+        if (rank == 0)
+            printf("%d ranks, --shard %-9s: rank 0 holds moments %.0f B (formula %.0f), gradients %.0f B (formula %.0f), "
+                   "buffers %.0f B; %lld reduce calls, %lld gathers, %d buckets\n",
+                   P, shard_names[sm], mem.moments, pm, mem.grads, pg, mem.buffers, (long long)ds.grad_calls,
+                   (long long)ds.gather_calls, ds.n_buckets);
+        CHECK(fabs(mem.moments - pm) <= slack && fabs(mem.grads - pg) <= slack, "%s: the bytes the formula says (%.0f, %.0f)", name,
+              mem.moments, mem.grads);
+        CHECK(!sm || (sum[0] == 8 * N && (sm == KILN_SHARD_OPTIMIZER || sum[1] == 4 * N)),
+              "%s: the ranks' shards add up to the whole state (%lld, %lld of %lld parameters)", name, (long long)sum[0],
+              (long long)sum[1], (long long)N);
+        int64_t per_micro = sm == KILN_SHARD_GRADIENTS ? accum : 1;
+        CHECK(ds.grad_calls == ZSTEPS * per_micro * ds.n_buckets && ds.gather_calls == (sm ? ZSTEPS * ds.n_buckets : 0),
+              "%s: %lld bucket collectives (%lld expected), %lld gathers", name, (long long)ds.grad_calls,
+              (long long)(ZSTEPS * per_micro * ds.n_buckets), (long long)ds.gather_calls);
+    }
+    g_losses = NULL;
+    char name[64];
+    snprintf(name, sizeof name, "z%d_gradients_blocking", P);
+    kiln_dist_set_overlap(false);
+    CHECK(train(name, accum, false, -1, NULL, NULL) == ZSTEPS, "%s", name);
+    kiln_dist_set_overlap(true);
+    snprintf(name, sizeof name, "z%d_stop", P);
+    CHECK(train(name, accum, false, ZSTOP, NULL, NULL) == ZSTOP, "%s stopped at step %d", name, ZSTOP);
+    /* a copy for the other number of ranks (and, from 2 ranks, for 1) */
+    char to[64];
+    snprintf(to, sizeof to, "z%d_from%d", 6 - P, P);
+    copy_run(name, to);
+    if (P == 2) copy_run(name, "z1_from2");
+    if (P == 4) { /* 2 -> 4: the 2-rank child ran first */
+        g_losses = losses;
+        memset(losses, 0, sizeof losses);
+        CHECK(train("z4_from2", accum, true, -1, NULL, NULL) == ZSTEPS - ZSTOP, "z4_from2 resumed the remaining steps");
+        if (rank == 0) save_losses("z4_from2", losses);
+        g_losses = NULL;
+    }
+}
+
+/* Rank 1 is killed (SIGKILL, from a thread, a few ms into step 7) in a
+ * --shard gradients run that saves every 2 steps. */
+static void *killer(void *arg) {
+    (void)arg;
+    usleep(3000);
+    char p[600];
+    snprintf(p, sizeof p, "%s/killed_at", tmpdir);
+    FILE *f = fopen(p, "w");
+    if (f) fprintf(f, "%.6f\n", kiln_time_now()), fclose(f);
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+static void on_kill_event(const kiln_event *e, void *user) {
+    (void)user;
+    pthread_t th;
+    if (e->kind == KILN_EVENT_STEP && e->state->step == 6 && kiln_dist_rank() == 1) pthread_create(&th, NULL, killer, NULL);
+}
+static void kill_child(bool resume) {
+    kiln_train_config c;
+    base_config(&c, "zkill", GLOBAL_K / 2);
+    c.shard = KILN_SHARD_GRADIENTS, c.steps = ZSTEPS, c.eval_every = 0, c.save_every = 2;
+    kiln_trainer *t = NULL;
+    CHECK_OK(kiln_trainer_open(&c, resume, &t));
+    if (!t) kiln_dist_abort(kiln_last_error());
+    kiln_status st = kiln_trainer_run(t, resume ? NULL : on_kill_event, NULL);
+    CHECK(st == KILN_OK, "zkill: %s", kiln_last_error());
+    kiln_trainer_free(t);
+}
+
 /* ---- the ranks (under mpirun) ------------------------------------------------- */
 static int child(const char *what) {
     CHECK_OK(kiln_dist_init(NULL, NULL));
     kiln_eager_enable();
     int rank = kiln_dist_rank();
+    if (!strncmp(what, "zero", 4) || !strncmp(what, "kill", 4)) {
+        if (!strncmp(what, "zero", 4)) zero_child(what);
+        else kill_child(!strcmp(what, "kill_resume"));
+        kiln_dist_finalize();
+        return t_fail ? 1 : 0;
+    }
     CHECK(kiln_dist_size() == 2, "2 ranks (%d)", kiln_dist_size());
     if (!strcmp(what, "fail")) { /* rank 1 cannot read its data: the job must end, not hang */
         kiln_train_config c;
@@ -295,6 +458,26 @@ static double max_rel_diff(const char *a, const char *b) {
     return worst;
 }
 
+/* ||a - b|| / ||b|| over all the weights of two runs (the relative error of
+ * the weights as one vector). */
+static double l2_rel_diff(const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/%s", tmpdir, a);
+    snprintf(pb, sizeof pb, "%s/%s", tmpdir, b);
+    kiln_llama *x = NULL, *y = NULL;
+    CHECK_OK(kiln_load_model_dir(pa, &x));
+    CHECK_OK(kiln_load_model_dir(pb, &y));
+    double d = 0, s = 0;
+    for (int i = 0; x && y && i < x->n_params; i++)
+        for (int64_t j = 0; j < kiln_tensor_numel(x->params[i]); j++) {
+            double u = kiln_f32(x->params[i])[j], v = kiln_f32(y->params[i])[j];
+            d += (u - v) * (u - v), s += v * v;
+        }
+    kiln_llama_free(x);
+    kiln_llama_free(y);
+    return x && y && s > 0 ? sqrt(d / s) : INFINITY;
+}
+
 /* The hook fires once per parameter, when its gradient is already final. */
 typedef struct { int calls, early; kiln_llama *m; float *snap[64]; } hook_log;
 static void on_ready(kiln_tensor *p, void *user) {
@@ -352,17 +535,160 @@ static void single_rank(void) {
     grad_ready_hook();
 }
 
-static int run_ranks(const char *self, const char *what, char *log, size_t cap) {
+static int run_np(int np, const char *self, const char *what, char *log, size_t cap) {
     char cmd[1400];
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 timeout -k 5 120 mpirun --allow-run-as-root --oversubscribe -np 2 %s --child %s %s 2>&1",
-             self, tmpdir, what);
+             "OMP_NUM_THREADS=1 timeout -k 5 200 mpirun --allow-run-as-root --oversubscribe -np %d %s --child %s %s 2>&1",
+             np, self, tmpdir, what);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     size_t n = fread(log, 1, cap - 1, f);
     log[n] = 0;
     int rc = pclose(f);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+static int run_ranks(const char *self, const char *what, char *log, size_t cap) { return run_np(2, self, what, log, cap); }
+
+
+/* ---- ZeRO sharding: the parent's comparisons ---------------------------------- */
+static bool read_losses(const char *name, double *l) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s/losses.bin", tmpdir, name);
+    FILE *f = fopen(p, "rb");
+    bool ok = f && fread(l, sizeof *l, ZSTEPS, f) == ZSTEPS;
+    if (f) fclose(f);
+    return ok;
+}
+
+/* The largest relative difference of steps [from, ZSTEPS) of two runs' losses. */
+static double losses_rel_diff(const char *a, const char *b, int from) {
+    double x[ZSTEPS], y[ZSTEPS], worst = 0;
+    if (!read_losses(a, x) || !read_losses(b, y)) return INFINITY;
+    for (int i = from; i < ZSTEPS; i++) worst = fmax(worst, fabs(x[i] - y[i]) / fmax(fabs(y[i]), 1e-12));
+    return worst;
+}
+
+/* One shard of a saved checkpoint spoiled four ways: each refused naming it,
+ * the optimiser left as it was. */
+static void tamper_checks(void) {
+    kiln_train_config c;
+    base_config(&c, "ztamper_run", GLOBAL_K);
+    kiln_trainer *t = NULL;
+    CHECK_OK(kiln_trainer_open(&c, false, &t));
+    if (!t) return;
+    kiln_adamw *o = kiln_trainer_optimizer(t);
+    char ck[600], dir[600], cmd[2000], path[800];
+    snprintf(ck, sizeof ck, "%s/z2_stop/checkpoint-%08d", tmpdir, ZSTOP);
+    snprintf(dir, sizeof dir, "%s/ztamper", tmpdir);
+    CHECK_OK(kiln_adamw_load_checkpoint(ck, o));
+    CHECK(o->t == ZSTOP, "a 2-rank sharded checkpoint loads into one whole optimiser (t = %lld)", (long long)o->t);
+    float before = kiln_f32(o->v[0])[0];
+    static const char *const how[] = {"flip a byte", "truncate", "remove", "rename a parameter in the manifest"};
+    static const char *const want[] = {"SHA-256", "bytes", "missing", "not a trainable parameter"};
+    const char *shard = "optimizer-00001-of-00002.safetensors";
+    for (int k = 0; k < 4; k++) {
+        snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", dir, ck, dir);
+        CHECK(system(cmd) == 0, "copy the checkpoint");
+        snprintf(path, sizeof path, "%s/%s", dir, shard);
+        if (k == 0) {
+            FILE *f = fopen(path, "r+b");
+            CHECK(f && fseek(f, -5, SEEK_END) == 0, "open %s", path);
+            int ch = f ? fgetc(f) : 0;
+            if (f) fseek(f, -5, SEEK_END), fputc(ch ^ 0x20, f), fclose(f);
+        } else if (k == 1) {
+            struct stat sb;
+            CHECK(stat(path, &sb) == 0 && truncate(path, sb.st_size - 100) == 0, "truncate %s", path);
+        } else if (k == 2) {
+            CHECK(unlink(path) == 0, "remove %s", path);
+        } else {
+            snprintf(path, sizeof path, "%s/optimizer.shards.json", dir);
+            char *text = NULL;
+            size_t n = 0;
+            CHECK_OK(kiln_read_file(path, &text, &n));
+            char *hit = text ? strstr(text, "\"model.norm.weight\"") : NULL;
+            CHECK(hit != NULL, "the manifest lists model.norm.weight");
+            if (hit) hit[strlen("\"model.norm.weigh")] = '7';
+            if (text) CHECK_OK(kiln_write_file_atomic(path, text, n));
+            free(text);
+        }
+        o->t = 0;
+        kiln_status st = kiln_adamw_load_checkpoint(dir, o);
+        const char *e = kiln_last_error();
+        printf("  %s: %s\n", how[k], st ? e : "(loaded)");
+        CHECK(st != KILN_OK && strstr(e, want[k]) && (k == 3 || strstr(e, shard)), "%s: refused, naming %s (%s)", how[k],
+              k == 3 ? "the parameter" : "the shard", e);
+        CHECK(o->t == 0 && kiln_f32(o->v[0])[0] == before, "%s: nothing was loaded", how[k]);
+    }
+    kiln_trainer_free(t);
+}
+
+static void zero_parent(const char *self, char *log, size_t cap) {
+    double t0 = kiln_time_now();
+    static const int nps[3] = {2, 4, 2};
+    static const char *const whats[3] = {"zero", "zero", "zero_resume"};
+    for (int i = 0; i < 3; i++) {
+        int rc = run_np(nps[i], self, whats[i], log, cap);
+        printf("%s", log);
+        CHECK(rc == 0, "%d ranks, %s (exit %d)", nps[i], whats[i], rc);
+    }
+    printf("sharded runs: %.1fs\n", kiln_time_now() - t0);
+    /* one process, the same global batch, one thread as each rank has */
+    static double losses[64];
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    g_steps = ZSTEPS, g_shard = KILN_SHARD_OFF, g_losses = losses;
+    CHECK(train("z1", GLOBAL_K, false, -1, NULL, NULL) == ZSTEPS, "1 process x %d", GLOBAL_K);
+    save_losses("z1", losses);
+    memset(losses, 0, sizeof losses);
+    CHECK(train("z1_from2", GLOBAL_K, true, -1, NULL, NULL) == ZSTEPS - ZSTOP, "the 2-rank sharded checkpoint resumed on 1 process");
+    save_losses("z1_from2", losses);
+    g_losses = NULL;
+    omp_set_num_threads(saved);
+    for (int P = 2; P <= 4; P += 2)
+        for (int sm = 0; sm < 3; sm++) {
+            char name[64];
+            snprintf(name, sizeof name, "z%d_%s", P, shard_names[sm]);
+            double dw = l2_rel_diff(name, "z1"), de = max_rel_diff(name, "z1"), dl = losses_rel_diff(name, "z1", 0);
+            printf("%d ranks x %d, --shard %-9s vs 1 process x %d: %d losses max rel diff %.2e; final weights %.2e "
+                   "(||a-b||/||b||), worst tensor's max |a-b| / max |b| %.2e\n",
+                   P, GLOBAL_K / P, shard_names[sm], GLOBAL_K, ZSTEPS, dl, dw, de);
+            CHECK(dl <= 1e-6 && dw <= 1e-6, "%s equals one process within 1e-6 (losses %.3g, weights %.3g)", name, dl, dw);
+            CHECK(de <= 1e-4, "%s: no weight strays (%.3g; fp32 sums in another order)", name, de);
+        }
+    CHECK(same_run("z2_gradients", "z2_gradients_blocking") && same_run("z4_gradients", "z4_gradients_blocking"),
+          "overlapped and blocking reduce-scatters give bit-identical weights");
+    static const char *const resumed[3][2] = {{"z2_from4", "z2_gradients"}, {"z4_from2", "z4_gradients"}, {"z1_from2", "z1"}};
+    for (int i = 0; i < 3; i++) {
+        double dw = l2_rel_diff(resumed[i][0], resumed[i][1]), dl = losses_rel_diff(resumed[i][0], resumed[i][1], ZSTOP);
+        double dz = l2_rel_diff(resumed[i][0], "z1");
+        printf("resumed %s at step %d vs uninterrupted %s: losses %.2e, weights %.2e (vs 1 process %.2e)\n", resumed[i][0], ZSTOP,
+               resumed[i][1], dl, dw, dz);
+        CHECK(dl <= 1e-6 && dw <= 1e-6 && dz <= 1e-6, "%s continues as the uninterrupted run (%.3g, %.3g)", resumed[i][0], dl, dw);
+    }
+    g_steps = 0;
+    tamper_checks();
+
+    /* a rank killed mid-step */
+    t0 = kiln_time_now();
+    int rc = run_np(2, self, "kill", log, cap);
+    double end = kiln_time_now(), killed = 0;
+    char p[600];
+    snprintf(p, sizeof p, "%s/killed_at", tmpdir);
+    FILE *f = fopen(p, "r");
+    CHECK(f && fscanf(f, "%lf", &killed) == 1, "rank 1 noted when it was killed");
+    if (f) fclose(f);
+    const char *why = strstr(log, "rank 1");
+    printf("rank 1 killed (SIGKILL) in step 7: the job ended %.2fs later, exit %d: %.*s\n", end - killed, rc,
+           why ? (int)strcspn(why, "\n") : 0, why ? why : "");
+    CHECK(rc != 0 && rc != 124, "the killed rank ends the job (exit %d; 124 is a hang)", rc);
+    CHECK(killed > 0 && end - killed < 10, "within seconds (%.2fs)", end - killed);
+    CHECK(why != NULL, "the message names rank 1");
+    rc = run_np(2, self, "kill_resume", log, cap);
+    CHECK(rc == 0, "the killed run resumes (exit %d): %s", rc, rc ? log : "");
+    double dk = l2_rel_diff("zkill", "z2_gradients");
+    printf("killed at step 7, resumed from checkpoint 6: final weights vs the uninterrupted run %.2e%s\n", dk,
+           same_run("zkill", "z2_gradients") ? " (bit-identical)" : "");
+    CHECK(dk <= 1e-6, "the resumed run ends as the uninterrupted one (%.3g)", dk);
 }
 
 int main(int argc, char **argv) {
@@ -430,6 +756,8 @@ int main(int argc, char **argv) {
     int ran = train("p1k_from_p2", K, true, -1, &total_k, NULL);
     CHECK(ran > 0 && ran == total_k - 3 && total_k > total, "on 1 rank x k it runs on (%d steps, %lld in all)", ran,
           (long long)total_k);
+
+    zero_parent(self, log, sizeof log);
 
     t0 = kiln_time_now();
     rc = run_ranks(self, "fail", log, sizeof log);

@@ -22,6 +22,10 @@ extern "C" {
 
 typedef enum { KILN_LOSS_NORM_TOKENS = 0, KILN_LOSS_NORM_STEPS = 1 } kiln_loss_norm;
 typedef enum { KILN_ON_NAN_SKIP = 0, KILN_ON_NAN_STOP = 1 } kiln_on_nan;
+/* --shard (ZeRO stages 1 and 2 over MPI): off, AdamW's moments split across
+ * the ranks (optimizer), or the moments and the reduced gradients
+ * (gradients). */
+typedef enum { KILN_SHARD_OFF = 0, KILN_SHARD_OPTIMIZER = 1, KILN_SHARD_GRADIENTS = 2 } kiln_shard_mode;
 
 /* How a run is compiled (the --compile setting): kiln_run_compile, one
  * KILN_RUN_* per line of KILN_COMPILE_MODES (kiln/compile.h). */
@@ -100,6 +104,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(dpo_ref, ENUM, dpo_ref, KILN_DPO_REF_AUTO, "auto|adapters|file", "dpo: the reference: the base with the adapters off, or the log-probs kiln dpo-ref stored beside the shards (auto: adapters with --lora-rank, else file)") \
     X(dpo_loss, ENUM, dpo_loss, KILN_DPO_SIGMOID, "sigmoid|ipo|hinge", "dpo: the loss of the margin (TRL's loss_type)") \
     X(simpo_gamma, F64, NONNEG, 0.5, "G", "simpo: the target reward margin gamma (TRL's simpo_gamma)")               \
+    X(shard, ENUM, shard, KILN_SHARD_OFF, "off|optimizer|gradients", "with mpirun: split AdamW's moments (optimizer), or the moments and the reduced gradients (gradients), across the ranks") \
     X(base_dtype, ENUM, base_dtype, KILN_BASE_DTYPE_AUTO, "auto|fp32|bf16|f16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k", "with --lora-rank: hold the frozen base's linears in this type (auto: a GGUF's own types, else fp32)")
 
 #define KILN_BASE_DTYPE_AUTO (-1) /* base_dtype auto: a GGUF base as the file holds it, else fp32 */
@@ -175,7 +180,51 @@ typedef struct {
     struct kiln_adamw_slot *slots;
     const float **grad_ptr;
     int64_t *grad_len;
+    /* With --shard on several ranks: this rank's slice of the moments (and
+     * of the reduced gradients); m and v above are then all NULL. */
+    struct kiln_zero *zero;
 } kiln_adamw;
+
+/* ---- ZeRO sharding (zero.c) --------------------------------------------------
+ * The trainable parameters, last first (backward finishes the last layers
+ * first), are cut into gradient buckets of at most bucket_bytes (a larger
+ * parameter is a bucket of its own); rank r of P owns the r-th P-th of every
+ * bucket: [n*r/P, n*(r+1)/P) of its floats. A rank's shard is its pieces of
+ * all buckets in bucket order; each piece is one or more segments (a
+ * parameter, an offset into it, a count, the position in the shard). The
+ * layout depends on the parameters, bucket_bytes and P only, so any rank can
+ * tell any other's segments (the checkpoint manifest lists them). */
+typedef struct { int hi, lo; int64_t n; } kiln_grad_bucket; /* params[hi] down to params[lo], n floats */
+typedef struct { int param; int64_t off, n, pos; } kiln_zero_seg;
+typedef struct kiln_zero {
+    kiln_shard_mode mode;
+    int rank, size;
+    size_t bucket_bytes;
+    int nb;
+    kiln_grad_bucket *b;
+    int64_t *chunk;    /* [nb * (size + 1)]: rank r's piece of bucket k is [chunk[k*(size+1)+r], ..+r+1) */
+    int64_t *at;       /* [nb]: where this rank's piece of bucket k starts in its shard */
+    int nseg;
+    kiln_zero_seg *seg;
+    int64_t len;       /* floats in this rank's shard */
+    kiln_tensor *m, *v; /* [len] moments */
+    kiln_tensor *g;     /* [len] this window's reduced gradients (mode gradients; NULL otherwise) */
+    int g_micro;        /* micro-batches summed into g this window (0: g is stale) */
+} kiln_zero;
+/* Buckets of params[0..n) (into out, n + 1 entries), last parameter first;
+ * returns how many (at least 1: with no parameter, one empty bucket). */
+int kiln_grad_buckets(kiln_tensor *const *params, int n, size_t bucket_bytes, kiln_grad_bucket *out);
+/* The layout of rank `rank` of `size` (moments allocated on the parameters'
+ * device, zeroed). */
+kiln_zero *kiln_zero_new(kiln_tensor *const *params, int n, size_t bucket_bytes, int rank, int size, kiln_shard_mode mode);
+void kiln_zero_free(kiln_zero *z);
+/* The segments rank r holds (into *out, malloc'd; count returned, -1 on OOM). */
+int kiln_zero_segments_of(const kiln_zero *z, kiln_tensor *const *params, int r, kiln_zero_seg **out);
+/* Bytes of optimiser state and gradients this rank holds between steps and
+ * at the update: moments, the gradient shard (or the full gradients), and
+ * the communication buffers (kiln_dist_buffer_bytes). */
+typedef struct { double moments, grads, buffers; } kiln_opt_memory;
+void kiln_adamw_memory(const kiln_adamw *o, kiln_opt_memory *mem);
 
 kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c);
 void kiln_adamw_free(kiln_adamw *o);
@@ -427,6 +476,7 @@ kiln_status kiln_trainer_run(kiln_trainer *t, kiln_event_fn fn, void *user);
 void kiln_trainer_request_stop(kiln_trainer *t);
 const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t);
 kiln_llama *kiln_trainer_model(kiln_trainer *t);
+kiln_adamw *kiln_trainer_optimizer(kiln_trainer *t);
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t);
 /* The micro-batch choice of a run with global_batch (NULL otherwise). */
 const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t);
@@ -442,6 +492,15 @@ const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t);
  * rotation never leaves a partial checkpoint that looks complete. */
 kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
                                  const kiln_trainer_state *st, const kiln_train_config *c, int keep);
+/* kiln_checkpoint_save in two halves, for a save other ranks add files to (a
+ * sharded optimiser's shards, kiln_zero_save): begin cleans run_dir and makes
+ * the empty checkpoint-<step>.tmp; finish writes the rest there (the moments
+ * only when opt is not sharded), the marker, and commits as the whole save
+ * does. kiln_checkpoint_tmp names that directory (on any rank). */
+kiln_status kiln_checkpoint_tmp(const char *run_dir, int64_t step, char *out, size_t n);
+kiln_status kiln_checkpoint_begin(const char *run_dir, int64_t step);
+kiln_status kiln_checkpoint_finish(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
+                                   const kiln_trainer_state *st, const kiln_train_config *c, int keep);
 /* The newest complete checkpoint directory of run_dir (into out): its
  * trainer_state.json (written last) lists every file of the checkpoint with
  * its size and each is there, whole. What --resume loads. */
@@ -529,6 +588,20 @@ kiln_status kiln_save_model_weights(const char *dir, const kiln_llama *m, const 
 kiln_status kiln_model_files_save(const char *dir, const kiln_llama *m, const kiln_train_config *c);
 kiln_status kiln_adamw_load(const char *path, kiln_adamw *o);
 kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o);
+/* The optimiser state of checkpoint `dir` into o, whichever way it was
+ * written and whatever o's layout: optimizer.safetensors (whole moments) or
+ * optimizer.shards.json + optimizer-RRRRR-of-PPPPP.safetensors (a sharded
+ * run's, any number of ranks): each rank reads the pieces of its own slice
+ * (re-sharding P -> Q), after checking each shard it reads against the
+ * manifest (size, SHA-256, segments covering every parameter once). A
+ * missing, torn or foreign shard is an error naming it; nothing is copied
+ * before every check passed. */
+kiln_status kiln_adamw_load_checkpoint(const char *dir, kiln_adamw *o);
+/* Collective over the ranks of a sharded optimiser: every rank writes its
+ * shard into checkpoint directory `dir` atomically, rank 0 then writes
+ * optimizer.shards.json (each shard's file, rank, bytes, SHA-256, floats and
+ * segments). On failure on any rank every rank returns an error naming it. */
+kiln_status kiln_zero_save(const char *dir, const kiln_adamw *o);
 kiln_status kiln_trainer_state_save(const char *path, const kiln_trainer_state *st);
 /* LoRA adapters in PEFT's files (lora_io.c): dir/adapter_config.json (r,
  * lora_alpha, lora_dropout, use_rslora, target_modules, peft_type "LORA", task_type
@@ -574,6 +647,18 @@ _Noreturn void kiln_dist_abort(const char *why);
 void kiln_dist_set_overlap(bool on);
 bool kiln_dist_overlap(void);
 void kiln_dist_set_bucket_bytes(size_t bytes); /* default 25 MB */
+size_t kiln_dist_bucket_bytes(void);
+/* In-place sums of doubles across ranks (blocking, collective). */
+kiln_status kiln_dist_sum_f64(double *v, int n);
+/* --shard gradients: at the end of a micro-batch that is not the window's
+ * last, reduce-scatters the buckets not yet started, adds this rank's piece
+ * of every bucket into o->zero->g and drops the full gradients. */
+kiln_status kiln_dist_reduce_micro(kiln_adamw *o);
+/* After a sharded update: every rank's updated pieces to every rank (one
+ * all-gather per bucket), so all hold the whole new parameters. */
+kiln_status kiln_dist_gather_params(kiln_adamw *o);
+/* Host bytes of the communication buffers held now. */
+double kiln_dist_buffer_bytes(void);
 /* In-place sums / maxima across ranks (blocking, collective). */
 kiln_status kiln_dist_sum_i64(int64_t *v, int n);
 kiln_status kiln_dist_max_i64(int64_t *v, int n);
@@ -587,11 +672,13 @@ void kiln_dist_grads_arm(kiln_adamw *o);
 kiln_status kiln_dist_allreduce_grads(kiln_adamw *o, double *sums, int n);
 typedef struct {
     int64_t steps;          /* kiln_dist_allreduce_grads calls */
-    int64_t grad_calls;     /* gradient-bucket all-reduces started */
+    int64_t grad_calls;     /* gradient-bucket all-reduces (reduce-scatters with --shard gradients) started */
+    int64_t gather_calls;   /* parameter-bucket all-gathers (with --shard) */
     int64_t other_calls;    /* small all-reduces (the window's counts) */
     int n_buckets;
     double bytes;           /* gradient bytes reduced (per rank) */
     double wait_s;          /* blocked in MPI (waits, blocking collectives) */
+    double grad_wait_s;     /* the part of wait_s spent waiting for gradient buckets */
     double hook_s;          /* packing and polling from the grad-ready hook */
 } kiln_dist_stats;
 void kiln_dist_stats_get(kiln_dist_stats *s);

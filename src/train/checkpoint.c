@@ -123,6 +123,17 @@ static char *state_name(const char *prefix, const char *param) {
     return s;
 }
 
+void kiln_adamw_meta(const kiln_adamw *o, char buf[5][32], const char **meta) {
+    snprintf(buf[0], 32, "%" PRId64, o->t);
+    snprintf(buf[1], 32, "%.17g", o->beta1);
+    snprintf(buf[2], 32, "%.17g", o->beta2);
+    snprintf(buf[3], 32, "%.17g", o->eps);
+    snprintf(buf[4], 32, "%.17g", o->weight_decay);
+    const char *kv[] = {"step", buf[0], "beta1", buf[1], "beta2", buf[2], "eps", buf[3], "weight_decay", buf[4],
+                        "optimizer", "adamw", NULL};
+    memcpy(meta, kv, sizeof kv);
+}
+
 kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o) {
     if (!path || !o) return kiln_error(KILN_ERR_INVALID, "kiln_adamw_save: NULL argument");
     int n = 2 * o->n;
@@ -145,14 +156,9 @@ kiln_status kiln_adamw_save(const char *path, const kiln_adamw *o) {
         }
     }
     if (!st) {
-        char step[32], b1[32], b2[32], eps[32], wd[32];
-        snprintf(step, sizeof step, "%" PRId64, o->t);
-        snprintf(b1, sizeof b1, "%.17g", o->beta1);
-        snprintf(b2, sizeof b2, "%.17g", o->beta2);
-        snprintf(eps, sizeof eps, "%.17g", o->eps);
-        snprintf(wd, sizeof wd, "%.17g", o->weight_decay);
-        const char *meta[] = {"step", step, "beta1", b1, "beta2", b2, "eps", eps, "weight_decay", wd,
-                              "optimizer", "adamw", NULL};
+        char buf[5][32];
+        const char *meta[24];
+        kiln_adamw_meta(o, buf, meta);
         st = kiln_st_save(path, ts, n, meta);
     }
     for (int i = 0; names && i < n; i++) free(names[i]);
@@ -176,6 +182,13 @@ static void warn_hyper(kiln_st_file *f, const char *path, const char *key, doubl
     double was = 0;
     if (s && (kiln_parse_f64(s, -DBL_MAX, DBL_MAX, &was) || was != now))
         kiln_log(KILN_LOG_WARN, "%s: saved with %s=%s, continuing with %.17g", path, key, s, now);
+}
+
+void kiln_adamw_meta_check(kiln_st_file *f, const char *path, const kiln_adamw *o) {
+    warn_hyper(f, path, "beta1", o->beta1);
+    warn_hyper(f, path, "beta2", o->beta2);
+    warn_hyper(f, path, "eps", o->eps);
+    warn_hyper(f, path, "weight_decay", o->weight_decay);
 }
 
 /* Checks (fill=false) or copies (fill=true) the moments of every parameter. */
@@ -228,10 +241,7 @@ kiln_status kiln_adamw_load(const char *path, kiln_adamw *o) {
     if (!st) st = adamw_pass(f, path, o, true);
     if (!st) {
         o->t = t;
-        warn_hyper(f, path, "beta1", o->beta1);
-        warn_hyper(f, path, "beta2", o->beta2);
-        warn_hyper(f, path, "eps", o->eps);
-        warn_hyper(f, path, "weight_decay", o->weight_decay);
+        kiln_adamw_meta_check(f, path, o);
     }
     kiln_st_close(f);
     return st;
@@ -436,7 +446,7 @@ static kiln_status write_checkpoint_files(const char *dir, const kiln_llama *m, 
     /* a base held as f16 or blocks is referenced, not copied (base_ref.c) */
     if (!st) st = kiln_base_is_held(m) ? kiln_base_ref_save(dir, m, c) : kiln_save_model_weights(dir, m, &wo);
     if (!st && m->lora_a) st = kiln_lora_save(dir, m, c ? (c->init[0] ? c->init : c->model) : "");
-    if (!st && opt) {
+    if (!st && opt && !opt->zero) { /* a sharded optimiser's files are there already (kiln_zero_save) */
         st = join(path, dir, "optimizer.safetensors");
         if (!st) st = kiln_adamw_save(path, opt);
     }
@@ -737,20 +747,34 @@ static void rotate(const char *run_dir, const char *newest, int keep) {
     free(list);
 }
 
-kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
-                                 const kiln_trainer_state *ts, const kiln_train_config *c, int keep) {
-    if (!run_dir || !*run_dir || !m || !ts) return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_save: NULL argument");
-    if (ts->step < 0) return kiln_error(KILN_ERR_INVALID, "cannot save a checkpoint at step %lld", (long long)ts->step);
-    char name[64], tmp_name[80], final[PATH_CAP], tmp[PATH_CAP];
-    snprintf(name, sizeof name, CKPT_PREFIX "%08lld", (long long)ts->step);
-    snprintf(tmp_name, sizeof tmp_name, "%s.tmp", name);
+kiln_status kiln_checkpoint_tmp(const char *run_dir, int64_t step, char *out, size_t n) {
+    char name[80];
+    snprintf(name, sizeof name, CKPT_PREFIX "%08lld.tmp", (long long)step);
+    if (!run_dir || !*run_dir || step < 0) return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_tmp: no run directory or step");
+    if ((size_t)snprintf(out, n, "%s/%s", run_dir, name) >= n) return kiln_error(KILN_ERR_INVALID, "path too long: %s/%s", run_dir, name);
+    return KILN_OK;
+}
+
+kiln_status kiln_checkpoint_begin(const char *run_dir, int64_t step) {
+    if (!run_dir || !*run_dir) return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_begin: NULL argument");
+    if (step < 0) return kiln_error(KILN_ERR_INVALID, "cannot save a checkpoint at step %lld", (long long)step);
+    char tmp[PATH_CAP];
     kiln_status st = mkdir_p(run_dir);
     if (!st && kiln_checkpoint_clean(run_dir))
         kiln_log(KILN_LOG_WARN, "cleaning %s: %s", run_dir, kiln_last_error()); /* not fatal: the save goes on */
-    if (!st) st = join(final, run_dir, name);
-    if (!st) st = join(tmp, run_dir, tmp_name);
+    if (!st) st = kiln_checkpoint_tmp(run_dir, step, tmp, sizeof tmp);
     if (!st) st = kiln_remove_tree(tmp); /* left by a crash (if cleaning it above failed) */
     if (!st && mkdir(tmp, 0777) != 0) st = kiln_error(KILN_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    return st ? kiln_error_context(st, "saving the checkpoint of step %lld in %s", (long long)step, run_dir) : KILN_OK;
+}
+
+kiln_status kiln_checkpoint_finish(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
+                                   const kiln_trainer_state *ts, const kiln_train_config *c, int keep) {
+    if (!run_dir || !*run_dir || !m || !ts) return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_finish: NULL argument");
+    char name[64], final[PATH_CAP], tmp[PATH_CAP];
+    snprintf(name, sizeof name, CKPT_PREFIX "%08lld", (long long)ts->step);
+    kiln_status st = join(final, run_dir, name);
+    if (!st) st = kiln_checkpoint_tmp(run_dir, ts->step, tmp, sizeof tmp);
     if (st) return kiln_error_context(st, "saving checkpoint %s", final);
     st = write_checkpoint_files(tmp, m, opt, ts, c);
     if (!st) st = commit_dir(tmp, final);
@@ -772,4 +796,13 @@ kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const
     if (st) return kiln_error_context(st, "checkpoint %s was saved, but updating the links in %s failed", final, run_dir);
     if (keep > 0) rotate(run_dir, name, keep);
     return KILN_OK;
+}
+
+kiln_status kiln_checkpoint_save(const char *run_dir, const kiln_llama *m, const kiln_adamw *opt,
+                                 const kiln_trainer_state *ts, const kiln_train_config *c, int keep) {
+    if (!run_dir || !*run_dir || !m || !ts) return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_save: NULL argument");
+    if (opt && opt->zero)
+        return kiln_error(KILN_ERR_INVALID, "kiln_checkpoint_save: a sharded optimiser is saved by every rank (the trainer's save)");
+    kiln_status st = kiln_checkpoint_begin(run_dir, ts->step);
+    return st ? st : kiln_checkpoint_finish(run_dir, m, opt, ts, c, keep);
 }

@@ -26,6 +26,8 @@ static const kiln_choice choices_dpo_loss[] = {
     {"sigmoid", KILN_DPO_SIGMOID}, {"ipo", KILN_DPO_IPO}, {"hinge", KILN_DPO_HINGE}, {NULL, 0}};
 static const kiln_choice choices_loss_norm[] = {{"tokens", KILN_LOSS_NORM_TOKENS}, {"steps", KILN_LOSS_NORM_STEPS}, {NULL, 0}};
 static const kiln_choice choices_on_nan[] = {{"skip", KILN_ON_NAN_SKIP}, {"stop", KILN_ON_NAN_STOP}, {NULL, 0}};
+static const kiln_choice choices_shard[] = {
+    {"off", KILN_SHARD_OFF}, {"optimizer", KILN_SHARD_OPTIMIZER}, {"gradients", KILN_SHARD_GRADIENTS}, {NULL, 0}};
 #define CHOICE_MODE(id, name, ...) {name, KILN_RUN_##id},
 #define CHOICE_ALIAS(id, name) {name, KILN_RUN_##id},
 static const kiln_choice choices_compile[] = {

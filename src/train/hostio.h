@@ -30,6 +30,13 @@ kiln_status kiln_host_read(const kiln_tensor *t, kiln_host_read_fn fn, void *ctx
  * caller frees). NULL with the error set on OOM. */
 const void *kiln_host_bytes(const kiln_tensor *t, void **owned);
 
+/* AdamW's hyper-parameters and step as safetensors metadata (into meta, a
+ * NULL-ended key/value list of at most 13 entries over buf), and the
+ * warning for each a loaded file holds with another value. */
+struct kiln_st_file;
+void kiln_adamw_meta(const kiln_adamw *o, char buf[5][32], const char **meta);
+void kiln_adamw_meta_check(struct kiln_st_file *f, const char *path, const kiln_adamw *o);
+
 /* The backend a model's parameters live on (the device it was made on). */
 const kiln_backend *kiln_model_backend(const kiln_llama *m);
 #endif

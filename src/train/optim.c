@@ -42,12 +42,30 @@ kiln_adamw *kiln_adamw_new(kiln_llama *m, const kiln_train_config *c) {
         if (!p->requires_grad) continue;
         int j = o->n++;
         o->params[j] = p;
+        o->decay[j] = wants_decay(m, p, c->decay_embeddings);
+    }
+    if (c->shard != KILN_SHARD_OFF && kiln_dist_size() > 1) { /* this rank's slice only */
+        o->zero = kiln_zero_new(o->params, o->n, kiln_dist_bucket_bytes(), kiln_dist_rank(), kiln_dist_size(),
+                                (kiln_shard_mode)c->shard);
+        if (!o->zero) goto fail;
+        int ns = o->zero->nseg > m->n_params ? o->zero->nseg : m->n_params;
+        free(o->slots), free(o->grad_ptr), free(o->grad_len);
+        o->slots = calloc((size_t)ns, sizeof *o->slots);
+        o->grad_ptr = calloc((size_t)ns, sizeof *o->grad_ptr);
+        o->grad_len = calloc((size_t)ns, sizeof *o->grad_len);
+        if (!o->slots || !o->grad_ptr || !o->grad_len) goto oom;
+        return o;
+    }
+    for (int j = 0; j < o->n; j++) {
+        kiln_tensor *p = o->params[j];
         o->m[j] = kiln_tensor_zeros_on(kiln_tensor_buft(p), KILN_F32, p->ndim, p->shape);
         o->v[j] = kiln_tensor_zeros_on(kiln_tensor_buft(p), KILN_F32, p->ndim, p->shape);
         if (!o->m[j] || !o->v[j]) goto oom;
-        o->decay[j] = wants_decay(m, p, c->decay_embeddings);
     }
     return o;
+fail:
+    kiln_adamw_free(o);
+    return NULL;
 oom:
     kiln_adamw_free(o);
     kiln_error(KILN_ERR_OOM, "out of memory for the optimiser state");
@@ -67,6 +85,7 @@ void kiln_adamw_free(kiln_adamw *o) {
     free(o->slots);
     free(o->grad_ptr);
     free(o->grad_len);
+    kiln_zero_free(o->zero);
     free(o);
 }
 
@@ -101,7 +120,17 @@ kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale) {
     o->t++;
     double bc1 = 1.0 - pow(o->beta1, (double)o->t), bc2 = 1.0 - pow(o->beta2, (double)o->t);
     int n = 0;
-    for (int i = 0; i < o->n; i++) {
+    const kiln_zero *z = o->zero;
+    for (int j = 0; z && j < z->nseg; j++) { /* this rank's segments: the same arithmetic, element by element */
+        const kiln_zero_seg *s = &z->seg[j];
+        kiln_tensor *p = o->params[s->param];
+        float *g = z->g ? (float *)kiln_tensor_ptr(z->g) + s->pos : p->grad ? (float *)kiln_tensor_ptr(p->grad) + s->off : NULL;
+        if (!g) continue;
+        o->slots[n++] = (kiln_adamw_slot){(float *)kiln_tensor_ptr(p) + s->off, g, (float *)kiln_tensor_ptr(z->m) + s->pos,
+                                          (float *)kiln_tensor_ptr(z->v) + s->pos, s->n,
+                                          o->decay[s->param] ? (float)o->weight_decay : 0.0f};
+    }
+    for (int i = 0; !z && i < o->n; i++) {
         kiln_tensor *p = o->params[i];
         if (!p->grad) continue; /* no gradient reached it: torch skips such params too */
         /* device addresses, for the kernel that runs on the device */
@@ -113,11 +142,29 @@ kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale) {
      * loop rounded it, so the fused pass gives that loop's bits */
     fused_call f = {o, n, (float)grad_scale, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
                     (float)bc1, (float)bc2, 0};
-    return kiln_backend_exec(opt_backend(o), run_adamw, &f);
+    kiln_status st = kiln_backend_exec(opt_backend(o), run_adamw, &f);
+    if (!z) return st;
+    kiln_grad_zero(o); /* the pieces other ranks updated hold this window's sums still */
+    kiln_status gs = kiln_dist_gather_params(o); /* every rank must reach it */
+    return st ? st : gs;
 }
 
 double kiln_grad_norm(const kiln_adamw *o) {
     int n = 0;
+    const kiln_zero *z = o->zero;
+    if (z) { /* this rank's slice, then the sum over the ranks: one all-reduce of a scalar */
+        for (int j = 0; j < z->nseg; j++) {
+            const kiln_zero_seg *s = &z->seg[j];
+            const kiln_tensor *g = z->g ? z->g : o->params[s->param]->grad;
+            if (!g) continue;
+            o->grad_ptr[n] = (const float *)kiln_tensor_ptr(g) + (z->g ? s->pos : s->off);
+            o->grad_len[n++] = s->n;
+        }
+        fused_call f = {.o = o, .n = n};
+        if (kiln_backend_exec(opt_backend(o), run_sumsq, &f)) f.sumsq = NAN;
+        if (kiln_dist_sum_f64(&f.sumsq, 1)) return NAN;
+        return sqrt(f.sumsq);
+    }
     for (int i = 0; i < o->n; i++) {
         const kiln_tensor *g = o->params[i]->grad;
         if (!g) continue;
@@ -134,6 +181,7 @@ void kiln_grad_zero(const kiln_adamw *o) {
         kiln_tensor *g = o->params[i]->grad;
         if (g) kiln_tensor_zero(g);
     }
+    if (o->zero) o->zero->g_micro = 0; /* the next window's first micro-batch overwrites the shard */
 }
 
 kiln_status kiln_adamw_apply(kiln_adamw *o, const kiln_train_config *c, double lr, kiln_step_result *res) {

@@ -301,6 +301,11 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
     kiln_status st = KILN_OK;
     kiln_tensor *key = kiln_train_uses_dropout(m) ? scalar_new(m) : NULL;
     if (kiln_train_uses_dropout(m) && !key) return kiln_last_status();
+    /* --shard gradients reduce-scatters after every micro-batch: as many
+     * rounds on every rank as rank 0 (which holds the window's first
+     * micro-batches, so the most) has micro-batches */
+    bool scatter = dist && opt->zero && opt->zero->mode == KILN_SHARD_GRADIENTS;
+    int rounds = scatter ? (g->micro_batches < c->accum ? g->micro_batches : c->accum) : 0, scattered = 0;
     for (int i = 0; i < k && !st; i++) {
         double scale[KILN_OBJ_MAX_TERMS];
         kiln_batch_units(mb[i], u);
@@ -310,7 +315,7 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
                                                              : (mine ? 1.0 / ((double)mine * res->micro_batches) : 0.0);
         }
         double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS] = {0}, sum = 0;
-        if (dist && i == k - 1 && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
+        if (dist && (i == k - 1 || scatter) && kiln_dist_overlap()) kiln_dist_grads_arm(opt);
         if (key) st = scalar_set(key, kiln_train_dropout_key(c->seed, g ? g->step : 0, (g ? g->first_micro : 0) + i));
         if (!st) st = micro_step(m, o, mb[i], scale, key, rep, cs);
         if (st) {
@@ -325,8 +330,12 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
             break;
         }
         for (int j = 0; j < nr; j++) sums[j] += rep[j];
+        if (scatter && scattered < rounds - 1 && (st = kiln_dist_reduce_micro(opt))) break;
+        scattered += scatter && scattered < rounds - 1;
     }
     kiln_tensor_release(key);
+    for (; !st && scattered < rounds - 1; scattered++) st = kiln_dist_reduce_micro(opt); /* the rounds this rank had no micro-batch for */
+    if (st) return kiln_error_context(st, "gradient reduce-scatter");
     if (dist && (st = sum_across_ranks(opt, g, sums, nr, &bad))) return kiln_error_context(st, "gradient all-reduce");
     double loss = 0;
     for (int j = 0; j < nt; j++) loss += per(sums[j], units[o->norm[j]]);

@@ -424,6 +424,9 @@ static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_tr
     }
     if (c->global_batch > 0 && !resume && (st = choose_micro_batch(t))) goto fail;
     c = &t->cfg; /* batch and accum as chosen */
+    if (c->shard != KILN_SHARD_OFF && kiln_dist_size() == 1)
+        kiln_log(KILN_LOG_WARN, "--shard %s: one process, nothing to split; the optimiser state stays whole (run under mpirun -np N)",
+                 c->shard == KILN_SHARD_GRADIENTS ? "gradients" : "optimizer");
     if (!(t->opt = kiln_adamw_new(t->model, c))) {
         st = kiln_last_status();
         goto fail;
@@ -439,8 +442,7 @@ static kiln_status trainer_open(const kiln_train_config *c, bool resume, kiln_tr
         kiln_trainer_state saved;
         snprintf(p, sizeof p, "%s/trainer_state.json", ck);
         if ((st = kiln_trainer_state_load(p, &saved))) goto fail;
-        snprintf(p, sizeof p, "%s/optimizer.safetensors", ck);
-        if ((st = kiln_adamw_load(p, t->opt))) goto fail;
+        if ((st = kiln_adamw_load_checkpoint(ck, t->opt))) goto fail; /* whole or sharded, any number of ranks */
         if (saved.micro_per_epoch != t->st.micro_per_epoch) {
             st = kiln_error(KILN_ERR_INVALID, "%s: the data has %lld micro-batches per epoch, the checkpoint was made with %lld",
                             ck, (long long)t->st.micro_per_epoch, (long long)saved.micro_per_epoch);
@@ -500,6 +502,7 @@ void kiln_trainer_free(kiln_trainer *t) {
 void kiln_trainer_request_stop(kiln_trainer *t) { t->stop = 1; }
 const kiln_trainer_state *kiln_trainer_get_state(const kiln_trainer *t) { return &t->st; }
 kiln_llama *kiln_trainer_model(kiln_trainer *t) { return t->model; }
+kiln_adamw *kiln_trainer_optimizer(kiln_trainer *t) { return t->opt; }
 const kiln_train_config *kiln_trainer_config(const kiln_trainer *t) { return &t->cfg; }
 const kiln_mem_choice *kiln_trainer_mem_choice(const kiln_trainer *t) { return t->has_mem ? &t->mem : NULL; }
 
@@ -529,10 +532,32 @@ static kiln_status evaluate(kiln_trainer *t, kiln_event_fn fn, void *user) {
     return KILN_OK;
 }
 
+/* A sharded optimiser's checkpoint: rank 0 makes the checkpoint's
+ * directory, every rank writes its shard there, rank 0 writes the rest and
+ * commits; every step's outcome is agreed on, so all ranks fail together. */
+static kiln_status save_sharded(kiln_trainer *t) {
+    bool r0 = kiln_dist_rank() == 0;
+    kiln_status st = r0 ? kiln_checkpoint_begin(t->cfg.run_dir, t->st.step) : KILN_OK;
+    int64_t bad = st != KILN_OK;
+    kiln_status cs = kiln_dist_max_i64(&bad, 1);
+    if (st || cs) return st ? st : cs;
+    if (bad) return kiln_error(KILN_ERR_IO, "rank 0 could not make the checkpoint directory in %s", t->cfg.run_dir);
+    char tmp[1200];
+    if (!(st = kiln_checkpoint_tmp(t->cfg.run_dir, t->st.step, tmp, sizeof tmp))) st = kiln_zero_save(tmp, t->opt);
+    if (st) return st; /* every rank got an error from kiln_zero_save */
+    st = r0 ? kiln_checkpoint_finish(t->cfg.run_dir, t->model, t->opt, &t->st, &t->cfg, t->cfg.keep) : KILN_OK;
+    bad = st != KILN_OK;
+    if ((cs = kiln_dist_max_i64(&bad, 1)) && !st) st = cs;
+    if (!st && bad) st = kiln_error(KILN_ERR_IO, "rank 0 could not complete the checkpoint in %s", t->cfg.run_dir);
+    return st;
+}
+
 static kiln_status save(kiln_trainer *t, kiln_event_fn fn, void *user) {
-    if (kiln_dist_rank() != 0) return KILN_OK;
-    kiln_status st = kiln_checkpoint_save(t->cfg.run_dir, t->model, t->opt, &t->st, &t->cfg, t->cfg.keep);
+    if (!t->opt->zero && kiln_dist_rank() != 0) return KILN_OK;
+    kiln_status st = t->opt->zero ? save_sharded(t)
+                                  : kiln_checkpoint_save(t->cfg.run_dir, t->model, t->opt, &t->st, &t->cfg, t->cfg.keep);
     if (st) return kiln_error_context(st, "saving the checkpoint of step %lld", (long long)t->st.step);
+    if (kiln_dist_rank() != 0) return KILN_OK;
     emit(fn, user, (kiln_event){.kind = KILN_EVENT_SAVE, .state = &t->st, .message = t->cfg.run_dir});
     return KILN_OK;
 }
