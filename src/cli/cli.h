@@ -5,9 +5,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "kiln/core.h"
+#include "kiln/model.h"
 int kiln_cmd_tokenizer(int argc, char **argv);
 int kiln_cmd_tokenize(int argc, char **argv);
 int kiln_cmd_bench(int argc, char **argv);
+/* kiln bench --ranks N (bench_ranks.c): data parallel over mpirun, per --shard mode. */
+int kiln_bench_ranks(int argc, char **argv);
+/* A bench model name (cmd_bench.c's shapes) or what kiln_llama_config_resolve takes. */
+kiln_status kiln_bench_model_config(const char *model, kiln_llama_config *cfg);
 /* kiln bench --pack documents (bench_pack.c): the compiled step (the first
  * compiled mode of `modes`) on rows of doc_len-token documents against
  * plain packed rows of the same tokens; prints both and the ratio. */

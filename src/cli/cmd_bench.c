@@ -45,6 +45,14 @@ static const char *bench_help =
     "  --doc-len N         document length for --pack documents (default 64)\n"
     "  --no-optim          forward + backward only (gradients accumulate, no optimiser step)\n"
     "  --results           also print one 'RESULT mode=... tokens_s=...' line per mode (bench/compare.sh reads them)\n"
+    "Data parallel (a bench of its own: mpirun -np N of this kiln, eager steps, per --shard mode):\n"
+    "  --ranks N           ranks on this machine; prints ms/step with the gradient buckets overlapped with\n"
+    "                      backward and without, the communication hidden, the optimiser's moments,\n"
+    "                      gradients and buffers per rank against the formula, and the peak RSS\n"
+    "  --shard LIST        of off, optimizer, gradients (default off,gradients); also --model, --batch,\n"
+    "                      --seq, --steps, --warmup, --threads (per rank), --accum N (per rank, default 1),\n"
+    "                      --layers L (the model with L layers: a large model's widths in less memory),\n"
+    "                      --bucket-mb MB (default 25)\n"
 
     "LoRA mode (a frozen base with adapters, as kiln train --lora-rank):\n"
     "  --lora-rank R       adapters of rank R (alpha 2R)\n"
@@ -299,7 +307,13 @@ static kiln_status fill_host(kiln_tensor *t, const void *h, int64_t n) {
 
 static int bench_on_device(int argc, char **argv, const kiln_backend **device);
 
+kiln_status kiln_bench_model_config(const char *model, kiln_llama_config *cfg) {
+    return bench_config(model, cfg) ? KILN_OK : kiln_llama_config_resolve(model, cfg);
+}
+
 int kiln_cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--ranks")) return kiln_bench_ranks(argc, argv); /* a bench of its own, over mpirun */
     const kiln_backend *device = NULL;
     int rc = bench_on_device(argc, argv, &device);
     if (device) kiln_backend_use(device); /* the thread's device from before */
@@ -349,7 +363,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     dev = kiln_backend_current();
     prec = (kiln_dtype)precision;
     kiln_llama_config cfg;
-    kiln_status st = bench_config(model, &cfg) ? KILN_OK : kiln_llama_config_resolve(model, &cfg);
+    kiln_status st = kiln_bench_model_config(model, &cfg);
     if (st) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
         return 1;

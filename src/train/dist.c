@@ -240,7 +240,7 @@ static kiln_status layout_build(const kiln_adamw *o) {
     if (L.scatter) {
         for (int i = 0; i < POOL; i++) {
             L.busy[i] = -1;
-            if (!(L.pool[i] = fbuf(L.max_n)) || !(L.recv[i] = fbuf(L.max_piece))) goto oom;
+            if (i < L.nb && (!(L.pool[i] = fbuf(L.max_n)) || !(L.recv[i] = fbuf(L.max_piece)))) goto oom;
         }
         if (!(L.acc = fbuf(L.max_piece))) goto oom;
     } else {
