@@ -37,11 +37,12 @@
 #   - the data: --data DIR (train.bin, val.bin) at the same path on every
 #     machine; every rank reads its own micro-batches from the shards. A copy
 #     per machine is fine (the shards are only read).
-#   - the run directory: rank 0 alone writes --run-dir (checkpoints,
-#     metrics.jsonl, loss.svg), but every rank reads the checkpoint on
-#     `--resume` (and --init's run at the start), so put it on a filesystem
-#     every machine sees (e.g. NFS), or copy it to the same path on every
-#     machine before resuming.
+#   - the run directory: rank 0 writes --run-dir (checkpoints,
+#     metrics.jsonl, loss.svg), with --shard every rank also writes its
+#     optimizer shard into each checkpoint, and every rank reads the
+#     checkpoint on `--resume` (and --init's run at the start), so put it on
+#     a filesystem every machine sees (e.g. NFS). Without --shard a copy to
+#     the same path on every machine before resuming also works.
 #   - threads: each rank runs OMP_NUM_THREADS threads; set it (or
 #     --threads) to the cores of a machine divided by its slots. This wraps
 #     mpirun with --bind-to none: Open MPI's default binds each rank to one

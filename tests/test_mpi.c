@@ -10,7 +10,7 @@
  *   - ZeRO sharding (--shard optimizer|gradients) on 2 and 4 ranks (4
  *     oversubscribed): 20 steps' losses and the final weights within 1e-6
  *     relative of one process with the same global batch, overlapped and
- *     blocking reduce-scatters bit-identical, the optimiser's bytes per
+ *     blocking reduce-scatters bit-identical on 2 ranks, the optimiser's bytes per
  *     rank as the formula says; sharded checkpoints resumed 4 -> 2, 2 -> 4
  *     and 2 -> 1 ranks continue as the uninterrupted run; torn, missing
  *     and foreign shards refused by name; a rank killed mid-step ends the
@@ -273,7 +273,7 @@ static int64_t n_trainable(void) {
  * (losses and weights compared by the parent), and the resumes. */
 static void zero_child(const char *what) {
     int P = kiln_dist_size(), rank = kiln_dist_rank(), accum = GLOBAL_K / P;
-    kiln_dist_set_bucket_bytes(96 << 10); /* several buckets, pieces across parameters */
+    kiln_dist_set_bucket_bytes(40 << 10); /* many buckets: pieces across parameters, the MLP matrices cut in two */
     static double losses[64];
     g_steps = ZSTEPS;
     g_shard = KILN_SHARD_GRADIENTS;
@@ -655,8 +655,13 @@ static void zero_parent(const char *self, char *log, size_t cap) {
             CHECK(dl <= 1e-6 && dw <= 1e-6, "%s equals one process within 1e-6 (losses %.3g, weights %.3g)", name, dl, dw);
             CHECK(de <= 1e-4, "%s: no weight strays (%.3g; fp32 sums in another order)", name, de);
         }
-    CHECK(same_run("z2_gradients", "z2_gradients_blocking") && same_run("z4_gradients", "z4_gradients_blocking"),
-          "overlapped and blocking reduce-scatters give bit-identical weights");
+    /* blocking: Open MPI's tuned MPI_Reduce_scatter, overlapped: its non-blocking schedule; a sum of two is
+     * the same in any order, of four it need not be */
+    CHECK(same_run("z2_gradients", "z2_gradients_blocking"), "2 ranks: overlapped and blocking reduce-scatters give bit-identical weights");
+    double db = l2_rel_diff("z4_gradients", "z4_gradients_blocking");
+    printf("4 ranks: overlapped vs blocking reduce-scatters: weights %.2e%s\n", db,
+           same_run("z4_gradients", "z4_gradients_blocking") ? " (bit-identical)" : "");
+    CHECK(db <= 1e-6, "4 ranks: overlapped and blocking reduce-scatters agree (%.3g)", db);
     static const char *const resumed[3][2] = {{"z2_from4", "z2_gradients"}, {"z4_from2", "z4_gradients"}, {"z1_from2", "z1"}};
     for (int i = 0; i < 3; i++) {
         double dw = l2_rel_diff(resumed[i][0], resumed[i][1]), dl = losses_rel_diff(resumed[i][0], resumed[i][1], ZSTOP);

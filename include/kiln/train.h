@@ -188,13 +188,20 @@ typedef struct {
 /* ---- ZeRO sharding (zero.c) --------------------------------------------------
  * The trainable parameters, last first (backward finishes the last layers
  * first), are cut into gradient buckets of at most bucket_bytes (a larger
- * parameter is a bucket of its own); rank r of P owns the r-th P-th of every
+ * parameter is cut into bucket-sized pieces of its own); rank r of P owns the r-th P-th of every
  * bucket: [n*r/P, n*(r+1)/P) of its floats. A rank's shard is its pieces of
  * all buckets in bucket order; each piece is one or more segments (a
  * parameter, an offset into it, a count, the position in the shard). The
  * layout depends on the parameters, bucket_bytes and P only, so any rank can
  * tell any other's segments (the checkpoint manifest lists them). */
-typedef struct { int hi, lo; int64_t n; } kiln_grad_bucket; /* params[hi] down to params[lo], n floats */
+/* A bucket: params[hi] down to params[lo] whole (off 0), or one piece of a
+ * parameter larger than a bucket (hi == lo: its floats [off, off + n)). */
+typedef struct { int hi, lo; int64_t n, off; } kiln_grad_bucket;
+/* The floats of params[i] in bucket b (into *off: where they start in it). */
+static inline int64_t kiln_bucket_part(const kiln_grad_bucket *b, kiln_tensor *const *params, int i, int64_t *off) {
+    *off = b->hi == b->lo ? b->off : 0;
+    return b->hi == b->lo ? b->n : kiln_tensor_numel(params[i]);
+}
 typedef struct { int param; int64_t off, n, pos; } kiln_zero_seg;
 typedef struct kiln_zero {
     kiln_shard_mode mode;
@@ -211,7 +218,8 @@ typedef struct kiln_zero {
     kiln_tensor *g;     /* [len] this window's reduced gradients (mode gradients; NULL otherwise) */
     int g_micro;        /* micro-batches summed into g this window (0: g is stale) */
 } kiln_zero;
-/* Buckets of params[0..n) (into out, n + 1 entries), last parameter first;
+/* Buckets of params[0..n) (into out; NULL: count only), last parameter
+ * first, a parameter larger than bucket_bytes cut into pieces of its own;
  * returns how many (at least 1: with no parameter, one empty bucket). */
 int kiln_grad_buckets(kiln_tensor *const *params, int n, size_t bucket_bytes, kiln_grad_bucket *out);
 /* The layout of rank `rank` of `size` (moments allocated on the parameters'

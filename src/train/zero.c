@@ -23,15 +23,28 @@
 #define FORMAT "kiln-zero-1"
 
 int kiln_grad_buckets(kiln_tensor *const *params, int n, size_t bucket_bytes, kiln_grad_bucket *out) {
-    int64_t cap = (int64_t)(bucket_bytes / sizeof(float));
+    int64_t cap = (int64_t)(bucket_bytes / sizeof(float)), cur = -1; /* cur: the open bucket's floats (-1: none) */
+    if (cap < 1) cap = 1;
     int nb = 0;
     for (int i = n - 1; i >= 0; i--) {
         int64_t len = kiln_tensor_numel(params[i]);
-        if (!nb || (out[nb - 1].n > 0 && out[nb - 1].n + len > cap)) out[nb++] = (kiln_grad_bucket){i, i, 0};
-        out[nb - 1].lo = i;
-        out[nb - 1].n += len;
+        if (len > cap) { /* pieces of its own */
+            for (int64_t a = 0; a < len; a += cap, nb++)
+                if (out) out[nb] = (kiln_grad_bucket){i, i, len - a < cap ? len - a : cap, a};
+            cur = -1;
+            continue;
+        }
+        if (cur < 0 || (cur > 0 && cur + len > cap)) {
+            if (out) out[nb] = (kiln_grad_bucket){i, i, 0, 0};
+            nb++, cur = 0;
+        }
+        if (out) out[nb - 1].lo = i, out[nb - 1].n += len;
+        cur += len;
     }
-    if (!nb) out[nb++] = (kiln_grad_bucket){-1, 0, 0}; /* nothing trainable: the sums still travel */
+    if (!nb) {
+        if (out) out[0] = (kiln_grad_bucket){-1, 0, 0, 0}; /* nothing trainable: the sums still travel */
+        nb = 1;
+    }
     return nb;
 }
 
@@ -43,10 +56,10 @@ static int segments(const kiln_zero *z, kiln_tensor *const *params, int r, kiln_
         const int64_t *c = z->chunk + (size_t)k * (size_t)(z->size + 1);
         int64_t lo = c[r], hi = c[r + 1], start = 0;
         for (int i = z->b[k].hi; z->b[k].n && i >= z->b[k].lo && start < hi; i--) {
-            int64_t len = kiln_tensor_numel(params[i]);
+            int64_t base, len = kiln_bucket_part(&z->b[k], params, i, &base);
             int64_t a = lo > start ? lo : start, e = hi < start + len ? hi : start + len;
             if (a < e) {
-                if (out) out[count] = (kiln_zero_seg){i, a - start, e - a, pos};
+                if (out) out[count] = (kiln_zero_seg){i, base + a - start, e - a, pos};
                 count++;
                 pos += e - a;
             }
@@ -80,9 +93,10 @@ kiln_zero *kiln_zero_new(kiln_tensor *const *params, int n, size_t bucket_bytes,
     kiln_zero *z = calloc(1, sizeof *z);
     if (!z) goto oom;
     *z = (kiln_zero){.mode = mode, .rank = rank, .size = size, .bucket_bytes = bucket_bytes};
-    z->b = malloc(sizeof *z->b * (size_t)(n + 1));
+    z->nb = kiln_grad_buckets(params, n, bucket_bytes, NULL);
+    z->b = malloc(sizeof *z->b * (size_t)z->nb);
     if (!z->b) goto oom;
-    z->nb = kiln_grad_buckets(params, n, bucket_bytes, z->b);
+    kiln_grad_buckets(params, n, bucket_bytes, z->b);
     z->chunk = malloc(sizeof *z->chunk * (size_t)z->nb * (size_t)(size + 1));
     z->at = malloc(sizeof *z->at * (size_t)z->nb);
     if (!z->chunk || !z->at) goto oom;
