@@ -266,6 +266,9 @@ void *kiln_tensor_map(const kiln_tensor *t);
  * runs on its device (a backend's kernels, generated modules inside
  * kiln_backend_exec): an address, never to be dereferenced by host code. */
 static inline void *kiln_tensor_ptr(const kiln_tensor *t) { return t->data; }
+/* The device address of element i of an f32 tensor, for kernels inside
+ * kiln_backend_exec (a slice handed to them; host code never reads it). */
+static inline float *kiln_tensor_ptr_f32(const kiln_tensor *t, int64_t i) { return (float *)t->data + i; }
 /* A tensor of the given meta sharing base's storage from byte offset off
  * (checked to fit): the interpreter's planned buffers in its arena. */
 kiln_tensor *kiln_tensor_view_bytes(kiln_tensor *base, size_t off, kiln_dtype dt, int ndim, const int64_t *shape);

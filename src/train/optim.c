@@ -124,10 +124,10 @@ kiln_status kiln_adamw_update(kiln_adamw *o, double lr, double grad_scale) {
     for (int j = 0; z && j < z->nseg; j++) { /* this rank's segments: the same arithmetic, element by element */
         const kiln_zero_seg *s = &z->seg[j];
         kiln_tensor *p = o->params[s->param];
-        float *g = z->g ? (float *)kiln_tensor_ptr(z->g) + s->pos : p->grad ? (float *)kiln_tensor_ptr(p->grad) + s->off : NULL;
+        float *g = z->g ? kiln_tensor_ptr_f32(z->g, s->pos) : p->grad ? kiln_tensor_ptr_f32(p->grad, s->off) : NULL;
         if (!g) continue;
-        o->slots[n++] = (kiln_adamw_slot){(float *)kiln_tensor_ptr(p) + s->off, g, (float *)kiln_tensor_ptr(z->m) + s->pos,
-                                          (float *)kiln_tensor_ptr(z->v) + s->pos, s->n,
+        o->slots[n++] = (kiln_adamw_slot){kiln_tensor_ptr_f32(p, s->off), g, kiln_tensor_ptr_f32(z->m, s->pos),
+                                          kiln_tensor_ptr_f32(z->v, s->pos), s->n,
                                           o->decay[s->param] ? (float)o->weight_decay : 0.0f};
     }
     for (int i = 0; !z && i < o->n; i++) {
@@ -157,7 +157,7 @@ double kiln_grad_norm(const kiln_adamw *o) {
             const kiln_zero_seg *s = &z->seg[j];
             const kiln_tensor *g = z->g ? z->g : o->params[s->param]->grad;
             if (!g) continue;
-            o->grad_ptr[n] = (const float *)kiln_tensor_ptr(g) + (z->g ? s->pos : s->off);
+            o->grad_ptr[n] = kiln_tensor_ptr_f32(g, z->g ? s->pos : s->off);
             o->grad_len[n++] = s->n;
         }
         fused_call f = {.o = o, .n = n};
