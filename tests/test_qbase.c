@@ -116,7 +116,8 @@ static void numerics(kiln_dtype dt) {
         float *gc = test_adapter_grads(m, &n);
         double lc = rep[0] / (double)b->n_targets, dc = rel_diff(gc, gm, n);
         printf("        compiled: loss %.9f (rel %.1e), adapter gradients rel %.1e\n", lc, t_rel(lc, lm), dc);
-        CHECK(t_rel(lc, lm) < 1e-6 && dc < 1e-6, "%s: compiled = eager (loss rel %.2e, gradients %.2e)", kiln_dtype_name(dt),
+        /* fp32 sums in the fused kernels' order: 4e-7..1.06e-6 on a Zen 5 (AVX-512), as the families' 2.4e-6 */
+        CHECK(t_rel(lc, lm) < 1e-6 && dc < 3e-6, "%s: compiled = eager (loss rel %.2e, gradients %.2e)", kiln_dtype_name(dt),
               t_rel(lc, lm), dc);
         free(gc);
         kiln_compiled_free(cs);
