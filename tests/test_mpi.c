@@ -29,6 +29,7 @@
 #include <math.h>
 
 #include "test.h"
+#include "test_runs.h"
 
 enum { K = 2 }; /* micro-batches per rank */
 static int64_t micro_per_epoch;
@@ -165,24 +166,7 @@ static double st_rel_diff(const char *a, const char *b, const char *file) {
     char pa[600], pb[600];
     snprintf(pa, sizeof pa, "%s/%s/%s", tmpdir, a, file);
     snprintf(pb, sizeof pb, "%s/%s/%s", tmpdir, b, file);
-    kiln_st_file *x = NULL, *y = NULL;
-    CHECK_OK(kiln_st_open(pa, &x));
-    CHECK_OK(kiln_st_open(pb, &y));
-    double worst = x && y && kiln_st_count(x) == kiln_st_count(y) && kiln_st_count(x) > 0 ? 0 : INFINITY;
-    for (int i = 0; worst < INFINITY && i < kiln_st_count(x); i++) {
-        const kiln_st_tensor *tx = kiln_st_at(x, i), *ty = kiln_st_find(y, tx->name);
-        if (!ty || ty->nbytes != tx->nbytes || tx->dtype != KILN_F32) {
-            worst = INFINITY;
-            break;
-        }
-        const float *fa = (const float *)tx->bytes, *fb = (const float *)ty->bytes;
-        double d = 0, s = 0;
-        for (size_t j = 0; j < tx->nbytes / 4; j++) d = fmax(d, fabs((double)fa[j] - fb[j])), s = fmax(s, fabs((double)fb[j]));
-        worst = fmax(worst, s > 0 ? d / s : d);
-    }
-    kiln_st_close(x);
-    kiln_st_close(y);
-    return worst;
+    return test_st_rel_diff(pa, pb);
 }
 
 /* Trains run `name` (fresh, or resumed) to its end or stop_at; returns the
@@ -437,45 +421,36 @@ static int child(const char *what) {
 }
 
 /* ---- single process ------------------------------------------------------------- */
-static double max_rel_diff(const char *a, const char *b) {
+/* Two runs' weights: the worst tensor's max |a-b| / max |b| (returned) and,
+ * into *l2 (may be NULL), ||a - b|| / ||b|| over all the weights as one vector. */
+static double weights_diff(const char *a, const char *b, double *l2) {
     char pa[600], pb[600];
     snprintf(pa, sizeof pa, "%s/%s", tmpdir, a);
     snprintf(pb, sizeof pb, "%s/%s", tmpdir, b);
     kiln_llama *x = NULL, *y = NULL;
     CHECK_OK(kiln_load_model_dir(pa, &x));
     CHECK_OK(kiln_load_model_dir(pb, &y));
-    double worst = x && y ? 0 : INFINITY;
-    for (int i = 0; x && y && i < x->n_params; i++) {
+    bool ok = x && y;
+    double worst = ok ? 0 : INFINITY, d2 = 0, s2 = 0;
+    for (int i = 0; ok && i < x->n_params; i++) {
         double d = 0, s = 0;
         for (int64_t j = 0; j < kiln_tensor_numel(x->params[i]); j++) {
-            d = fmax(d, fabs((double)kiln_f32(x->params[i])[j] - kiln_f32(y->params[i])[j]));
-            s = fmax(s, fabs((double)kiln_f32(y->params[i])[j]));
+            double u = kiln_f32(x->params[i])[j], v = kiln_f32(y->params[i])[j];
+            d = fmax(d, fabs(u - v)), s = fmax(s, fabs(v));
+            d2 += (u - v) * (u - v), s2 += v * v;
         }
         worst = fmax(worst, d / s);
     }
     kiln_llama_free(x);
     kiln_llama_free(y);
+    if (l2) *l2 = ok && s2 > 0 ? sqrt(d2 / s2) : INFINITY;
     return worst;
 }
-
-/* ||a - b|| / ||b|| over all the weights of two runs (the relative error of
- * the weights as one vector). */
+static double max_rel_diff(const char *a, const char *b) { return weights_diff(a, b, NULL); }
 static double l2_rel_diff(const char *a, const char *b) {
-    char pa[600], pb[600];
-    snprintf(pa, sizeof pa, "%s/%s", tmpdir, a);
-    snprintf(pb, sizeof pb, "%s/%s", tmpdir, b);
-    kiln_llama *x = NULL, *y = NULL;
-    CHECK_OK(kiln_load_model_dir(pa, &x));
-    CHECK_OK(kiln_load_model_dir(pb, &y));
-    double d = 0, s = 0;
-    for (int i = 0; x && y && i < x->n_params; i++)
-        for (int64_t j = 0; j < kiln_tensor_numel(x->params[i]); j++) {
-            double u = kiln_f32(x->params[i])[j], v = kiln_f32(y->params[i])[j];
-            d += (u - v) * (u - v), s += v * v;
-        }
-    kiln_llama_free(x);
-    kiln_llama_free(y);
-    return x && y && s > 0 ? sqrt(d / s) : INFINITY;
+    double l2;
+    weights_diff(a, b, &l2);
+    return l2;
 }
 
 /* The hook fires once per parameter, when its gradient is already final. */

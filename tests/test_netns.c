@@ -73,25 +73,6 @@ static long long number_before(const char *text, const char *key) {
     return strtoll(p, NULL, 10);
 }
 
-/* The largest relative difference of two runs' weights (max |a-b| / max |b|
- * per tensor); INFINITY when they do not match up. */
-static double weights_rel_diff(const char *pa, const char *pb) {
-    kiln_st_file *x = NULL, *y = NULL;
-    CHECK_OK(kiln_st_open(pa, &x));
-    CHECK_OK(kiln_st_open(pb, &y));
-    double worst = x && y && kiln_st_count(x) == kiln_st_count(y) && kiln_st_count(x) > 0 ? 0 : INFINITY;
-    for (int i = 0; worst < INFINITY && i < kiln_st_count(x); i++) {
-        const kiln_st_tensor *tx = kiln_st_at(x, i), *ty = kiln_st_find(y, tx->name);
-        if (!ty || ty->nbytes != tx->nbytes || tx->dtype != KILN_F32) {
-            worst = INFINITY;
-            break;
-        }
-        worst = fmax(worst, rel_err((const float *)tx->bytes, (const float *)ty->bytes, (int64_t)(tx->nbytes / 4)));
-    }
-    if (x) kiln_st_close(x);
-    if (y) kiln_st_close(y);
-    return worst;
-}
 
 /* The shards hold synthetic ids, but kiln train wants the tokenizer they
  * were made with (same id count and eos): a BPE of 61 tokens without
@@ -195,7 +176,7 @@ static bool run_case(const train_case *tc, const char *script, char *why, size_t
     if (same) {
         printf("%s: model.safetensors bit-identical over TCP between namespaces and over shared memory\n", tc->name);
     } else {
-        double d = weights_rel_diff(wa, wb);
+        double d = test_st_rel_diff(wa, wb);
         printf("%s: model.safetensors differ: max rel diff %.3g\n", tc->name, d);
         CHECK(d <= 1e-6, "%s: netns vs loopback weights: max rel diff %.3g", tc->name, d);
     }

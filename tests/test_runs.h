@@ -5,6 +5,7 @@
 #ifndef KILN_TEST_RUNS_H
 #define KILN_TEST_RUNS_H
 #include <stdlib.h>
+#include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"
 
@@ -89,4 +90,26 @@ static inline bool test_same_file(const char *a, const char *b) {
     free(y);
     return same;
 }
+
+/* The largest relative difference (rel_err: max |a-b| / max |b| per tensor)
+ * of two safetensors files of f32 tensors with the same names and sizes;
+ * INFINITY when they do not match up. */
+static inline double test_st_rel_diff(const char *pa, const char *pb) {
+    kiln_st_file *x = NULL, *y = NULL;
+    CHECK_OK(kiln_st_open(pa, &x));
+    CHECK_OK(kiln_st_open(pb, &y));
+    double worst = x && y && kiln_st_count(x) == kiln_st_count(y) && kiln_st_count(x) > 0 ? 0 : INFINITY;
+    for (int i = 0; worst < INFINITY && i < kiln_st_count(x); i++) {
+        const kiln_st_tensor *tx = kiln_st_at(x, i), *ty = kiln_st_find(y, tx->name);
+        if (!ty || ty->nbytes != tx->nbytes || tx->dtype != KILN_F32) {
+            worst = INFINITY;
+            break;
+        }
+        worst = fmax(worst, rel_err((const float *)tx->bytes, (const float *)ty->bytes, (int64_t)(tx->nbytes / 4)));
+    }
+    kiln_st_close(x);
+    kiln_st_close(y);
+    return worst;
+}
+
 #endif
