@@ -1,17 +1,27 @@
 /* bench/gemm: which GEMM should kiln use? Times every candidate on the
- * products of one training step of the 'small' Llama (n = 8·256 tokens,
- * hidden 512, intermediate 1376, vocab 8192):
+ * products of one training step of three model classes, each linear's
  *   forward  y  = x·Wᵀ   (NT: M=n,   N=out, K=in)
  *   backward dx = dy·W   (NN: M=n,   N=in,  K=out)
  *            dW = dyᵀ·x  (TN: M=out, N=in,  K=n)
+ * for the attention-sized, MLP up, MLP down and head linears of
+ *   small  hidden 512, intermediate 1376, vocab 8192, n = 8·256 tokens
+ *   124m   hidden 768, intermediate 3072, vocab 50257, n = 1024
+ *   1b     hidden 2048, intermediate 8192, vocab 32000, n = 1024
+ * and the 1b MLP-up forward for M (tokens) from 1 to 8192.
  * Candidates: kiln_gemm_f32 (oneDNN matmul, cached primitive), dnnl_sgemm,
- * OpenBLAS cblas_sgemm, a plain C blocked kernel (below), and kiln_gemm_bf16.
+ * OpenBLAS cblas_sgemm, BLIS cblas_sgemm (Debian's libblis4-openmp, opened
+ * with dlopen so that its BLAS symbols and OpenBLAS's do not meet; skipped
+ * when it is not installed), a plain C blocked kernel (below), and
+ * kiln_gemm_bf16. Each shape's row gives every candidate's GFLOP/s and the
+ * best fp32 one as a share of the fp32 FMA peak measured in the same run.
  *
- * Usage: bench/gemm [rounds] [reps]. Each round runs every candidate on every
- * shape `reps` times; the median over all rounds is reported, so a transient
- * load on the (shared) machine does not decide the table.
+ * Usage: bench/gemm [rounds] [reps] [classes], classes a comma list of
+ * small, 124m, 1b, sweep (default all). Each round runs every candidate on
+ * every shape `reps` times; the median over all rounds is reported, so a
+ * transient load on the (shared) machine does not decide the table.
  */
 #include <cblas.h>
+#include <dlfcn.h>
 #include <dnnl.h>
 #include <immintrin.h>
 #include <math.h>
@@ -32,21 +42,22 @@ static double now(void) {
 
 /* ---- shapes ------------------------------------------------------------ */
 typedef struct {
-    char name[40];
+    char name[48];
     bool tA, tB;
     int64_t M, N, K;
     float *A, *B, *C, *ref;
     uint16_t *Ah, *Bh;
 } shape;
 
-enum { N_TOK = 8 * 256, MAX_SHAPES = 12 };
+enum { MAX_SHAPES = 64 };
 static shape g_shapes[MAX_SHAPES];
 static int g_nshapes;
 
-static void add_shape(const char *what, int64_t out, int64_t in, bool tA, bool tB, int64_t M,
+static void add_shape(const char *cls, const char *what, int64_t out, int64_t in, bool tA, bool tB, int64_t M,
                       int64_t N, int64_t K) {
+    if (g_nshapes == MAX_SHAPES) return;
     shape *s = &g_shapes[g_nshapes++];
-    snprintf(s->name, sizeof s->name, "%s %lldx%lld %s%s", what, (long long)out, (long long)in,
+    snprintf(s->name, sizeof s->name, "%s %s %lldx%lld %s%s", cls, what, (long long)out, (long long)in,
              tA ? "T" : "N", tB ? "T" : "N");
     s->tA = tA, s->tB = tB, s->M = M, s->N = N, s->K = K;
 }
@@ -66,13 +77,32 @@ static uint16_t *to_bf16(const float *x, int64_t n) {
     return p;
 }
 
-static void make_shapes(void) {
-    static const int64_t lin[][2] = {{512, 512}, {1376, 512}, {512, 1376}, {8192, 512}};
-    for (int i = 0; i < 4; i++) {
-        int64_t out = lin[i][0], in = lin[i][1];
-        add_shape("fwd", out, in, false, true, N_TOK, out, in);
-        add_shape("dx ", out, in, false, false, N_TOK, in, out);
-        add_shape("dW ", out, in, true, false, out, in, N_TOK);
+static bool wanted(const char *list, const char *name) {
+    char buf[128];
+    snprintf(buf, sizeof buf, ",%s,", list);
+    char key[32];
+    snprintf(key, sizeof key, ",%s,", name);
+    return !strcmp(list, "all") || strstr(buf, key);
+}
+
+static void make_shapes(const char *classes) {
+    static const struct { const char *name; int64_t hid, inter, vocab, n; } cls[] = { /* (I is complex.h's) */
+        {"small", 512, 1376, 8192, 8 * 256}, {"124m", 768, 3072, 50257, 1024}, {"1b", 2048, 8192, 32000, 1024}};
+    for (int c = 0; c < 3; c++) {
+        if (!wanted(classes, cls[c].name)) continue;
+        int64_t h = cls[c].hid, f = cls[c].inter, lin[][2] = {{h, h}, {f, h}, {h, f}, {cls[c].vocab, h}}, n = cls[c].n;
+        for (int i = 0; i < 4; i++) {
+            int64_t out = lin[i][0], in = lin[i][1];
+            add_shape(cls[c].name, "fwd", out, in, false, true, n, out, in);
+            add_shape(cls[c].name, "dx ", out, in, false, false, n, in, out);
+            add_shape(cls[c].name, "dW ", out, in, true, false, out, in, n);
+        }
+    }
+    static const int64_t ms[] = {1, 16, 128, 1024, 8192};
+    for (int i = 0; wanted(classes, "sweep") && i < 5; i++) {
+        char what[16];
+        snprintf(what, sizeof what, "M=%lld", (long long)ms[i]);
+        add_shape("1b", what, 8192, 2048, false, true, ms[i], 8192, 2048);
     }
     for (int i = 0; i < g_nshapes; i++) {
         shape *s = &g_shapes[i];
@@ -217,6 +247,33 @@ static int run_openblas(const shape *s) {
                 0.0f, s->C, (int)s->N);
     return 0;
 }
+/* BLIS through its own CBLAS, from a private namespace (RTLD_DEEPBIND: its
+ * calls inside resolve to itself, not to OpenBLAS's sgemm_). */
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
+static cblas_sgemm_fn g_blis_sgemm;
+static void (*g_blis_threads)(long);
+static const char *(*g_blis_version)(void);
+static const char *(*g_blis_arch)(int);
+static int (*g_blis_arch_id)(void);
+static bool blis_open(void) {
+    static const char *const paths[] = {"libblis.so.4", "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4"};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths && !g_blis_sgemm; i++) {
+        void *h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+        if (!h) continue;
+        g_blis_sgemm = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
+        g_blis_threads = (void (*)(long))dlsym(h, "bli_thread_set_num_threads");
+        g_blis_version = (const char *(*)(void))dlsym(h, "bli_info_get_version_str");
+        g_blis_arch = (const char *(*)(int))dlsym(h, "bli_arch_string");
+        g_blis_arch_id = (int (*)(void))dlsym(h, "bli_arch_query_id");
+    }
+    return g_blis_sgemm != NULL;
+}
+static int run_blis(const shape *s) {
+    if (!g_blis_sgemm) return 1;
+    g_blis_sgemm(CblasRowMajor, s->tA ? CblasTrans : CblasNoTrans, s->tB ? CblasTrans : CblasNoTrans, (int)s->M, (int)s->N,
+                 (int)s->K, 1.0f, s->A, (int)lda_of(s), s->B, (int)ldb_of(s), 0.0f, s->C, (int)s->N);
+    return 0;
+}
 static int run_plain(const shape *s) {
     plain_gemm(s);
     return 0;
@@ -236,9 +293,11 @@ typedef struct {
 
 static const candidate g_cands[] = {
     {"onednn-matmul", run_kiln, 1e-4},  {"dnnl_sgemm", run_dnnl_sgemm, 1e-4},
-    {"openblas", run_openblas, 1e-4},   {"plain-c", run_plain, 1e-4},
-    {"bf16-matmul", run_bf16, 2e-2},
+    {"openblas", run_openblas, 1e-4},   {"blis", run_blis, 1e-4},
+    {"plain-c", run_plain, 1e-4},       {"bf16-matmul", run_bf16, 2e-2},
 };
+enum { BLIS = 3 };
+static bool g_skip[8]; /* candidates not available here */
 enum { N_CANDS = sizeof g_cands / sizeof *g_cands, MAX_SAMPLES = 64 };
 
 static double g_samples[N_CANDS][MAX_SHAPES][MAX_SAMPLES];
@@ -248,6 +307,7 @@ static double g_err[N_CANDS][MAX_SHAPES];
 static void set_threads(int n) {
     omp_set_num_threads(n);
     openblas_set_num_threads(n);
+    if (g_blis_threads) g_blis_threads(n);
     kiln_gemm_cache_clear(); /* not needed (the thread count is in the key); frees memory */
 }
 
@@ -272,6 +332,7 @@ static double gflops(const shape *s, double sec) { return 2.0 * s->M * s->N * s-
 
 /* Times candidate c on every shape: one warm-up call, then reps samples. */
 static int time_candidate(int c, int reps) {
+    if (g_skip[c]) return 0;
     for (int i = 0; i < g_nshapes; i++) {
         const shape *s = &g_shapes[i];
         if (g_cands[c].run(s)) {
@@ -380,22 +441,35 @@ static void binding_cost(void) {
            t_call * 1e6, t_sg * 1e6);
 }
 
+static double pct(double g, double peak) { return peak > 0 ? 100.0 * g / peak : 0; }
+
 int main(int argc, char **argv) {
-    int rounds = argc > 1 ? atoi(argv[1]) : 5, reps = argc > 2 ? atoi(argv[2]) : 2;
+    int rounds = argc > 1 ? atoi(argv[1]) : 3, reps = argc > 2 ? atoi(argv[2]) : 1;
+    const char *classes = argc > 3 ? argv[3] : "all";
     if (rounds < 1 || reps < 1 || rounds * reps > MAX_SAMPLES) {
-        fprintf(stderr, "usage: %s [rounds] [reps], rounds*reps <= %d\n", argv[0], MAX_SAMPLES);
+        fprintf(stderr, "usage: %s [rounds] [reps] [small,124m,1b,sweep], rounds*reps <= %d\n", argv[0], MAX_SAMPLES);
         return 2;
     }
     const char *ct = getenv("OPENBLAS_CORETYPE");
-    printf("kiln GEMM benchmark: 'small' Llama step shapes, n=%d tokens\n", N_TOK);
+    printf("kiln GEMM benchmark: the training step's products (classes: %s)\n", classes);
     printf("kiln_gemm backend: %s\n", kiln_gemm_backend());
     printf("OpenBLAS: %s, core %s, OPENBLAS_CORETYPE=%s\n", openblas_get_config(),
            openblas_get_corename(), ct ? ct : "(unset)");
+    if (blis_open())
+        printf("BLIS: %s, kernels for %s\n", g_blis_version ? g_blis_version() : "?",
+               g_blis_arch && g_blis_arch_id ? g_blis_arch(g_blis_arch_id()) : "?");
+    else
+        printf("BLIS: not installed (libblis4-openmp; scripts/deps.sh --bench installs it), its column is left out\n");
+    g_skip[BLIS] = !g_blis_sgemm;
     printf("threads: %d (OpenMP default); %d rounds x %d reps, median reported\n",
            omp_get_max_threads(), rounds, reps);
     int nthr = omp_get_max_threads();
     double pk = peak_gflops(false), pkb = peak_gflops(true);
-    make_shapes();
+    make_shapes(classes);
+    if (!g_nshapes) {
+        fprintf(stderr, "no shapes: classes are small, 124m, 1b, sweep (or all)\n");
+        return 2;
+    }
     set_threads(nthr);
     for (int i = 0; i < g_nshapes; i++) { /* reference: oneDNN fp32 */
         shape *s = &g_shapes[i];
@@ -414,40 +488,53 @@ int main(int argc, char **argv) {
     pkb = fmax(pkb, peak_gflops(true));
     printf("measured peak, %d threads: fp32 FMA %.1f GFLOP/s, bf16 vdpbf16ps %.1f GFLOP/s\n\n", nthr,
            pk, pkb);
-    printf("| shape (M x N x K)                         | candidate      | median ms | GFLOP/s | best ms | GFLOP/s | rel err |\n");
-    printf("|-------------------------------------------|----------------|----------:|--------:|--------:|--------:|--------:|\n");
-    double geo[N_CANDS], geo_best[N_CANDS];
-    for (int c = 0; c < N_CANDS; c++) {
-        double lg = 0, lgb = 0;
-        for (int i = 0; i < g_nshapes; i++) {
-            const shape *s = &g_shapes[i];
-            double t = median(g_samples[c][i], g_nsamples[c][i]);
-            double tb = g_samples[c][i][0]; /* sorted by median() */
-            lgb += log(gflops(s, tb));
-            char dims[160];
-            snprintf(dims, sizeof dims, "%.39s (%lldx%lldx%lld)", s->name, (long long)s->M,
-                     (long long)s->N, (long long)s->K);
-            printf("| %-41s | %-14s | %9.2f | %7.1f | %7.2f | %7.1f | %7.1e |\n", dims, g_cands[c].name,
-                   t * 1e3, gflops(s, t), tb * 1e3, gflops(s, tb), g_err[c][i]);
-            lg += log(gflops(s, t));
+    /* one row per shape: every candidate's median GFLOP/s, the best fp32 one as % of the fp32 peak */
+    printf("| shape | M x N x K |");
+    for (int c = 0; c < N_CANDS; c++)
+        if (!g_skip[c]) printf(" %s |", g_cands[c].name);
+    printf(" best fp32 | %% of peak |\n|---|---|");
+    for (int c = 0; c < N_CANDS; c++)
+        if (!g_skip[c]) printf("---:|");
+    printf("---|---:|\n");
+    double geo[N_CANDS] = {0};
+    int wins[N_CANDS] = {0}, big = 0, big_ok = 0;
+    double big_worst = 1e9;
+    for (int i = 0; i < g_nshapes; i++) {
+        const shape *s = &g_shapes[i];
+        printf("| %s | %lldx%lldx%lld |", s->name, (long long)s->M, (long long)s->N, (long long)s->K);
+        int best = -1;
+        double bg = 0;
+        for (int c = 0; c < N_CANDS; c++) {
+            if (g_skip[c]) continue;
+            double g = gflops(s, median(g_samples[c][i], g_nsamples[c][i]));
+            geo[c] += log(g);
+            printf(" %.1f |", g);
+            if (c != N_CANDS - 1 && g > bg) bg = g, best = c;
             if (g_err[c][i] > g_cands[c].tol)
-                fprintf(stderr, "WARNING: %s on %s differs from oneDNN by %.2e\n", g_cands[c].name,
-                        s->name, g_err[c][i]);
+                fprintf(stderr, "WARNING: %s on %s differs from oneDNN by %.2e\n", g_cands[c].name, s->name, g_err[c][i]);
         }
-        geo[c] = exp(lg / g_nshapes);
-        geo_best[c] = exp(lgb / g_nshapes);
+        wins[best]++;
+        printf(" %s | %.0f%% |\n", g_cands[best].name, pct(bg, pk));
+        if ((double)s->M * s->N * s->K >= (double)(1 << 27)) {
+            big++;
+            big_ok += pct(bg, pk) >= 88.0;
+            big_worst = fmin(big_worst, pct(bg, pk));
+        }
     }
-    printf("\nGeometric mean over the %d shapes, %d threads:\n\n"
-           "| candidate      | GFLOP/s (median) | %% of peak | GFLOP/s (best) |\n|---|---:|---:|---:|\n",
+    printf("\nGeometric mean over the %d shapes, %d threads:\n\n| candidate | GFLOP/s (median) | %% of peak | shapes won |\n|---|---:|---:|---:|\n",
            g_nshapes, nthr);
     int win = 0; /* among fp32 candidates; bf16 is a different precision */
     for (int c = 0; c < N_CANDS; c++) {
-        printf("| %-14s | %16.1f | %8.0f%% | %14.1f |\n", g_cands[c].name, geo[c],
-               100.0 * geo[c] / (c == N_CANDS - 1 ? pkb : pk), geo_best[c]);
+        if (g_skip[c]) continue;
+        geo[c] = exp(geo[c] / g_nshapes);
+        printf("| %s | %.1f | %.0f%% | %d |\n", g_cands[c].name, geo[c], pct(geo[c], c == N_CANDS - 1 ? pkb : pk),
+               c == N_CANDS - 1 ? 0 : wins[c]);
         if (c != N_CANDS - 1 && geo[c] > geo[win]) win = c;
     }
-    printf("\nfp32 winner: %s (%.1f GFLOP/s); bf16 matmul is %.2fx that.\n", g_cands[win].name,
-           geo[win], geo[N_CANDS - 1] / geo[win]);
+    printf("\nfp32 winner: %s (%.1f GFLOP/s); bf16 matmul is %.2fx that.\n", g_cands[win].name, geo[win],
+           geo[N_CANDS - 1] / geo[win]);
+    printf("Shapes with M*N*K >= 2^27: %d; the best fp32 candidate reaches 88%% of the fp32 peak on %d (worst %.0f%%).\n",
+           big, big_ok, big ? big_worst : 0.0);
 
     printf("\n1 thread:\n\n| shape | candidate | median ms | GFLOP/s |\n|---|---|---:|---:|\n");
     double g1 = report_one_thread(win, reps * rounds > 5 ? 5 : reps * rounds);

@@ -10,6 +10,8 @@
 #              `tokenizers`, real tokenizer.json / tokenizer_config.json files,
 #              node-llama-cpp for GGUF)
 #   --torch    the PyTorch fixtures' generator only (python3-torch, numpy)
+#   --bench    adds the benchmarks' peers: BLIS (libblis4-openmp, which
+#              bench/gemm opens beside OpenBLAS) and python3-torch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev libpcre2-dev libutf8proc-dev
@@ -17,11 +19,12 @@ pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev libp
 mode=${1:-}
 case "$mode" in
   --torch) pkgs+=(python3-torch python3-numpy) ;;
+  --bench) pkgs+=(libblis4-openmp python3-torch python3-numpy) ;;
   --test)  pkgs+=(python3-torch python3-numpy python3-jinja2 python3-protobuf clang libclang-rt-dev libomp-dev)
            # a Node.js that ships its own npm (as some images have) conflicts with Debian's npm
            command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm) ;;
   "") ;;
-  *) echo "deps.sh: unknown option '$mode' (expected --test or --torch)" >&2; exit 2 ;;
+  *) echo "deps.sh: unknown option '$mode' (expected --test, --torch or --bench)" >&2; exit 2 ;;
 esac
 missing=()
 for p in "${pkgs[@]}"; do
