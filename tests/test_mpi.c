@@ -543,7 +543,7 @@ static double losses_rel_diff(const char *a, const char *b, int from) {
     return worst;
 }
 
-/* One shard of a saved checkpoint spoiled four ways: each refused naming it,
+/* One shard of a saved checkpoint spoiled three ways, its manifest two: each refused naming it,
  * the optimiser left as it was. */
 static void tamper_checks(void) {
     kiln_train_config c;
@@ -558,10 +558,11 @@ static void tamper_checks(void) {
     CHECK_OK(kiln_adamw_load_checkpoint(ck, o));
     CHECK(o->t == ZSTOP, "a 2-rank sharded checkpoint loads into one whole optimiser (t = %lld)", (long long)o->t);
     float before = kiln_f32(o->v[0])[0];
-    static const char *const how[] = {"flip a byte", "truncate", "remove", "rename a parameter in the manifest"};
-    static const char *const want[] = {"SHA-256", "bytes", "missing", "not a trainable parameter"};
+    static const char *const how[] = {"flip a byte", "truncate", "remove", "rename a parameter in the manifest",
+                                      "an unknown key in the manifest"};
+    static const char *const want[] = {"SHA-256", "bytes", "missing", "not a trainable parameter", "unknown key 'layout'"};
     const char *shard = "optimizer-00001-of-00002.safetensors";
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         snprintf(cmd, sizeof cmd, "rm -rf %s && cp -r %s %s", dir, ck, dir);
         CHECK(system(cmd) == 0, "copy the checkpoint");
         snprintf(path, sizeof path, "%s/%s", dir, shard);
@@ -575,6 +576,21 @@ static void tamper_checks(void) {
             CHECK(stat(path, &sb) == 0 && truncate(path, sb.st_size - 100) == 0, "truncate %s", path);
         } else if (k == 2) {
             CHECK(unlink(path) == 0, "remove %s", path);
+        } else if (k == 4) {
+            snprintf(path, sizeof path, "%s/optimizer.shards.json", dir);
+            char *text = NULL;
+            size_t n = 0;
+            CHECK_OK(kiln_read_file(path, &text, &n));
+            char *brace = text ? strchr(text, '{') : NULL;
+            CHECK(brace != NULL, "the manifest is an object");
+            if (brace) {
+                char *out = malloc(n + 32);
+                int at = (int)(brace - text) + 1;
+                snprintf(out, n + 32, "%.*s\"layout\": 1, %s", at, text, brace + 1);
+                CHECK_OK(kiln_write_file_atomic(path, out, strlen(out)));
+                free(out);
+            }
+            free(text);
         } else {
             snprintf(path, sizeof path, "%s/optimizer.shards.json", dir);
             char *text = NULL;
@@ -590,8 +606,8 @@ static void tamper_checks(void) {
         kiln_status st = kiln_adamw_load_checkpoint(dir, o);
         const char *e = kiln_last_error();
         printf("  %s: %s\n", how[k], st ? e : "(loaded)");
-        CHECK(st != KILN_OK && strstr(e, want[k]) && (k == 3 || strstr(e, shard)), "%s: refused, naming %s (%s)", how[k],
-              k == 3 ? "the parameter" : "the shard", e);
+        CHECK(st != KILN_OK && strstr(e, want[k]) && (k >= 3 || strstr(e, shard)), "%s: refused, naming %s (%s)", how[k],
+              k >= 3 ? "what is wrong" : "the shard", e);
         CHECK(o->t == 0 && kiln_f32(o->v[0])[0] == before, "%s: nothing was loaded", how[k]);
     }
     kiln_trainer_free(t);

@@ -104,16 +104,17 @@ _Noreturn void kiln_dist_abort(const char *why) {
 }
 
 #ifdef KILN_MPI
-static kiln_status reduce_i64(int64_t *v, int n, MPI_Op op) {
+static kiln_status reduce(void *v, int n, MPI_Datatype type, MPI_Op op) {
     if (D.size <= 1 || n <= 0) return KILN_OK;
     double t0 = kiln_time_now();
-    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT64_T, op, MPI_COMM_WORLD);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, type, op, MPI_COMM_WORLD);
     D.stats.wait_s += kiln_time_now() - t0;
     D.stats.other_calls++;
     return rc == MPI_SUCCESS ? KILN_OK : kiln_error(KILN_ERR_IO, "MPI_Allreduce failed (%d)", rc);
 }
-kiln_status kiln_dist_sum_i64(int64_t *v, int n) { return reduce_i64(v, n, MPI_SUM); }
-kiln_status kiln_dist_max_i64(int64_t *v, int n) { return reduce_i64(v, n, MPI_MAX); }
+kiln_status kiln_dist_sum_i64(int64_t *v, int n) { return reduce(v, n, MPI_INT64_T, MPI_SUM); }
+kiln_status kiln_dist_max_i64(int64_t *v, int n) { return reduce(v, n, MPI_INT64_T, MPI_MAX); }
+kiln_status kiln_dist_sum_f64(double *v, int n) { return reduce(v, n, MPI_DOUBLE, MPI_SUM); }
 kiln_status kiln_dist_barrier(void) {
     if (D.size <= 1) return KILN_OK;
     double t0 = kiln_time_now();
@@ -122,14 +123,6 @@ kiln_status kiln_dist_barrier(void) {
     return rc == MPI_SUCCESS ? KILN_OK : kiln_error(KILN_ERR_IO, "MPI_Barrier failed (%d)", rc);
 }
 
-kiln_status kiln_dist_sum_f64(double *v, int n) {
-    if (D.size <= 1 || n <= 0) return KILN_OK;
-    double t0 = kiln_time_now();
-    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    D.stats.wait_s += kiln_time_now() - t0;
-    D.stats.other_calls++;
-    return rc == MPI_SUCCESS ? KILN_OK : kiln_error(KILN_ERR_IO, "MPI_Allreduce failed (%d)", rc);
-}
 
 /* ---- gradient buckets ------------------------------------------------------ */
 /* Bucket b holds params[hi] down to params[lo] (reverse order: backward

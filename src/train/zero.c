@@ -407,7 +407,26 @@ static kiln_status bad_manifest(const char *path, const char *what) {
 }
 
 /* The sources a manifest lists (files not yet opened). */
+/* A key of obj that is not in known (NULL-ended), or NULL. */
+static const char *unknown_key(json_t *obj, const char *const *known) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(obj, k, v) {
+        bool ok = false;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(k, known[i]);
+        if (!ok) return k;
+    }
+    return NULL;
+}
+
 static kiln_status manifest_sources(const char *path, json_t *root, const kiln_adamw *o, sources *s) {
+    static const char *const top[] = {"format", "optimizer", "step", "ranks", "shard", "bucket_bytes", "shards", NULL};
+    static const char *const entry[] = {"file", "rank", "bytes", "sha256", "floats", "segments", NULL};
+    const char *odd = unknown_key(root, top);
+    if (odd) return kiln_error(KILN_ERR_FORMAT, "%s: unknown key '%s' (kiln writes %s)", path, odd, FORMAT);
+    json_t *opt = json_object_get(root, "optimizer");
+    if (opt && (!json_is_string(opt) || strcmp(json_string_value(opt), "adamw")))
+        return bad_manifest(path, "\"optimizer\" is not \"adamw\" (the only optimiser kiln has)");
     json_t *shards = json_object_get(root, "shards"), *fmt = json_object_get(root, "format");
     json_t *ranks = json_object_get(root, "ranks"), *step = json_object_get(root, "step");
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), FORMAT))
@@ -432,6 +451,8 @@ static kiln_status manifest_sources(const char *path, json_t *root, const kiln_a
         json_t *file = json_object_get(e, "file"), *rank = json_object_get(e, "rank"), *segs = json_object_get(e, "segments");
         json_t *floats = json_object_get(e, "floats");
         const char *fn = json_string_value(file);
+        if (!json_is_object(e)) return kiln_error(KILN_ERR_FORMAT, "%s: shard %d is not an object", path, f);
+        if ((odd = unknown_key(e, entry))) return kiln_error(KILN_ERR_FORMAT, "%s: shard %d: unknown key '%s'", path, f, odd);
         if (!fn || !*fn || strchr(fn, '/') || !strcmp(fn, "..") || strlen(fn) >= sizeof s->fname[0])
             return kiln_error(KILN_ERR_FORMAT, "%s: shard %d has no plain file name", path, f);
         if (!json_is_integer(rank) || json_integer_value(rank) != f)
