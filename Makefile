@@ -29,6 +29,24 @@ TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# The kernels with one form per instruction set (kiln/simd.h): each file of
+# src/kernels/simd/ is compiled once per form, with the form's -march in
+# place of the build's and -DKILN_FORM naming its symbols; which form runs
+# is chosen at start (src/kernels/dispatch.c). Other architectures build one
+# form, portable, with the build's own flags.
+SIMD_SRC  := $(sort $(wildcard src/kernels/simd/*.c))
+ifeq ($(shell uname -m),x86_64)
+SIMD_FORMS := portable avx2 avx512
+FORM_DROP  := -march=%
+FORM_ARCH_portable := -march=x86-64 -mtune=native
+FORM_ARCH_avx2     := -march=x86-64-v3 -mtune=native
+FORM_ARCH_avx512   := -march=x86-64-v4 -mtune=native
+else
+SIMD_FORMS := portable
+endif
+SIMD_OBJ  := $(foreach f,$(SIMD_FORMS),$(SIMD_SRC:%.c=$(BUILD)/%.$(f).o))
+LIB_OBJ   += $(SIMD_OBJ)
 CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
@@ -38,6 +56,13 @@ all: $(BUILD)/libkiln.a $(BUILD)/kiln $(TEST_BIN) $(BENCH_BIN)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+define simd_form_rule
+$$(BUILD)/src/kernels/simd/%.$(1).o: src/kernels/simd/%.c
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(filter-out $$(FORM_DROP),$$(CFLAGS)) $$(FORM_ARCH_$(1)) -DKILN_FORM=$(1) -c $$< -o $$@
+endef
+$(foreach f,$(SIMD_FORMS),$(eval $(call simd_form_rule,$(f))))
 
 # The code generator embeds the ops' scalar math (include/kiln/opmath.h) as
 # text, so generated modules compute what the kernels compute: each line of

@@ -15,6 +15,63 @@
 extern "C" {
 #endif
 
+/* ---- the kernels with one form per instruction set ----------------------
+ * (src/kernels/simd/, kiln/simd.h). Each name below is a macro: inside a
+ * form's compilation (-DKILN_FORM=avx2) it names that form's symbol
+ * (kiln_k_add_avx2), so the declarations below declare it and the kernel
+ * files define it; everywhere else it becomes a call through the active
+ * form's table, (*kiln_simd->add)(...): the table's members are the names
+ * without kiln_k_ (a form's table t: t->add(...)). KILN_SIMD_KERNELS lists
+ * the same kernels by those names, in table order. */
+#define KILN_SIMD_KERNELS(X) \
+    X(f32_to_bf16) X(round_bf16) X(add) X(mul) X(scale) \
+    X(axpy) X(exp) X(silu) X(silu_backward) X(rmsnorm) \
+    X(rmsnorm_backward) X(rope) X(rope_freq) X(rope_freq_pos) X(rope_inv_freq) \
+    X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) X(sum) \
+    X(sumsq) X(sumsq_multi) X(adamw) X(adamw_multi) X(flash_attn) \
+    X(flash_attn_seg) X(flash_attn_win) X(flash_attn_backward) X(flash_attn_backward_seg) X(flash_attn_backward_win) \
+    X(linear_cross_entropy) X(linear_cross_entropy_ex) X(linear_cross_entropy_scratch)
+#define KILN_FORMED_(s, f) kiln_k_##s##_##f
+#define KILN_FORMED(s, f) KILN_FORMED_(s, f)
+#ifdef KILN_FORM
+#define KILN_SIMD_NAME(s) KILN_FORMED(s, KILN_FORM)
+#else
+#define KILN_SIMD_NAME(s) kiln_k_##s
+#endif
+#define kiln_k_f32_to_bf16 KILN_SIMD_NAME(f32_to_bf16)
+#define kiln_k_round_bf16 KILN_SIMD_NAME(round_bf16)
+#define kiln_k_add KILN_SIMD_NAME(add)
+#define kiln_k_mul KILN_SIMD_NAME(mul)
+#define kiln_k_scale KILN_SIMD_NAME(scale)
+#define kiln_k_axpy KILN_SIMD_NAME(axpy)
+#define kiln_k_exp KILN_SIMD_NAME(exp)
+#define kiln_k_silu KILN_SIMD_NAME(silu)
+#define kiln_k_silu_backward KILN_SIMD_NAME(silu_backward)
+#define kiln_k_rmsnorm KILN_SIMD_NAME(rmsnorm)
+#define kiln_k_rmsnorm_backward KILN_SIMD_NAME(rmsnorm_backward)
+#define kiln_k_rope KILN_SIMD_NAME(rope)
+#define kiln_k_rope_freq KILN_SIMD_NAME(rope_freq)
+#define kiln_k_rope_freq_pos KILN_SIMD_NAME(rope_freq_pos)
+#define kiln_k_rope_inv_freq KILN_SIMD_NAME(rope_inv_freq)
+#define kiln_k_softmax KILN_SIMD_NAME(softmax)
+#define kiln_k_softmax_backward KILN_SIMD_NAME(softmax_backward)
+#define kiln_k_cross_entropy KILN_SIMD_NAME(cross_entropy)
+#define kiln_k_cross_entropy_backward KILN_SIMD_NAME(cross_entropy_backward)
+#define kiln_k_sum KILN_SIMD_NAME(sum)
+#define kiln_k_sumsq KILN_SIMD_NAME(sumsq)
+#define kiln_k_sumsq_multi KILN_SIMD_NAME(sumsq_multi)
+#define kiln_k_adamw KILN_SIMD_NAME(adamw)
+#define kiln_k_adamw_multi KILN_SIMD_NAME(adamw_multi)
+#define kiln_k_flash_attn KILN_SIMD_NAME(flash_attn)
+#define kiln_k_flash_attn_seg KILN_SIMD_NAME(flash_attn_seg)
+#define kiln_k_flash_attn_win KILN_SIMD_NAME(flash_attn_win)
+#define kiln_k_flash_attn_backward KILN_SIMD_NAME(flash_attn_backward)
+#define kiln_k_flash_attn_backward_seg KILN_SIMD_NAME(flash_attn_backward_seg)
+#define kiln_k_flash_attn_backward_win KILN_SIMD_NAME(flash_attn_backward_win)
+#define kiln_k_linear_cross_entropy KILN_SIMD_NAME(linear_cross_entropy)
+#define kiln_k_linear_cross_entropy_ex KILN_SIMD_NAME(linear_cross_entropy_ex)
+#define kiln_k_linear_cross_entropy_scratch KILN_SIMD_NAME(linear_cross_entropy_scratch)
+
 /* ---- GEMM -------------------------------------------------------------- */
 /* C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b in [0, batch),
  * op(X) = X or X^T. A is M×K after op, B is K×N after op, C is M×N.
@@ -225,6 +282,21 @@ double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int3
 /* Bytes of scratch the call allocates (the memory estimate counts it). */
 size_t kiln_k_linear_cross_entropy_scratch(int64_t N, int64_t C, int64_t V, int64_t chunk, bool bf16);
 
+
+/* ---- the active form's table (kiln/simd.h) ------------------------------ */
+#ifndef KILN_FORM
+#include "kiln/simd.h"
+#define KILN_SIMD_SLOT_(s) __typeof__(kiln_k_##s) *s;
+typedef struct kiln_simd_table {
+    KILN_SIMD_KERNELS(KILN_SIMD_SLOT_)
+} kiln_simd_table;
+#undef KILN_SIMD_SLOT_
+extern const kiln_simd_table *kiln_simd;
+/* a form's table; NULL when the form is not built or does not run here */
+const kiln_simd_table *kiln_simd_table_of(kiln_form f);
+#undef KILN_SIMD_NAME
+#define KILN_SIMD_NAME(s) (*kiln_simd->s)
+#endif
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "kiln/simd.h"
 #include "kiln/backend.h"
 #include "kiln/compile.h"
 #include "kiln/graph.h"
@@ -464,9 +465,9 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     }
     if (!(peak > 0)) peak = 445; /* no vector FMA to measure: ../shared/README.md's figure */
     b.flops = kiln_llama_flops_per_token(&cfg, T) * (double)(B * T);
-    printf("model %s: %.2fM parameters, batch %lld x %lld, %d threads, GEMM: %s, device %s\n", model,
+    printf("model %s: %.2fM parameters, batch %lld x %lld, %d threads, GEMM: %s, kernels %s, device %s\n", model,
            (double)kiln_llama_num_params(b.m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend(),
-           dev->name);
+           kiln_form_describe(), dev->name);
     printf("model FLOPs per step: %.1f GFLOP (%.1f MFLOP/token); fp32 FMA peak %.0f GFLOP/s\n", b.flops / 1e9,
            b.flops / 1e6 / (double)(B * T), peak);
     /* vdpbf16ps does twice the fp32 FMA's work per instruction; without it a

@@ -1,10 +1,12 @@
 /* `kiln devices`: every backend of KILN_BACKENDS with what it is, where its
  * tensors live (buffer type: alignment, host-mappable), what it can do
  * (compiled graphs: the renderer's language and the compiler; bf16; MPI)
- * and how many ops it has kernels for. */
+ * and how many ops it has kernels for; then the CPU's instruction sets and
+ * the kernels' form that runs (kiln/simd.h). */
 #include <stdio.h>
 #include "cli.h"
 #include "kiln/backend.h"
+#include "kiln/simd.h"
 
 static const char *devices_usage =
     "usage: kiln devices\n"
@@ -12,7 +14,9 @@ static const char *devices_usage =
     "Lists the devices kiln can run on (the names --device takes): each one's\n"
     "description, its buffer type (alignment, whether host code may map its\n"
     "memory), its capabilities (compiled graphs: the renderer's language and the\n"
-    "compiler; bf16; MPI data parallel) and how many ops it has kernels for.\n"
+    "compiler; bf16; MPI data parallel) and how many ops it has kernels for;\n"
+    "then the CPU's instruction sets and which form of the CPU kernels runs\n"
+    "(portable, avx2 or avx512: the best this CPU runs, or KILN_ISA's).\n"
     "\n"
     "options:\n"
     "  -h, --help      this text\n";
@@ -39,5 +43,7 @@ int kiln_cmd_devices(int argc, char **argv) {
                                        : "no");
         printf("  kernels:  %d of %d ops\n", n, KILN_OP_COUNT);
     }
+    /* both CPU devices run the kernels of src/kernels/simd/ in one form */
+    printf("\nCPU kernels: form %s; KILN_ISA=portable|avx2|avx512 chooses another\n", kiln_form_describe());
     return 0;
 }
