@@ -2,18 +2,36 @@
  * Prints, per kernel, the best time of several runs and the GB/s of the bytes
  * it must move (reads + writes, each array once), and the optimiser step
  * (per-tensor kernel loop against the fused passes).
- * Usage: bandwidth [threads] [optim]   (optim: only the optimiser step) */
+ * Usage: bandwidth [threads] [optim|all] [FORMS]
+ *   optim: only the optimiser step; FORMS: comma-separated forms of the
+ *   kernels (portable,avx2,avx512; kiln/simd.h), each measured in turn, then
+ *   one table of every kernel's time per form and the best form's speed-up
+ *   over portable (default: the active form only). */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kiln/kernels.h"
+#include "kiln/simd.h"
 
 static float *buf(int64_t n, float lo, float hi) {
     float *p = malloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) p[i] = lo + (hi - lo) * (float)((i * 2654435761u) % 1000) / 1000.0f;
     return p;
+}
+
+/* each kernel's best time per form pass, for the closing table */
+#define MAX_ROWS 64
+static char g_name[MAX_ROWS][64];
+static double g_best[MAX_ROWS][KILN_FORM_COUNT];
+static int g_row, g_rows, g_form;
+
+static void record(const char *name, double best) {
+    if (g_row >= MAX_ROWS) return;
+    snprintf(g_name[g_row], sizeof g_name[g_row], "%s", name);
+    g_best[g_row][g_form] = best;
+    if (++g_row > g_rows) g_rows = g_row;
 }
 
 #define BENCH(name, bytes, stmt)                                                         \
@@ -27,15 +45,13 @@ static float *buf(int64_t n, float lo, float hi) {
             if (t_ < best) best = t_;                                                    \
         }                                                                                \
         printf("%-34s %9.3f ms %8.1f GB/s\n", name, best * 1e3, (double)(bytes) / best / 1e9); \
+        record(name, best);                                                              \
     } while (0)
 
-int main(int argc, char **argv) {
-    if (argc > 1) omp_set_num_threads(atoi(argv[1]));
-    printf("threads %d\n", omp_get_max_threads());
+static void run(bool only_optim) {
     const int64_t rows = 2048, V = 8192;
     const int64_t dims[] = {512, 1376};
     volatile double sink = 0;
-    bool only_optim = argc > 2 && !strcmp(argv[2], "optim");
     for (int di = 0; di < 2 && !only_optim; di++) {
         int64_t dim = dims[di], n = rows * dim;
         float *x = buf(n, -2, 2), *y = buf(n, 0, 1), *dy = buf(n, -1, 1), *w = buf(dim, 0.5f, 1.5f),
@@ -137,5 +153,63 @@ int main(int argc, char **argv) {
         for (int j = 0; j < NT; j++) free(P[j]), free(G[j]), free(M[j]), free(Vv[j]);
     }
     (void)sink;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) omp_set_num_threads(atoi(argv[1]));
+    bool only_optim = argc > 2 && !strcmp(argv[2], "optim");
+    if (argc > 2 && strcmp(argv[2], "optim") && strcmp(argv[2], "all")) {
+        fprintf(stderr, "bandwidth: the second argument is optim or all, not '%s'\n", argv[2]);
+        return 2;
+    }
+    kiln_form forms[KILN_FORM_COUNT];
+    int nf = 0;
+    if (argc > 3) {
+        char list[128], *save = NULL;
+        snprintf(list, sizeof list, "%s", argv[3]);
+        for (char *tok = strtok_r(list, ",", &save); tok && nf < KILN_FORM_COUNT; tok = strtok_r(NULL, ",", &save)) {
+            if (!kiln_form_parse(tok, &forms[nf])) {
+                fprintf(stderr, "bandwidth: '%s' is not a form (portable, avx2, avx512)\n", tok);
+                return 2;
+            }
+            bool dup = false;
+            for (int j = 0; j < nf; j++) dup |= forms[j] == forms[nf];
+            if (dup) {
+                fprintf(stderr, "bandwidth: form %s listed twice\n", tok);
+                return 2;
+            }
+            if (!kiln_form_runs(forms[nf])) {
+                printf("form %s: skipped, this CPU cannot run it (CPU: %s)\n", tok, kiln_cpu_features_text());
+                continue;
+            }
+            nf++;
+        }
+    } else
+        forms[nf++] = kiln_form_active();
+    printf("threads %d; CPU: %s\n", omp_get_max_threads(), kiln_cpu_features_text());
+    for (int f = 0; f < nf; f++) {
+        char why[200];
+        if (!kiln_form_set(forms[f], why, sizeof why)) {
+            fprintf(stderr, "bandwidth: %s\n", why);
+            return 1;
+        }
+        printf("\nform %s\n", kiln_form_name(forms[f]));
+        g_form = forms[f], g_row = 0;
+        run(only_optim);
+    }
+    if (nf > 1) {
+        printf("\n%-34s", "ms (best of 20)");
+        for (int f = 0; f < nf; f++) printf(" %10s", kiln_form_name(forms[f]));
+        printf("   best vs %s\n", kiln_form_name(forms[0]));
+        for (int r = 0; r < g_rows; r++) {
+            double best = 1e30;
+            printf("%-34s", g_name[r]);
+            for (int f = 0; f < nf; f++) {
+                printf(" %10.3f", g_best[r][forms[f]] * 1e3);
+                if (g_best[r][forms[f]] < best) best = g_best[r][forms[f]];
+            }
+            printf("   %5.2fx\n", g_best[r][forms[0]] / best);
+        }
+    }
     return 0;
 }
