@@ -125,8 +125,9 @@ void kiln_k_add(const float *a, const float *b, float *out, int64_t n);
 void kiln_k_mul(const float *a, const float *b, float *out, int64_t n);
 void kiln_k_scale(const float *x, float s, float *out, int64_t n);
 void kiln_k_axpy(float a, const float *x, float *y, int64_t n); /* y += a*x */
-/* y = kiln_expf_fast(x), 8 lanes at a time with the flash kernels' AVX2 form
- * where the CPU has it: tests hold it to the scalar's bits. */
+/* y = kiln_expf_fast(x), 16 or 8 lanes at a time with the flash kernels'
+ * vector forms (AVX-512, AVX2) in those forms: tests hold them to the
+ * scalar's bits. */
 void kiln_k_exp(const float *x, float *y, int64_t n);
 void kiln_k_silu(const float *x, float *out, int64_t n);
 /* out[j] = kiln_dropout_f(x[j], key, offset + j, p, inst) (dropout.c) */

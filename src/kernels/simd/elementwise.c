@@ -33,6 +33,9 @@ void kiln_k_axpy(float a, const float *x, float *y, int64_t n) {
  * code runs too */
 void kiln_k_exp(const float *x, float *y, int64_t n) {
     int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, kiln_exp16(_mm512_loadu_ps(x + i)));
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, kiln_exp8(_mm256_loadu_ps(x + i)));
 #endif

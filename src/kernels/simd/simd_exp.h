@@ -1,4 +1,4 @@
-/* kiln_expf_fast (include/kiln/opmath.h) on 8 AVX2 lanes: its constants and
+/* kiln_expf_fast (include/kiln/opmath.h) on 8 AVX2 lanes (and 16 AVX-512 ones): its constants and
  * its operations in the same order, so the same bits as the scalar function
  * (and as its compiler-vectorised uses). Private to src/kernels; kiln_k_exp
  * (elementwise.c) runs it so tests compare it with the scalar bit for bit. */
@@ -25,6 +25,28 @@ static inline __m256 kiln_exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KILN_EXP_P0));
     const __m256i sb = _mm256_slli_epi32(_mm256_add_epi32(kb, _mm256_set1_epi32((int)KILN_EXP_BIAS)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(sb));
+}
+#endif
+#if defined(__AVX512F__)
+/* the same on 16 AVX-512 lanes: the same operations, so the same bits */
+static inline __m512 kiln_exp16(__m512 x) {
+    __m512 xc = _mm512_max_ps(_mm512_set1_ps(KILN_EXP_XMIN), x);
+    xc = _mm512_min_ps(_mm512_set1_ps(KILN_EXP_XMAX), xc);
+    __m512 kf = _mm512_fmadd_ps(xc, _mm512_set1_ps(KILN_EXP_LOG2E), _mm512_set1_ps(KILN_EXP_SHIFT));
+    const __m512i kb = _mm512_castps_si512(kf);
+    kf = _mm512_sub_ps(kf, _mm512_set1_ps(KILN_EXP_SHIFT));
+    __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(KILN_EXP_LN2_HI), xc);
+    r = _mm512_fmadd_ps(kf, _mm512_set1_ps(KILN_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(KILN_EXP_P7);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P0));
+    const __m512i sb = _mm512_slli_epi32(_mm512_add_epi32(kb, _mm512_set1_epi32((int)KILN_EXP_BIAS)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(sb));
 }
 #endif
 #endif
