@@ -6,19 +6,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A allowed=(
   [core]="core opmath"
-  [kernels]="core kernels quant opmath"
-  [ops]="core kernels quant ops backend"
+  [kernels]="core kernels simd quant opmath"
+  [ops]="core kernels simd quant ops backend"
   [eager]="core ops eager"
-  [graph]="core kernels quant ops graph backend"
-  [compile]="core kernels quant ops graph compile build backend"
-  [backend]="core kernels quant ops graph compile build backend opmath"
+  [graph]="core kernels simd quant ops graph backend"
+  [compile]="core kernels simd quant ops graph compile build backend"
+  [backend]="core kernels simd quant ops graph compile build backend opmath"
   [model]="core ops model"
   [tokenizer]="core tokenizer"
   [template]="core template"
   [formats]="core tokenizer safetensors gguf model_meta"
   [data]="core tokenizer template data"
-  [train]="core kernels quant ops eager graph compile build model tokenizer template data safetensors gguf model_meta train backend"
-  [cli]="core kernels quant ops eager graph compile build model tokenizer template data safetensors gguf model_meta train backend"
+  [train]="core kernels simd quant ops eager graph compile build model tokenizer template data safetensors gguf model_meta train backend"
+  [cli]="core kernels simd quant ops eager graph compile build model tokenizer template data safetensors gguf model_meta train backend"
 )
 bad=0
 for layer in core kernels ops eager graph compile backend model tokenizer template formats data train cli; do
