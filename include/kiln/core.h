@@ -331,6 +331,10 @@ kiln_status kiln_remove_tree(const char *path);
 /* fsync of a directory (its entries' renames made durable); filesystems that
  * refuse (EINVAL) are fine. */
 kiln_status kiln_fsync_dir(const char *path);
+/* kiln's cache directory (compiled modules, the GEMM choices):
+ * $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln, else $HOME/.cache/kiln; false
+ * (out = "") when none is set or the path does not fit in n bytes. */
+bool kiln_cache_dir(char *out, size_t n);
 /* Copies the file src to dst atomically (read whole, written as above). */
 kiln_status kiln_copy_file_atomic(const char *src, const char *dst);
 /* The same guarantees for a file written piece by piece (large exports that

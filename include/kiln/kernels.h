@@ -30,7 +30,7 @@ extern "C" {
     X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) X(sum) \
     X(sumsq) X(sumsq_multi) X(adamw) X(adamw_multi) X(flash_attn) \
     X(flash_attn_seg) X(flash_attn_win) X(flash_attn_backward) X(flash_attn_backward_seg) X(flash_attn_backward_win) \
-    X(linear_cross_entropy) X(linear_cross_entropy_ex) X(linear_cross_entropy_scratch)
+    X(linear_cross_entropy) X(linear_cross_entropy_ex) X(linear_cross_entropy_scratch) X(gemm_f32)
 #define KILN_FORMED_(s, f) kiln_k_##s##_##f
 #define KILN_FORMED(s, f) KILN_FORMED_(s, f)
 #ifdef KILN_FORM
@@ -71,6 +71,7 @@ extern "C" {
 #define kiln_k_linear_cross_entropy KILN_SIMD_NAME(linear_cross_entropy)
 #define kiln_k_linear_cross_entropy_ex KILN_SIMD_NAME(linear_cross_entropy_ex)
 #define kiln_k_linear_cross_entropy_scratch KILN_SIMD_NAME(linear_cross_entropy_scratch)
+#define kiln_k_gemm_f32 KILN_SIMD_NAME(gemm_f32)
 
 /* ---- GEMM -------------------------------------------------------------- */
 /* C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b in [0, batch),
@@ -78,7 +79,10 @@ extern "C" {
  * lda/ldb/ldc are row strides of the matrices as stored; strideA/B/C the
  * element distance between consecutive batch matrices (0 = broadcast).
  * beta must be 0 or 1 (1 accumulates into C, used for gradients).
- * Backed by oneDNN's matmul primitive, created once per shape and cached. */
+ * fp32: oneDNN's matmul primitive, dnnl_sgemm or kiln_k_gemm_f32, whichever
+ * measured fastest on this problem (the first time it is met; the choice is
+ * kept in kiln's cache directory so every process makes the same one;
+ * KILN_GEMM=auto|onednn|sgemm|kiln); bf16: the matmul primitive. */
 typedef struct {
     bool transA, transB;
     int64_t M, N, K;
@@ -107,11 +111,14 @@ void kiln_bf16_force_emulation(bool on);
 kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                        float alpha, const float *A, const float *B, float beta, float *C);
 /* The same product through oneDNN's BLAS-style dnnl_sgemm, one call per
- * batch matrix: faster than the matmul primitive on some shapes (measured
- * by bench/gemm: the weight-gradient TN products), slower on others, so
- * max-autotune times both per product and keeps the faster. */
+ * batch matrix, whatever kiln_gemm_f32 would choose (the matmul op's
+ * attribute i4 = KILN_GEMM_SGEMM asks for it; KILN_GEMM_MEASURED, 0, is
+ * kiln_gemm_f32's choice). */
 kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const float *B, float *C);
-enum { KILN_GEMM_PRIMITIVE = 0, KILN_GEMM_SGEMM = 1 };
+enum { KILN_GEMM_MEASURED = 0, KILN_GEMM_SGEMM = 1 };
+/* The fp32 choices so far in words ("12 fp32 products: onednn 3, sgemm 5,
+ * kiln 4 (2 measured now, the rest from the cache)"), for kiln bench. */
+const char *kiln_gemm_choices(void);
 /* Which backend kiln_gemm uses, for the benchmark and --explain. */
 const char *kiln_gemm_backend(void);
 void kiln_gemm_cache_clear(void);
@@ -282,6 +289,17 @@ double kiln_k_linear_cross_entropy_ex(const float *h, const float *W, const int3
                                       int64_t *count, float *dh, float *dW, const kiln_lce_opts *opts);
 /* Bytes of scratch the call allocates (the memory estimate counts it). */
 size_t kiln_k_linear_cross_entropy_scratch(int64_t N, int64_t C, int64_t V, int64_t chunk, bool bf16);
+
+/* kiln's own fp32 GEMM for one matrix (src/kernels/simd/gemm.c), one of the
+ * candidates kiln_gemm_f32 chooses among by measurement:
+ * C = alpha op(A) op(B) + beta C, row-major, op(A) M x K, op(B) K x N;
+ * beta 0 (C is not read: NaN there does not propagate) or 1; M, N, K >= 1.
+ * Packed panels and a register-blocked micro-kernel per form; OpenMP-parallel
+ * on the caller's thread count; K is never split between threads, so the
+ * result's bits do not depend on the thread count. false only when it cannot
+ * allocate its packing buffers (no error is set). */
+bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                     int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 
 /* ---- the active form's table (kiln/simd.h) ------------------------------ */

@@ -234,10 +234,6 @@ kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W);
  * existing c with beta 0 or 1 (1 accumulates: gradients straight into .grad),
  * through the backend of a, b and c (one device). */
 kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta);
-/* Times this MATMUL's product with each GEMM implementation (through the
- * operands' backend, into scratch on it: nothing is written) and returns the
- * faster one's id for attribute i4. */
-int kiln_matmul_fastest(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs);
 /* A MATMUL as one (batched) row-major GEMM, C = op(A)·op(B) with op(A)
  * M×K, op(B) K×N: leading dims and batch strides in elements (stride 0:
  * not batched). The shape rule checks through it and every backend's
@@ -254,9 +250,8 @@ kiln_status kiln_matmul_geometry(const kiln_meta *in, const kiln_attrs *a, kiln_
  *  KILN_MM_ROWS:    a [R..., K], b [K, N] (or [N, K] with tb) -> [R..., N]
  *  KILN_MM_GRAD:    a [R..., M], b [R..., N] -> aᵀ·b = [M, N], summed over rows */
 enum { KILN_MM_BATCHED = 0, KILN_MM_ROWS = 1, KILN_MM_GRAD = 2 };
-/* Attribute i4: the GEMM implementation (KILN_GEMM_PRIMITIVE or
- * KILN_GEMM_SGEMM, kiln/kernels.h), chosen by max-autotune; the numbers are
- * the same product either way. */
+/* Attribute i4: KILN_GEMM_MEASURED (0: kiln_gemm_f32 picks the
+ * implementation by measurement) or KILN_GEMM_SGEMM (dnnl_sgemm), kiln/kernels.h. */
 /* Attribute i3 = 1: bf16 operands, fp32 accumulation and output (the
  * kernel rounds both operands to bf16 in scratch; see kiln_bf16_path for
  * native vs emulated). The backward rule gives its gradient products the

@@ -338,13 +338,9 @@ static void resolve_options(const kiln_build_options *o, resolved_opts *r) {
     r->cc = o && o->cc ? o->cc : env_or("KILN_CC", "cc");
     r->cflags = o && o->cflags ? o->cflags : env_or("KILN_CFLAGS", KILN_DEFAULT_CFLAGS);
     r->target = o ? o->target : NULL;
-    const char *dir = o && o->cache_dir ? o->cache_dir : getenv("KILN_CACHE_DIR");
     r->dir[0] = '\0';
-    if (dir && *dir) sfmt(r->dir, PATHN, "%s", dir);
-    else if (getenv("XDG_CACHE_HOME") && *getenv("XDG_CACHE_HOME"))
-        fmt_path(r->dir, "%s/%s", getenv("XDG_CACHE_HOME"), "kiln");
-    else if (getenv("HOME") && *getenv("HOME"))
-        fmt_path(r->dir, "%s/%s", getenv("HOME"), ".cache/kiln");
+    if (o && o->cache_dir && *o->cache_dir) sfmt(r->dir, PATHN, "%s", o->cache_dir);
+    else kiln_cache_dir(r->dir, PATHN);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     r->jobs = o && o->jobs > 0 ? o->jobs : cores > 0 ? (int)cores : 1;
 }

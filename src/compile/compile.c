@@ -179,34 +179,13 @@ static kiln_status generate(kiln_compiled *c, variant *v, const kiln_backend *be
     return KILN_OK;
 }
 
-/* Times each fp32 matrix product with the oneDNN matmul primitive and with
- * dnnl_sgemm, into scratch (so accumulating products leave .grad alone), and
- * records the faster in the node's attrs (i4). Returns products retuned. */
-static int tune_gemms(variant *v) {
-    kiln_graph *g = v->g;
-    int changed = 0;
-    for (int i = 0; i < g->n; i++) {
-        kiln_value *x = &g->v[i];
-        if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_MATMUL || x->attrs.i[3]) continue;
-        const kiln_tensor *a = kiln_interp_tensor(v->r, x->in[0]), *b = kiln_interp_tensor(v->r, x->in[1]);
-        if (!kiln_tensor_ptr(a) || !kiln_tensor_ptr(b)) continue;
-        int choice = kiln_matmul_fastest(a, b, &x->attrs);
-        changed += choice != x->attrs.i[4];
-        x->attrs.i[4] = choice;
-    }
-    return changed;
-}
-
-/* The choices as text: "g<k> 0|1" (fused kernel serial or threaded) and
- * "m<value> 0|1" (GEMM implementation), one per line. */
+/* The choices as text: "g<k> 0|1" (fused kernel serial or threaded), one
+ * per line. (The GEMM implementation is kiln_gemm_f32's own choice, made by
+ * measurement in every mode.) */
 static void save_choices(const variant *v, const bool *threaded) {
     if (!v->tune_path[0]) return;
     kiln_strbuf b = {0};
     for (int k = 0; k < v->g->n_groups; k++) kiln_strbuf_printf(&b, "g%d %d\n", k, threaded[k]);
-    for (int i = 0; i < v->g->n; i++) {
-        const kiln_value *x = &v->g->v[i];
-        if (!x->dead && x->kind == KILN_V_OP && x->op == KILN_OP_MATMUL) kiln_strbuf_printf(&b, "m%d %d\n", i, (int)x->attrs.i[4]);
-    }
     if (!b.oom) kiln_write_file_atomic(v->tune_path, b.s, b.n);
     free(b.s);
     kiln_clear_error();
@@ -222,10 +201,10 @@ static bool load_choices(variant *v) {
         return false;
     }
     kiln_graph *g = v->g;
-    int gsel[4096], ng = 0, mi[4096], msel[4096], nm = 0;
+    int gsel[4096], ng = 0;
     bool ok = true;
     for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && ok; line = strtok_r(NULL, "\n", &save)) {
-        /* "g<id> <choice>" or "m<id> <choice>" */
+        /* "g<id> <choice>" */
         char kind = line[0];
         const char *sp = kind ? strchr(line + 1, ' ') : NULL;
         int64_t id = -1, choice = -1;
@@ -233,8 +212,6 @@ static bool load_choices(variant *v) {
             kiln_parse_i64(sp + 1, 0, 1, &choice))
             ok = false;
         else if (kind == 'g' && id == ng && ng < 4096) gsel[ng++] = choice;
-        else if (kind == 'm' && id >= 0 && id < g->n && g->v[id].kind == KILN_V_OP && g->v[id].op == KILN_OP_MATMUL && nm < 4096)
-            mi[nm] = id, msel[nm++] = choice;
         else ok = false;
     }
     free(text);
@@ -249,18 +226,16 @@ static bool load_choices(variant *v) {
         }
         kiln_interp_bind_group(v->r, k, f);
     }
-    for (int q = 0; q < nm; q++) g->v[mi[q]].attrs.i[4] = msel[q];
     return true;
 }
 
 /* max-autotune: after a first run bound every pointer, time each fused
- * kernel serial and threaded and each matrix product's two GEMM
- * implementations, keep the faster, and save the choices with the module. */
+ * kernel serial and threaded, keep the faster, and save the choices with
+ * the module (a file from before, with "m" lines, does not fit: retuned). */
 static void autotune(variant *v) {
     const kiln_graph *g = v->g;
     if (load_choices(v)) return;
     kiln_interp_zero_arena(v->r);
-    tune_gemms(v);
     bool *threaded = calloc((size_t)g->n_groups + 1, sizeof *threaded);
     char name[64];
     for (int k = 0; k < g->n_groups; k++) {

@@ -118,6 +118,19 @@ kiln_status kiln_remove_tree(const char *path) {
     return KILN_OK;
 }
 
+bool kiln_cache_dir(char *out, size_t n) {
+    const char *d = getenv("KILN_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    int w = d && *d ? snprintf(out, n, "%s", d)
+            : x && *x ? snprintf(out, n, "%s/kiln", x)
+            : h && *h ? snprintf(out, n, "%s/.cache/kiln", h)
+                      : -1;
+    if (w < 0 || (size_t)w >= n) {
+        if (n) out[0] = '\0';
+        return false;
+    }
+    return true;
+}
+
 kiln_status kiln_fsync_dir(const char *path) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return kiln_error(KILN_ERR_IO, "cannot open directory %s: %s", path, strerror(errno));

@@ -57,14 +57,14 @@ static unsigned detect(void) {
     bool zmm = ymm && (xcr0 & 0xe0) == 0xe0;        /* opmask, ZMM_Hi256, Hi16_ZMM */
     bool tile = osxsave && (xcr0 & 0x60000) == 0x60000; /* XTILECFG, XTILEDATA */
     unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
-    if (__get_cpuid_max(0, NULL) >= 7) {
+    if ((unsigned)__get_cpuid_max(0, NULL) >= 7u) {
         __cpuid_count(7, 0, a, b, c, d);
         b7 = b, c7 = c, d7 = d;
         __cpuid_count(7, 1, a, b, c, d);
         a71 = a;
     }
     unsigned c81 = 0;
-    if (__get_cpuid_max(0x80000000u, NULL) >= 0x80000001u) {
+    if ((unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000001u) {
         __cpuid(0x80000001u, a, b, c, d);
         c81 = c;
     }

@@ -1,5 +1,8 @@
-/* kiln_gemm: every matrix product of kiln goes through here, backed by
- * oneDNN's matmul primitive.
+/* kiln_gemm: every matrix product of kiln goes through here. An fp32
+ * product runs one of three implementations, chosen per problem by
+ * measurement (see "The choice" below): oneDNN's matmul primitive, oneDNN's
+ * BLAS-style dnnl_sgemm, or kiln's own packed GEMM (kiln_k_gemm_f32, one
+ * form per instruction set). bf16 products run the matmul primitive.
  *
  * Creating a matmul primitive JIT-compiles code (tens to hundreds of µs), so
  * each distinct problem (shape, strides, transposes, alpha, beta, dtype) gets
@@ -20,15 +23,21 @@
  * implement as one batched primitive (e.g. interleaved head views) fall back
  * to a 2-D primitive run once per batch element.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <dnnl.h>
 
 #include "kiln/kernels.h"
+#include "kiln/simd.h"
 
 size_t kiln_gemm_cache_entries(void); /* for tests; not in the public header */
 
@@ -51,6 +60,7 @@ typedef struct gemm_entry {
     dnnl_memory_desc_t md_s;             /* scratchpad */
     size_t scratch_bytes;
     bool loop_batch;
+    int choice; /* fp32: the implementation (IMPL_*) once chosen, else -1 */
     struct gemm_entry *next;
 } gemm_entry;
 
@@ -178,6 +188,7 @@ static kiln_status build_entry(const gemm_key *k, gemm_entry **out) {
     gemm_entry *e = calloc(1, sizeof *e);
     if (!e) return kiln_error(KILN_ERR_OOM, "gemm: out of memory for a cache entry");
     e->key = *k;
+    e->choice = -1;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t s = create_prim(e, k->batch > 1, &pd);
     if (s != dnnl_success && k->batch > 1) {
@@ -288,7 +299,11 @@ static void empty_product(const kiln_gemm_desc *d, float *C) {
             memset(C + b * d->strideC + i * d->ldc, 0, (size_t)d->N * sizeof(float));
 }
 
-static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const void *B, float *C) {
+/* Checks d, handles the empty products, and finds (or creates) the cache
+ * entry of the problem: *out NULL when there is nothing left to compute. */
+static kiln_status prepare(int dtype, const kiln_gemm_desc *d, const void *A, const void *B, float *C,
+                           gemm_entry **out) {
+    *out = NULL;
     if (!d) return kiln_error(KILN_ERR_INVALID, "gemm: NULL descriptor");
     if (d->M < 0 || d->N < 0 || d->K < 0 || d->batch < 0)
         return kiln_error(KILN_ERR_INVALID, "gemm: negative size M=%lld N=%lld K=%lld batch=%lld",
@@ -336,28 +351,268 @@ static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const
     }
     k.alpha = d->alpha;
     k.beta = d->beta;
-    gemm_entry *e;
-    kiln_status st = lookup(&k, &e);
-    if (st) return st;
-    return execute(e, A, B, C);
+    return lookup(&k, out);
 }
 
-kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
-    if (!d || d->M <= 0 || d->N <= 0 || d->K <= 0 || d->batch <= 0 || (d->beta != 0.0f && d->beta != 1.0f))
-        return kiln_gemm_f32(d, A, B, C); /* edge cases and checks: the primitive's path */
-    for (int64_t b = 0; b < d->batch; b++) {
-        dnnl_status_t s = dnnl_sgemm(d->transA ? 'T' : 'N', d->transB ? 'T' : 'N', d->M, d->N, d->K, d->alpha,
-                                     A + b * d->strideA, d->lda, B + b * d->strideB, d->ldb, d->beta,
-                                     C + b * d->strideC, d->ldc);
+static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const void *B, float *C) {
+    gemm_entry *e;
+    kiln_status st = prepare(dtype, d, A, B, C, &e);
+    return st || !e ? st : execute(e, A, B, C);
+}
+
+/* ---- the implementations of an fp32 product -------------------------- */
+enum { IMPL_ONEDNN = 0, IMPL_SGEMM = 1, IMPL_KILN = 2, IMPL_COUNT = 3 };
+static const char *const impl_names[IMPL_COUNT] = {"onednn", "sgemm", "kiln"};
+
+static kiln_status run_impl(const gemm_entry *e, int impl, const float *A, const float *B, float *C) {
+    const gemm_key *k = &e->key;
+    if (impl == IMPL_ONEDNN) return execute((gemm_entry *)e, A, B, C);
+    for (int64_t b = 0; b < k->batch; b++) {
+        const float *a = A + b * k->strideA, *bb = B + b * k->strideB;
+        float *c = C + b * k->strideC;
+        if (impl == IMPL_KILN) {
+            if (!kiln_k_gemm_f32(k->transA, k->transB, k->M, k->N, k->K, k->alpha, a, k->lda, bb, k->ldb, k->beta, c,
+                                 k->ldc))
+                return kiln_error(KILN_ERR_OOM, "kiln gemm M=%lld N=%lld K=%lld: cannot allocate its packing buffers",
+                                  (long long)k->M, (long long)k->N, (long long)k->K);
+            continue;
+        }
+        dnnl_status_t s = dnnl_sgemm(k->transA ? 'T' : 'N', k->transB ? 'T' : 'N', k->M, k->N, k->K, k->alpha, a,
+                                     k->lda, bb, k->ldb, k->beta, c, k->ldc);
         if (s != dnnl_success)
-            return kiln_error(dnnl_to_kiln(s), "dnnl_sgemm M=%lld N=%lld K=%lld: oneDNN status %d", (long long)d->M,
-                              (long long)d->N, (long long)d->K, (int)s);
+            return kiln_error(dnnl_to_kiln(s), "dnnl_sgemm M=%lld N=%lld K=%lld: oneDNN status %d", (long long)k->M,
+                              (long long)k->N, (long long)k->K, (int)s);
     }
     return KILN_OK;
 }
 
+/* ---- The choice ---------------------------------------------------------
+ * Which implementation is fastest depends on the CPU, the instruction-set
+ * form, the thread count and the shape (bench/gemm: dnnl_sgemm wins most
+ * weight-gradient products on a Zen 5, the matmul primitive most forward
+ * ones), so it is measured, not ruled: the first time a process meets an
+ * fp32 problem (the whole key: shape, transposes, strides, alpha, beta,
+ * threads) it times each implementation into scratch (warm-up, then the
+ * best of 2 to 10 interleaved rounds) and keeps the fastest. The choice is
+ * written to kiln's cache directory (kiln_cache_dir()/gemm-choices, one
+ * line per problem, tagged with the CPU, the kernels' form and the build)
+ * under an exclusive lock, and read back from there first: every process
+ * on the machine that shares the cache makes the same choice for the same
+ * problem, so runs (resumed or not, eager or compiled, on any rank) compute
+ * the same bits. KILN_GEMM=onednn|sgemm|kiln forces one implementation,
+ * KILN_GEMM=auto (the default) measures; any other value stops the program
+ * naming it. */
+static int g_forced = -1; /* KILN_GEMM, or -1: measure */
+static char g_forced_text[32];
+static pthread_mutex_t g_choice_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_chosen[IMPL_COUNT];
+static int g_measured;
+
+__attribute__((constructor)) static void read_kiln_gemm(void) {
+    const char *v = getenv("KILN_GEMM");
+    if (!v || !*v || !strcmp(v, "auto")) return;
+    for (int i = 0; i < IMPL_COUNT; i++)
+        if (!strcmp(v, impl_names[i])) {
+            g_forced = i;
+            snprintf(g_forced_text, sizeof g_forced_text, "%s", v);
+            return;
+        }
+    fprintf(stderr, "kiln: KILN_GEMM=%s: not a GEMM implementation (auto, onednn, sgemm or kiln)\n", v);
+    exit(2);
+}
+
+/* what the choices are keyed by besides the problem: this CPU (model name,
+ * family, model from /proc/cpuinfo, and the features kiln uses), the
+ * kernels' form and whether this is a sanitizer build; no tabs or newlines */
+static void machine_tag(char *out, size_t n) {
+    char name[128] = "?", fam[16] = "?", model[16] = "?";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f) && line[0] != '\n') {
+            char *colon = strchr(line, ':');
+            if (!colon) continue;
+            char *v = colon + 1 + strspn(colon + 1, " \t");
+            v[strcspn(v, "\n")] = '\0';
+            if (!strncmp(line, "model name", 10)) snprintf(name, sizeof name, "%s", v);
+            else if (!strncmp(line, "cpu family", 10)) snprintf(fam, sizeof fam, "%s", v);
+            else if (!strncmp(line, "model\t", 6)) snprintf(model, sizeof model, "%s", v);
+        }
+        fclose(f);
+    }
+    const char *build = "";
+#if defined(__SANITIZE_ADDRESS__)
+    build = "/asan";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+    build = "/asan";
+#endif
+#endif
+    snprintf(out, n, "%s/%s/%s/%s/%s%s", name, fam, model, kiln_cpu_features_text(), kiln_form_name(kiln_form_active()),
+             build);
+    for (char *p = out; *p; p++)
+        if (*p == ' ' || *p == '\t' || *p == '\n') *p = '_';
+}
+
+static void key_text(const gemm_key *k, char *out, size_t n) {
+    snprintf(out, n, "t%d %c%c M%lld N%lld K%lld ld%lld,%lld,%lld b%lld s%lld,%lld,%lld a%a c%a", (int)k->nthreads,
+             k->transA ? 'T' : 'N', k->transB ? 'T' : 'N', (long long)k->M, (long long)k->N, (long long)k->K,
+             (long long)k->lda, (long long)k->ldb, (long long)k->ldc, (long long)k->batch, (long long)k->strideA,
+             (long long)k->strideB, (long long)k->strideC, (double)k->alpha, (double)k->beta);
+}
+
+/* creates the cache directory's missing components (mode 0700) */
+static void mkdir_parents(const char *dir) {
+    char p[1024];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return;
+    for (char *c = p + 1; *c; c++)
+        if (*c == '/') {
+            *c = '\0';
+            mkdir(p, 0700);
+            *c = '/';
+        }
+    mkdir(p, 0700);
+}
+
+#define CHOICES_MAX_BYTES (4u << 20) /* past this the file starts over */
+
+/* the implementation recorded for "tag\tkey\t" in the open file fd, or -1 */
+static int recorded_choice(int fd, const char *prefix) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (uint64_t)st.st_size > CHOICES_MAX_BYTES) return -1;
+    char *text = malloc((size_t)st.st_size + 1);
+    if (!text) return -1;
+    ssize_t got = pread(fd, text, (size_t)st.st_size, 0);
+    int found = -1;
+    if (got > 0) {
+        text[got] = '\0';
+        size_t pl = strlen(prefix);
+        for (char *line = text; line && *line && found < 0;) {
+            char *nl = strchr(line, '\n');
+            if (nl) *nl = '\0';
+            if (!strncmp(line, prefix, pl)) {
+                const char *v = line + pl;
+                size_t vl = strcspn(v, "\t");
+                for (int i = 0; i < IMPL_COUNT; i++)
+                    if (strlen(impl_names[i]) == vl && !strncmp(v, impl_names[i], vl)) found = i;
+            }
+            line = nl ? nl + 1 : NULL;
+        }
+    }
+    free(text);
+    return found;
+}
+
+/* times every implementation on the problem into scratch; us[i] the best
+ * microseconds (1e30 where it failed); returns the fastest, or -1 when no
+ * scratch could be had */
+static int measure(const gemm_entry *e, const float *A, const float *B, double us[IMPL_COUNT]) {
+    const gemm_key *k = &e->key;
+    size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
+    float *scratch = calloc(span, sizeof(float));
+    if (!scratch) return -1;
+    for (int i = 0; i < IMPL_COUNT; i++) us[i] = 1e30;
+    int rounds = 3;
+    for (int r = 0; r < rounds; r++) {
+        double round_time = 0;
+        for (int i = 0; i < IMPL_COUNT; i++) {
+            if (k->beta != 0.0f) memset(scratch, 0, span * sizeof(float));
+            double t0 = kiln_time_now();
+            kiln_status st = run_impl(e, i, A, B, scratch);
+            double dt = kiln_time_now() - t0;
+            round_time += dt;
+            if (st) {
+                kiln_clear_error();
+                us[i] = 2e30; /* never chosen */
+            } else if (r > 0 && dt * 1e6 < us[i]) {
+                us[i] = dt * 1e6;
+            }
+        }
+        /* the first round warms up; small problems get more rounds (up to
+         * 10 in all) within ~20 ms */
+        if (r == 0 && round_time < 0.02 / 3) rounds = round_time > 0 ? (int)(0.02 / round_time) : 10;
+        if (rounds > 10) rounds = 10;
+        if (rounds < 3) rounds = 3;
+    }
+    free(scratch);
+    int best = IMPL_ONEDNN;
+    for (int i = 1; i < IMPL_COUNT; i++)
+        if (us[i] < us[best]) best = i;
+    return best;
+}
+
+static void choose(gemm_entry *e, const float *A, const float *B) {
+    pthread_mutex_lock(&g_choice_lock);
+    if (e->choice >= 0) {
+        pthread_mutex_unlock(&g_choice_lock);
+        return;
+    }
+    if (g_forced >= 0) {
+        e->choice = g_forced;
+        g_chosen[e->choice]++;
+        pthread_mutex_unlock(&g_choice_lock);
+        return;
+    }
+    char dir[1024], path[1100], tag[512], key[400], prefix[1000];
+    int fd = -1;
+    if (kiln_cache_dir(dir, sizeof dir)) {
+        mkdir_parents(dir);
+        snprintf(path, sizeof path, "%s/gemm-choices", dir);
+        fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
+        int rc;
+        while (fd >= 0 && (rc = flock(fd, LOCK_EX)) != 0 && errno == EINTR) {}
+    }
+    machine_tag(tag, sizeof tag);
+    key_text(&e->key, key, sizeof key);
+    snprintf(prefix, sizeof prefix, "%s\t%s\t", tag, key);
+    int c = fd >= 0 ? recorded_choice(fd, prefix) : -1;
+    if (c < 0) {
+        double us[IMPL_COUNT];
+        c = measure(e, A, B, us);
+        if (c >= 0) {
+            g_measured++;
+            char line[1400];
+            int n = snprintf(line, sizeof line, "%s%s\tus %.1f %.1f %.1f\n", prefix, impl_names[c], us[0] < 1e29 ? us[0] : -1,
+                             us[1] < 1e29 ? us[1] : -1, us[2] < 1e29 ? us[2] : -1);
+            struct stat st;
+            if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size > CHOICES_MAX_BYTES && ftruncate(fd, 0) != 0) {}
+            if (fd >= 0 && n > 0 && n < (int)sizeof line && write(fd, line, (size_t)n) != n) {}
+            kiln_log(KILN_LOG_DEBUG, "gemm: chose %s for %s (us: onednn %.1f, sgemm %.1f, kiln %.1f)", impl_names[c], key,
+                     us[0], us[1], us[2]);
+        } else {
+            c = IMPL_ONEDNN; /* no scratch to measure in: not recorded */
+        }
+    }
+    if (fd >= 0) close(fd); /* releases the lock */
+    e->choice = c;
+    g_chosen[c]++;
+    pthread_mutex_unlock(&g_choice_lock);
+}
+
+kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+    gemm_entry *e;
+    kiln_status st = prepare(DT_F32, d, A, B, C, &e);
+    return st || !e ? st : run_impl(e, IMPL_SGEMM, A, B, C);
+}
+
 kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
-    return gemm(DT_F32, d, A, B, C);
+    gemm_entry *e;
+    kiln_status st = prepare(DT_F32, d, A, B, C, &e);
+    if (st || !e) return st;
+    if (e->choice < 0) choose(e, A, B);
+    return run_impl(e, e->choice, A, B, C);
+}
+
+const char *kiln_gemm_choices(void) {
+    static char buf[192];
+    pthread_mutex_lock(&g_choice_lock);
+    if (g_forced >= 0)
+        snprintf(buf, sizeof buf, "KILN_GEMM=%s: %d fp32 products", g_forced_text, g_chosen[g_forced]);
+    else
+        snprintf(buf, sizeof buf, "%d fp32 products: onednn %d, sgemm %d, kiln %d (%d measured now, the rest from the cache)",
+                 g_chosen[0] + g_chosen[1] + g_chosen[2], g_chosen[0], g_chosen[1], g_chosen[2], g_measured);
+    pthread_mutex_unlock(&g_choice_lock);
+    return buf;
 }
 
 /* Elements spanned by one operand of d: rows x cols stored with leading
@@ -391,7 +646,7 @@ kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uin
     size_t nb = operand_span(d->K, d->N, d->ldb, d->transB, d->batch, d->strideB);
     if (!na || !nb) return gemm(DT_BF16, d, A, B, C); /* its checks name the bad size */
     float *a = widen_bf16(A, na), *b = a ? widen_bf16(B, nb) : NULL;
-    kiln_status st = a && b ? gemm(DT_F32, d, a, b, C)
+    kiln_status st = a && b ? kiln_gemm_f32(d, a, b, C)
                             : kiln_error(KILN_ERR_OOM, "gemm bf16 (emulated): cannot allocate %zu floats", na + nb);
     free(a);
     free(b);
@@ -409,12 +664,13 @@ kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K
 }
 
 static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
-static char g_backend[96];
+static char g_backend[192];
 
 static void init_backend_name(void) {
     const dnnl_version_t *v = dnnl_version();
-    snprintf(g_backend, sizeof g_backend, "oneDNN %d.%d.%d matmul (cached primitives)", v->major,
-             v->minor, v->patch);
+    snprintf(g_backend, sizeof g_backend,
+             "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm and kiln (%s); bf16: oneDNN matmul",
+             v->major, v->minor, v->patch, kiln_form_name(kiln_form_active()));
 }
 
 const char *kiln_gemm_backend(void) {

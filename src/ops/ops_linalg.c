@@ -133,38 +133,6 @@ static kiln_status mm_kernel(const char *what, const kiln_tensor *a, const kiln_
     return kiln_backend_run_op(be, KILN_OP_MATMUL, in, attrs, c, NULL);
 }
 
-/* the best of 3 timed runs after a first (which creates primitives) */
-static double best_of(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c) {
-    const kiln_backend *be = kiln_backend_of(c);
-    double best = 1e30;
-    for (int rep = 0; rep < 4; rep++) {
-        double t0 = kiln_time_now();
-        if (mm_kernel("matmul (autotune)", a, b, attrs, c)) return 1e30;
-        be->synchronize();
-        double dt = kiln_time_now() - t0;
-        if (rep && dt < best) best = dt;
-    }
-    return best;
-}
-
-int kiln_matmul_fastest(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs) {
-    kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
-    kiln_matmul_geom d;
-    if (attrs->i[3] || kiln_dtype_is_dequant(b->dtype) || kiln_matmul_geometry(m, attrs, &d, &o)) return KILN_GEMM_PRIMITIVE;
-    /* scratch on the operands' device */
-    kiln_tensor *C = kiln_tensor_new_on(kiln_tensor_buft(a), KILN_F32, o.ndim, o.shape);
-    if (!C) return KILN_GEMM_PRIMITIVE;
-    kiln_attrs at = *attrs;
-    at.f[0] = 0; /* beta 0: C is overwritten */
-    at.i[4] = KILN_GEMM_PRIMITIVE;
-    double tp = best_of(a, b, &at, C);
-    at.i[4] = KILN_GEMM_SGEMM;
-    double ts = best_of(a, b, &at, C);
-    kiln_tensor_release(C);
-    kiln_clear_error();
-    return ts < 0.97 * tp ? KILN_GEMM_SGEMM : KILN_GEMM_PRIMITIVE; /* a clear win only */
-}
-
 kiln_status kiln_matmul_into(const kiln_tensor *a, const kiln_tensor *b, const kiln_attrs *attrs, kiln_tensor *c, float beta) {
     kiln_meta m[2] = {kiln_meta_of(a), kiln_meta_of(b)}, o;
     kiln_matmul_geom d;
