@@ -514,6 +514,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
            " compiled again, loaded from the cache)\n", b.steps,
            b.opt ? "the optimiser (global norm, clip, AdamW)" : "nothing (--no-optim)",
            prec != KILN_BF16 ? "fp32 FMA" : kiln_bf16_native() ? "bf16 (2x fp32 FMA)" : "bf16 (= fp32 FMA, emulated)");
+    printf("GEMM choices (by measurement, kiln_cache_dir()/gemm-choices): %s\n", kiln_gemm_choices());
     /* a compiled mode slower than eager is said, not left to the ratio
      * column: kiln train --compile with it would lose time on this machine */
     for (int i = 0; i < n && base > 0; i++)
