@@ -335,19 +335,18 @@ static void test_lce_determinism(void) {
     omp_set_num_threads(saved);
     CHECK(l[0] == l[1], "linear-CE loss differs between 1 and 2 threads: %.17g %.17g", l[0], l[1]);
     /* The kernel's own reductions (the loss, in double, in row order) do
-     * not depend on the thread count. The GEMMs are oneDNN's: its AVX2
-     * kernels split K across threads for some shapes (its AVX-512 ones did
-     * not here), so the gradients' rounding may depend on it. */
-    double worst = 0;
-    for (int64_t i = 0; i < V * C; i++) {
-        double e = fabs((double)dW[0][i] - dW[1][i]) / (fabs((double)dW[0][i]) + 1e-3);
-        worst = e > worst ? e : worst;
-    }
-    for (int64_t i = 0; i < N * C; i++) {
-        double e = fabs((double)dh[0][i] - dh[1][i]) / (fabs((double)dh[0][i]) + 1e-3);
-        worst = e > worst ? e : worst;
-    }
-    CHECK(worst < 1e-5, "linear-CE dh, dW between 1 and 2 threads: rel err %.3g", worst);
+     * not depend on the thread count. The GEMMs' may: the implementation
+     * is chosen per problem by measurement and the thread count is part of
+     * the problem (1 and 2 threads may run oneDNN, dnnl_sgemm or kiln's
+     * kernel, each summing in its own order; oneDNN's AVX2 kernels also
+     * split K across threads for some shapes), so the gradients agree to a
+     * few rounding errors of their largest element, not bit for bit. */
+    double worst = 0, mw = 0, mh = 0;
+    for (int64_t i = 0; i < V * C; i++) mw = fmax(mw, fabs((double)dW[0][i]));
+    for (int64_t i = 0; i < N * C; i++) mh = fmax(mh, fabs((double)dh[0][i]));
+    for (int64_t i = 0; i < V * C; i++) worst = fmax(worst, fabs((double)dW[0][i] - dW[1][i]) / (mw + 1e-30));
+    for (int64_t i = 0; i < N * C; i++) worst = fmax(worst, fabs((double)dh[0][i] - dh[1][i]) / (mh + 1e-30));
+    CHECK(worst < 1e-5, "linear-CE dh, dW between 1 and 2 threads: max diff %.3g of the largest element", worst);
     free(t), free(h), free(W), free(dh[0]), free(dh[1]), free(dW[0]), free(dW[1]);
 }
 
