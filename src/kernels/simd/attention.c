@@ -13,8 +13,9 @@
  * Determinism: every output element is written by one task whose loop order
  * does not depend on the thread count, so results are bitwise identical for
  * any number of threads. The backward has two schedules (one task per
- * (batch, kv head), or separate dk/dv and dq passes when there are too few
- * such tasks to fill the threads); both perform the same per-tile arithmetic
+ * (batch, kv head), or separate dk/dv and dq passes, which compute S and dP
+ * twice, when such tasks are too few to fill the threads and do not share
+ * out evenly among them); both perform the same per-tile arithmetic
  * and accumulate in the same order, so they agree bitwise too.
  */
 #include <omp.h>
@@ -784,7 +785,12 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
                   H, Hkv, T, Tk, D, nkb, nqb, scale, si, window};
     const int64_t grp = H / Hkv, nth = omp_get_max_threads();
     const bool small = T * Tk * D * B * H <= (1 << 16);
-    if (B * Hkv >= 4 * nth || small) {
+    /* one task per (b, kv head) recomputes nothing twice; its tasks are of
+     * equal size (the same causal tiles) unless padding or segments differ
+     * between rows, so it is taken when they share out evenly as well as
+     * when there are many; else the split schedule fills the threads at the
+     * price of computing S and dP in both passes */
+    if (B * Hkv >= 4 * nth || (B * Hkv) % nth == 0 || small) {
         /* one task per (b, kv head) owns its dk, dv and its heads' dq rows */
 #pragma omp parallel if (!small && B * Hkv > 1)
         {
