@@ -12,6 +12,8 @@
  * OpenBLAS cblas_sgemm, BLIS cblas_sgemm (Debian's libblis4-openmp, opened
  * with dlopen so that its BLAS symbols and OpenBLAS's do not meet; skipped
  * when it is not installed), a plain C blocked kernel (below), and
+ * kiln's own kernel (kiln_k_gemm_f32: the active form's, "kiln", and the
+ * AVX2 form's, "kiln-avx2", when that is not the active one) and
  * kiln_gemm_bf16. Each shape's row gives every candidate's GFLOP/s and the
  * best fp32 one as a share of the fp32 FMA peak measured in the same run.
  *
@@ -274,6 +276,16 @@ static int run_blis(const shape *s) {
                  (int)s->K, 1.0f, s->A, (int)lda_of(s), s->B, (int)ldb_of(s), 0.0f, s->C, (int)s->N);
     return 0;
 }
+/* kiln's own kernel (src/kernels/simd/gemm.c): the active form's, and the
+ * AVX2 form's where that is not the active one (what an AVX2-only machine
+ * runs), one call per matrix as dnnl_sgemm's candidate */
+static int run_kiln_table(const shape *s, const kiln_simd_table *t) {
+    if (!t) return 1;
+    return !t->gemm_f32(s->tA, s->tB, s->M, s->N, s->K, 1.0f, s->A, lda_of(s), s->B, ldb_of(s), 0.0f, s->C,
+                        s->N);
+}
+static int run_kiln_own(const shape *s) { return run_kiln_table(s, kiln_simd); }
+static int run_kiln_avx2(const shape *s) { return run_kiln_table(s, kiln_simd_table_of(KILN_FORM_AVX2)); }
 static int run_plain(const shape *s) {
     plain_gemm(s);
     return 0;
@@ -294,9 +306,10 @@ typedef struct {
 static const candidate g_cands[] = {
     {"onednn-matmul", run_kiln, 1e-4},  {"dnnl_sgemm", run_dnnl_sgemm, 1e-4},
     {"openblas", run_openblas, 1e-4},   {"blis", run_blis, 1e-4},
+    {"kiln", run_kiln_own, 1e-4},       {"kiln-avx2", run_kiln_avx2, 1e-4},
     {"plain-c", run_plain, 1e-4},       {"bf16-matmul", run_bf16, 2e-2},
 };
-enum { BLIS = 3 };
+enum { BLIS = 3, KILN_AVX2 = 5 };
 static bool g_skip[8]; /* candidates not available here */
 enum { N_CANDS = sizeof g_cands / sizeof *g_cands, MAX_SAMPLES = 64 };
 
@@ -461,6 +474,10 @@ int main(int argc, char **argv) {
     else
         printf("BLIS: not installed (libblis4-openmp; scripts/deps.sh --bench installs it), its column is left out\n");
     g_skip[BLIS] = !g_blis_sgemm;
+    /* kiln-avx2 only where it is not the active form already, and runs here */
+    g_skip[KILN_AVX2] = kiln_form_active() == KILN_FORM_AVX2 || !kiln_simd_table_of(KILN_FORM_AVX2);
+    printf("kiln kernels: %s%s\n", kiln_form_describe(),
+           g_skip[KILN_AVX2] ? "" : "; kiln-avx2 is the AVX2 form of the same kernel");
     printf("threads: %d (OpenMP default); %d rounds x %d reps, median reported\n",
            omp_get_max_threads(), rounds, reps);
     int nthr = omp_get_max_threads();

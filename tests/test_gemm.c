@@ -1,11 +1,15 @@
 /* kiln_gemm_f32 / kiln_gemm_bf16 against a naive double-precision product:
  * all transpose combinations, odd sizes, padded leading dimensions, batches
- * with strides and broadcasts, alpha, beta=1, the primitive cache, errors. */
+ * with strides and broadcasts, alpha, beta=1, the primitive cache, errors.
+ * kiln's own kernel (kiln_k_gemm_f32) in every form this CPU runs: edge
+ * tiles, block boundaries, strides, alpha, beta 0 over NaN, beta 1, NaN and
+ * Inf reaching exactly their rows and columns, the thread count. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "kiln/kernels.h"
+#include "kiln/simd.h"
 #include "test.h"
 
 size_t kiln_gemm_cache_entries(void); /* defined in src/kernels/gemm.c for tests */
@@ -258,7 +262,214 @@ static void test_threads(void) {
     free(args), free(A), free(B);
 }
 
+
+/* ---- kiln_k_gemm_f32, every form ---------------------------------------- */
+typedef struct {
+    bool tA, tB;
+    int64_t M, N, K, padA, padB, padC;
+    float alpha, beta;
+} kcase;
+
+typedef struct {
+    int64_t lda, ldb, ldc, nA, nB, nC;
+    float *A, *B, *C0;
+    double *ref, *mag; /* alpha op(A) op(B) + beta C0 in double; |alpha| sum |a||b| + |beta C0| */
+} kdata;
+
+static void kdata_make(const kcase *c, kdata *d) {
+    int64_t ar, ac, br, bc;
+    stored(c->tA, c->M, c->K, &ar, &ac);
+    stored(c->tB, c->K, c->N, &br, &bc);
+    d->lda = ac + c->padA, d->ldb = bc + c->padB, d->ldc = c->N + c->padC;
+    d->nA = ar * d->lda, d->nB = br * d->ldb, d->nC = c->M * d->ldc;
+    d->A = malloc((size_t)d->nA * 4), d->B = malloc((size_t)d->nB * 4), d->C0 = malloc((size_t)d->nC * 4);
+    for (int64_t i = 0; i < d->nA; i++) d->A[i] = frand();
+    for (int64_t i = 0; i < d->nB; i++) d->B[i] = frand();
+    for (int64_t i = 0; i < d->nC; i++) d->C0[i] = c->beta != 0 ? frand() : NAN; /* beta 0: C is not read */
+    for (int64_t i = 0; i < c->M; i++) /* the padding of C: must stay as it is */
+        for (int64_t j = c->N; j < d->ldc; j++) d->C0[i * d->ldc + j] = 1234.5f;
+    d->ref = malloc((size_t)(c->M * c->N) * sizeof(double));
+    d->mag = malloc((size_t)(c->M * c->N) * sizeof(double));
+    double *row = malloc((size_t)c->K * sizeof(double));
+    for (int64_t i = 0; i < c->M; i++) {
+        for (int64_t k = 0; k < c->K; k++) row[k] = at(d->A, c->tA, d->lda, i, k);
+        for (int64_t j = 0; j < c->N; j++) {
+            double s = 0, m = 0;
+            for (int64_t k = 0; k < c->K; k++) {
+                double p = row[k] * at(d->B, c->tB, d->ldb, k, j);
+                s += p, m += fabs(p);
+            }
+            double c0 = c->beta != 0 ? (double)c->beta * d->C0[i * d->ldc + j] : 0.0;
+            d->ref[i * c->N + j] = c->alpha * s + c0;
+            d->mag[i * c->N + j] = fabs(c->alpha) * m + fabs(c0);
+        }
+    }
+    free(row);
+}
+
+static void kdata_free(kdata *d) { free(d->A), free(d->B), free(d->C0), free(d->ref), free(d->mag); }
+
+/* One form on one case: within 2 (K + 2) eps (|alpha| sum |a||b| + |beta c|)
+ * of the double product per element (K roundings of the sums, alpha, the
+ * adds of the K blocks), NaN-free, the padding of C untouched. Returns the
+ * worst error in units of that bound. */
+static double kcheck(const kiln_simd_table *t, const char *form, const kcase *c, const kdata *d) {
+    float *C = malloc((size_t)d->nC * 4);
+    memcpy(C, d->C0, (size_t)d->nC * 4);
+    bool ok = t->gemm_f32(c->tA, c->tB, c->M, c->N, c->K, c->alpha, d->A, d->lda, d->B, d->ldb, c->beta, C, d->ldc);
+    CHECK(ok, "%s: kiln_k_gemm_f32 returned false", form);
+    double worst = 0;
+    int64_t bad = 0, pad_bad = 0, bi = 0, bj = 0;
+    for (int64_t i = 0; i < c->M; i++) {
+        for (int64_t j = 0; j < c->N; j++) {
+            double r = d->ref[i * c->N + j], bound = 2.0 * (double)(c->K + 2) * FLT_EPSILON * d->mag[i * c->N + j];
+            double e = fabs((double)C[i * d->ldc + j] - r);
+            double u = bound > 0 ? e / bound : (e > 0 ? INFINITY : 0);
+            if (!(u <= 1.0)) {
+                if (!bad) bi = i, bj = j;
+                bad++;
+            }
+            if (u > worst || isnan(u)) worst = isnan(u) ? INFINITY : u;
+        }
+        for (int64_t j = c->N; j < d->ldc; j++) pad_bad += C[i * d->ldc + j] != 1234.5f;
+    }
+    CHECK(bad == 0 && pad_bad == 0,
+          "%s tA=%d tB=%d M=%lld N=%lld K=%lld pads %lld/%lld/%lld alpha %g beta %g: %lld elements past the "
+          "bound (first [%lld,%lld]: %g vs %g), %lld padding elements written",
+          form, c->tA, c->tB, (long long)c->M, (long long)c->N, (long long)c->K, (long long)c->padA,
+          (long long)c->padB, (long long)c->padC, c->alpha, c->beta, (long long)bad, (long long)bi, (long long)bj,
+          bad ? C[bi * d->ldc + bj] : 0.0, bad ? d->ref[bi * c->N + bj] : 0.0, (long long)pad_bad);
+    free(C);
+    return worst;
+}
+
+/* the forms this CPU runs (the others printed as skipped) */
+static int kforms(const kiln_simd_table **tabs, const char **names) {
+    int n = 0;
+    for (int f = 0; f < KILN_FORM_COUNT; f++) {
+        const kiln_simd_table *t = kiln_simd_table_of((kiln_form)f);
+        if (!t) {
+            printf("  kiln_k_gemm_f32 %-8s skipped: %s\n", kiln_form_name((kiln_form)f),
+                   kiln_form_built((kiln_form)f) ? "this CPU cannot run it" : "not built here");
+            continue;
+        }
+        tabs[n] = t, names[n] = kiln_form_name((kiln_form)f), n++;
+    }
+    return n;
+}
+
+static void test_kernel_shapes(void) {
+    const kiln_simd_table *tabs[KILN_FORM_COUNT];
+    const char *names[KILN_FORM_COUNT];
+    int nf = kforms(tabs, names);
+    /* edges around every form's MR (14, 6, 4) and NR (32, 16, 8); K past
+     * KC (256) and balanced into blocks; M past MC; N past NC (4096) */
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},     {7, 13, 5},     {13, 31, 9},    {14, 32, 16},   {15, 33, 17},  {5, 17, 3},
+        {6, 16, 7},    {7, 15, 2},     {3, 7, 4},      {4, 8, 5},      {5, 9, 6},     {29, 65, 257},
+        {1, 300, 40},  {300, 1, 40},   {300, 200, 600}, {20, 4200, 24}, {257, 515, 1031},
+    };
+    double worst[KILN_FORM_COUNT] = {0};
+    int runs = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tr = 0; tr < 4; tr++)
+            for (int v = 0; v < 3; v++) {
+                /* v 0: packed, alpha 1, beta 0; 1: padded strides, alpha, beta 0; 2: accumulate */
+                kcase c = {.tA = tr & 1, .tB = tr & 2, .M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2],
+                           .padA = v ? 3 : 0, .padB = v ? 5 : 0, .padC = v ? 7 : 0,
+                           .alpha = v == 0 ? 1.0f : v == 1 ? -0.75f : 2.5f, .beta = v == 2 ? 1.0f : 0.0f};
+                if (shapes[s][0] * shapes[s][1] * shapes[s][2] > 50000000 && v != 2) continue; /* big: once */
+                kdata d;
+                kdata_make(&c, &d);
+                for (int f = 0; f < nf; f++) worst[f] = fmax(worst[f], kcheck(tabs[f], names[f], &c, &d));
+                kdata_free(&d);
+                runs++;
+            }
+    for (int f = 0; f < nf; f++)
+        printf("  kiln_k_gemm_f32 %-8s %d cases: worst error %.3f of the bound 2(K+2) eps sum|a||b|\n", names[f],
+               runs, worst[f]);
+}
+
+/* NaN and Inf in A and B reach exactly the rows and columns they touch */
+static void test_kernel_specials(void) {
+    const kiln_simd_table *tabs[KILN_FORM_COUNT];
+    const char *names[KILN_FORM_COUNT];
+    int nf = kforms(tabs, names);
+    const int64_t M = 37, N = 45, K = 29;
+    for (int tr = 0; tr < 4; tr++) {
+        bool tA = tr & 1, tB = tr & 2;
+        int64_t lda = (tA ? M : K) + 2, ldb = (tB ? K : N) + 1;
+        float *A = malloc((size_t)((tA ? K : M) * lda) * 4), *B = malloc((size_t)((tB ? N : K) * ldb) * 4);
+        float *C = malloc((size_t)(M * N) * 4);
+        for (int64_t i = 0; i < (tA ? K : M) * lda; i++) A[i] = 0.25f + 0.5f * fabsf(frand()); /* positive */
+        for (int64_t i = 0; i < (tB ? N : K) * ldb; i++) B[i] = 0.25f + 0.5f * fabsf(frand());
+        /* op(A)[3][7] = NaN, op(A)[36][0] = +Inf, op(B)[28][44] = NaN, op(B)[5][16] = -Inf */
+        A[tA ? 7 * lda + 3 : 3 * lda + 7] = NAN;
+        A[tA ? 0 * lda + 36 : 36 * lda + 0] = INFINITY;
+        B[tB ? 44 * ldb + 28 : 28 * ldb + 44] = NAN;
+        B[tB ? 16 * ldb + 5 : 5 * ldb + 16] = -INFINITY;
+        for (int f = 0; f < nf; f++) {
+            for (int64_t i = 0; i < M * N; i++) C[i] = NAN; /* beta 0: never read */
+            CHECK(tabs[f]->gemm_f32(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N), "%s", names[f]);
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    float c = C[i * N + j];
+                    /* row 36 x column 16: +Inf times -Inf's column, both infinite: -Inf + Inf = NaN */
+                    bool want_nan = i == 3 || j == 44 || (i == 36 && j == 16);
+                    bool want_pinf = !want_nan && i == 36, want_ninf = !want_nan && j == 16;
+                    bool ok = want_nan ? isnan(c) : want_pinf ? c == INFINITY : want_ninf ? c == -INFINITY
+                                                                                          : isfinite(c) && c > 0;
+                    wrong += !ok;
+                }
+            CHECK(wrong == 0, "%s tA=%d tB=%d: %lld elements where NaN/Inf went wrong", names[f], tA, tB,
+                  (long long)wrong);
+        }
+        free(A), free(B), free(C);
+    }
+}
+
+/* the result's bits do not depend on the thread count */
+static void test_kernel_threads(void) {
+    const kiln_simd_table *tabs[KILN_FORM_COUNT];
+    const char *names[KILN_FORM_COUNT];
+    int nf = kforms(tabs, names);
+    static const int64_t shapes[][3] = {{300, 200, 600}, {16, 700, 300}, {517, 45, 270}, {2, 5000, 64}};
+    int nthr = omp_get_max_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tr = 0; tr < 4; tr++) {
+            kcase c = {.tA = tr & 1, .tB = tr & 2, .M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2],
+                       .padA = 1, .padC = 2, .alpha = 0.5f, .beta = (float)(tr == 3)};
+            int64_t ar, ac, br, bc;
+            stored(c.tA, c.M, c.K, &ar, &ac);
+            stored(c.tB, c.K, c.N, &br, &bc);
+            int64_t lda = ac + 1, ldb = bc, ldc = c.N + 2;
+            float *A = malloc((size_t)(ar * lda) * 4), *B = malloc((size_t)(br * ldb) * 4);
+            float *C1 = malloc((size_t)(c.M * ldc) * 4), *Cn = malloc((size_t)(c.M * ldc) * 4);
+            for (int64_t i = 0; i < ar * lda; i++) A[i] = frand();
+            for (int64_t i = 0; i < br * ldb; i++) B[i] = frand();
+            for (int f = 0; f < nf; f++) {
+                for (int64_t i = 0; i < c.M * ldc; i++) C1[i] = (float)(i % 11) * 0.125f;
+                omp_set_num_threads(1);
+                tabs[f]->gemm_f32(c.tA, c.tB, c.M, c.N, c.K, c.alpha, A, lda, B, ldb, c.beta, C1, ldc);
+                for (int th = 2; th <= 3; th++) {
+                    for (int64_t i = 0; i < c.M * ldc; i++) Cn[i] = (float)(i % 11) * 0.125f;
+                    omp_set_num_threads(th);
+                    tabs[f]->gemm_f32(c.tA, c.tB, c.M, c.N, c.K, c.alpha, A, lda, B, ldb, c.beta, Cn, ldc);
+                    CHECK(!memcmp(C1, Cn, (size_t)(c.M * ldc) * 4),
+                          "%s tA=%d tB=%d %lldx%lldx%lld: %d threads differ from 1 in bits", names[f], c.tA, c.tB,
+                          (long long)c.M, (long long)c.N, (long long)c.K, th);
+                }
+            }
+            omp_set_num_threads(nthr);
+            free(A), free(B), free(C1), free(Cn);
+        }
+}
+
 int main(void) {
+    test_kernel_shapes();
+    test_kernel_specials();
+    test_kernel_threads();
     test_shapes();
     test_interleaved_heads();
     test_sgemm_and_edges();

@@ -236,6 +236,27 @@ static void run_linear_ce(const kiln_simd_table *t, outs *o) {
     free(h), free(W), free(dh), free(dW);
 }
 
+/* kiln's own GEMM: the four transposes, edge tiles, K past one block,
+ * padded strides, alpha, beta 0 over NaN and beta 1, NaN/Inf in A */
+static void run_gemm(const kiln_simd_table *t, outs *o) {
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {15, 33, 17}, {37, 70, 300}, {130, 96, 64}};
+    for (int s = 0; s < 5; s++)
+        for (int tr = 0; tr < 4; tr++) {
+            bool tA = tr & 1, tB = tr & 2;
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            int64_t lda = (tA ? M : K) + 1, ldb = (tB ? K : N) + 2, ldc = N + 3;
+            int64_t nA = (tA ? K : M) * lda, nB = (tB ? N : K) * ldb;
+            g_seed = 101 + (uint64_t)(s * 4 + tr);
+            float *A = frand(nA, -1, 1), *B = frand(nB, -1, 1), *C = frand(M * ldc, -1, 1);
+            if (nA > 200) A[nA / 2] = NAN, A[nA / 3] = INFINITY;
+            float *C1 = fcopy(C, M * ldc);
+            for (int64_t i = 0; i < M * ldc; i++) C[i] = NAN;
+            t->gemm_f32(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc), put_f(o, C, M * ldc);
+            t->gemm_f32(tA, tB, M, N, K, -0.75f, A, lda, B, ldb, 1.0f, C1, ldc), put_f(o, C1, M * ldc);
+            free(A), free(B), free(C), free(C1);
+        }
+}
+
 /* ---- comparison ----------------------------------------------------------- */
 static bool same(double a, double b) {
     if (isnan(a) && isnan(b)) return true;
@@ -260,6 +281,7 @@ static const kernel_case cases[] = {
     {"adamw adamw_multi", run_adamw, 0, "the intrinsics do the scalar loop's IEEE operations in its order"},
     {"flash_attn (+seg, +win, +backward)", run_flash, 1e-5, "FMA tiles (AVX2, AVX-512) vs separate multiply and add"},
     {"linear_cross_entropy (+ex, +scratch)", run_linear_ce, 1e-6, "row sums in vector lanes"},
+    {"gemm_f32", run_gemm, 1e-5, "FMA (AVX2, AVX-512) vs separate multiply and add, the same order of sums"},
 };
 
 static void compare_forms(void) {

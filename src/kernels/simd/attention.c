@@ -405,14 +405,14 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
 #if defined(__AVX2__) && defined(__FMA__)
 #define KILN_ATT_ROW8 1
 #include "simd_exp.h"
-static inline float hmax8(__m256 v) {
+static inline __attribute__((unused)) float hmax8(__m256 v) { /* unused in the avx512 form */
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_max_ps(x, _mm_movehl_ps(x, x));
     x = _mm_max_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
 }
 
-static inline float hsum8(__m256 v) {
+static inline __attribute__((unused)) float hsum8(__m256 v) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     x = _mm_add_ss(x, _mm_movehdup_ps(x));

@@ -1,17 +1,472 @@
-/* kiln's own fp32 GEMM (kiln/kernels.h kiln_k_gemm_f32). Placeholder form:
- * a plain triple loop, to be replaced by the packed, register-blocked
- * kernels. */
+/* kiln's own fp32 GEMM (kiln/kernels.h kiln_k_gemm_f32):
+ *   C = alpha op(A) op(B) + beta C,  row-major, beta 0 (C not read) or 1.
+ *
+ * GotoBLAS/BLIS structure. The loops, outermost first:
+ *   jc: N in panels of NC columns
+ *     pc: K in blocks of at most KC (balanced: K = 600 is 3 x 200 with KC
+ *         256); op(B)[pc.., jc..] is packed into kc x NR column slivers,
+ *         zero-padded past N, one shared buffer the threads fill together
+ *       ic: row chunks of about MC rows (a thread's task); op(A)[ic.., pc..]
+ *           is packed into MR x kc row slivers (zero-padded past M) in the
+ *           thread's own buffer (L2)
+ *         jr: the task's NR slivers of the B panel (one sliver in L1)
+ *           ir: the MR slivers of the A block: the micro-kernel keeps its
+ *               MR x NR tile of C in registers over the whole kc loop (a
+ *               broadcast of A times NR/lanes vectors of B per k), then
+ *               C = alpha acc (first K block, beta 0) or C + alpha acc.
+ * Edge tiles (M, N not multiples of MR, NR) run the same kernel into a
+ * scratch tile and copy the valid part with the same two roundings (alpha
+ * acc, then the add), so an element's bits do not depend on where it sits.
+ *
+ * Packing: op(A) stored transposed (K x M) and op(B) stored as is (K x N)
+ * are row copies; the other two cases transpose 16 x 16 (avx512) or 8 x 8
+ * (avx2) squares in registers; the portable form copies element-wise.
+ *
+ * Forms (registers: the tile plus the B vectors plus a broadcast):
+ *   avx512  MR x NR = 14 x 32: 28 zmm accumulators, 2 B vectors, FMA
+ *   avx2    6 x 16: 12 ymm accumulators, 2 B vectors, FMA
+ *   portable 4 x 8: 8 xmm-sized (GCC vector extension) accumulators, mul+add
+ * Block sizes: a KC x NR sliver of B about half of a 32-48 KB L1, an MC x KC
+ * block of A well inside a 512 KB (Zen 2/3) to 1 MB (Zen 4/5) L2, a KC x NC
+ * panel of B a few MB of L3.
+ *
+ * Threads: OpenMP on the caller's count (serial below 2^19 multiply-adds,
+ * or when called inside a parallel region). Per (jc, pc) step the threads
+ * pack the B panel together (static split of its slivers, then the
+ * implicit barrier), then take tasks dynamically: row chunks of whole MR
+ * slivers (about MC rows; their count a multiple of tm) times tn column
+ * chunks of whole NR slivers, tm x tn = the thread count chosen to balance
+ * the padded work (tm = T for tall products, tn > 1 for skinny ones); a
+ * task packs its rows of A and runs its tiles. Dynamic tasks keep a thread
+ * the machine slows down from holding the others at the barrier. K is never
+ * split and the K blocking does not depend on the thread count, so every
+ * element is the same sequence of operations whichever thread computes it:
+ * the result's bits do not depend on the thread count.
+ *
+ * alpha is applied to each K block's sum as it is stored (once per element
+ * when K <= KC; with alpha 1 exactly the plain sum). */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "kiln/kernels.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define GEMM_MR 14
+#define GEMM_NR 32
+#define GEMM_KC 256
+#define GEMM_MC 168
+#define GEMM_NC 4096
+#elif defined(__AVX2__)
+#define GEMM_MR 6
+#define GEMM_NR 16
+#define GEMM_KC 256
+#define GEMM_MC 144
+#define GEMM_NC 4096
+#else
+#define GEMM_MR 4
+#define GEMM_NR 8
+#define GEMM_KC 256
+#define GEMM_MC 128
+#define GEMM_NC 2048
+#endif
+#define MR GEMM_MR
+#define NR GEMM_NR
+
+/* serial below this many multiply-adds */
+#define GEMM_PAR_MIN (1 << 19)
+
+static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* ---- micro-kernels: c[MR x NR] (row stride ldc) = alpha a.b (first) or
+ * c + alpha a.b; a: kc x MR packed, b: kc x NR packed ------------------- */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a,
+                                                          const float *restrict b, float *c, int64_t ldc,
+                                                          float alpha, bool first) {
+    __m512 acc[MR][2];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) {
+        _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + i * ldc + 16), _MM_HINT_T0);
+    }
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        __asm__("" : "+v"(b0), "+v"(b1));
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            __m512 ai = _mm512_set1_ps(a[i]);
+            acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+        }
+        a += MR;
+        b += NR;
+    }
+    const __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) {
+        __m512 r0 = _mm512_mul_ps(al, acc[i][0]), r1 = _mm512_mul_ps(al, acc[i][1]);
+        if (!first) {
+            r0 = _mm512_add_ps(_mm512_loadu_ps(c + i * ldc), r0);
+            r1 = _mm512_add_ps(_mm512_loadu_ps(c + i * ldc + 16), r1);
+        }
+        _mm512_storeu_ps(c + i * ldc, r0);
+        _mm512_storeu_ps(c + i * ldc + 16, r1);
+    }
+}
+#elif defined(__AVX2__)
+static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a,
+                                                          const float *restrict b, float *c, int64_t ldc,
+                                                          float alpha, bool first) {
+    __m256 acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        __asm__("" : "+x"(b0), "+x"(b1));
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m256 ai = _mm256_broadcast_ss(a + i);
+            acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+        }
+        a += MR;
+        b += NR;
+    }
+    const __m256 al = _mm256_set1_ps(alpha);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        __m256 r0 = _mm256_mul_ps(al, acc[i][0]), r1 = _mm256_mul_ps(al, acc[i][1]);
+        if (!first) {
+            r0 = _mm256_add_ps(_mm256_loadu_ps(c + i * ldc), r0);
+            r1 = _mm256_add_ps(_mm256_loadu_ps(c + i * ldc + 8), r1);
+        }
+        _mm256_storeu_ps(c + i * ldc, r0);
+        _mm256_storeu_ps(c + i * ldc + 8, r1);
+    }
+}
+#else
+/* GCC/clang vector extension: SSE2 on x86-64, whatever the target has
+ * elsewhere; -ffp-contract=off keeps the multiply and the add separate. */
+typedef float v4f __attribute__((vector_size(16)));
+static inline v4f v4_load(const float *p) {
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void v4_store(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a,
+                                                          const float *restrict b, float *c, int64_t ldc,
+                                                          float alpha, bool first) {
+    v4f acc[MR][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = (v4f){0, 0, 0, 0};
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        v4f b0 = v4_load(b), b1 = v4_load(b + 4);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            v4f ai = (v4f){a[i], a[i], a[i], a[i]};
+            acc[i][0] = acc[i][0] + ai * b0;
+            acc[i][1] = acc[i][1] + ai * b1;
+        }
+        a += MR;
+        b += NR;
+    }
+    const v4f al = {alpha, alpha, alpha, alpha};
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++) {
+        v4f r0 = al * acc[i][0], r1 = al * acc[i][1];
+        if (!first) {
+            r0 = v4_load(c + i * ldc) + r0;
+            r1 = v4_load(c + i * ldc + 4) + r1;
+        }
+        v4_store(c + i * ldc, r0);
+        v4_store(c + i * ldc + 4, r1);
+    }
+}
+#endif
+
+/* A tile of mi x nj (< MR x NR) at c: the kernel into a scratch tile, then
+ * the valid part, with the kernel's roundings (alpha acc, then the add). */
+static void edge_tile(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, float alpha, bool first,
+                      int64_t mi, int64_t nj) {
+    float t[MR * NR] __attribute__((aligned(64)));
+    ukernel(kc, a, b, t, NR, alpha, true);
+    for (int64_t i = 0; i < mi; i++)
+        for (int64_t j = 0; j < nj; j++) c[i * ldc + j] = first ? t[i * NR + j] : c[i * ldc + j] + t[i * NR + j];
+}
+
+/* ---- packing -------------------------------------------------------------- */
+/* The transposing cases (op(B) stored N x K, op(A) stored M x K) read rows
+ * of the stored matrix and write columns of the sliver: the vector forms
+ * load 16 (avx512) or 8 (avx2) rows of 16 / 8 consecutive k, transpose the
+ * square in registers, and store one vector per k. */
+#if defined(__AVX512F__)
+/* r[i] (row i, 16 columns) -> r[c] (column c, 16 rows) */
+static inline __attribute__((always_inline)) void tr16(__m512 r[16]) {
+    __m512 t[16], u[16];
+#pragma GCC unroll 8
+    for (int g = 0; g < 4; g++) {
+        __m512 lo01 = _mm512_unpacklo_ps(r[4 * g], r[4 * g + 1]), hi01 = _mm512_unpackhi_ps(r[4 * g], r[4 * g + 1]);
+        __m512 lo23 = _mm512_unpacklo_ps(r[4 * g + 2], r[4 * g + 3]),
+               hi23 = _mm512_unpackhi_ps(r[4 * g + 2], r[4 * g + 3]);
+        /* u[4g + q]: in 128-bit lane j, rows 4g..4g+3 of column 4j + q */
+        u[4 * g + 0] = _mm512_shuffle_ps(lo01, lo23, 0x44);
+        u[4 * g + 1] = _mm512_shuffle_ps(lo01, lo23, 0xEE);
+        u[4 * g + 2] = _mm512_shuffle_ps(hi01, hi23, 0x44);
+        u[4 * g + 3] = _mm512_shuffle_ps(hi01, hi23, 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m512 x0 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0x88), x1 = _mm512_shuffle_f32x4(u[q], u[4 + q], 0xDD);
+        __m512 y0 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0x88), y1 = _mm512_shuffle_f32x4(u[8 + q], u[12 + q], 0xDD);
+        t[0 + q] = _mm512_shuffle_f32x4(x0, y0, 0x88);
+        t[8 + q] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+        t[4 + q] = _mm512_shuffle_f32x4(x1, y1, 0x88);
+        t[12 + q] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+/* dst[k*ds + i] = src[i*ld + k] for i < ni (<= 16), k < nk (<= 16); lanes
+ * i < wmask's bits are stored (rows past ni as zeros) */
+static inline __attribute__((always_inline)) void tr_block(const float *src, int64_t ld, int64_t ni, int64_t nk,
+                                                           float *dst, int64_t ds, __mmask16 wmask) {
+    __m512 r[16];
+    const __mmask16 km = (__mmask16)(nk >= 16 ? 0xFFFF : (1u << nk) - 1);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = i < ni ? _mm512_maskz_loadu_ps(km, src + i * ld) : _mm512_setzero_ps();
+    tr16(r);
+    for (int64_t k = 0; k < nk; k++) _mm512_mask_storeu_ps(dst + k * ds, wmask, r[k]);
+}
+#define GEMM_TR 16
+#elif defined(__AVX2__)
+static inline __attribute__((always_inline)) void tr8(__m256 r[8]) {
+    __m256 u[8];
+#pragma GCC unroll 2
+    for (int g = 0; g < 2; g++) {
+        __m256 lo01 = _mm256_unpacklo_ps(r[4 * g], r[4 * g + 1]), hi01 = _mm256_unpackhi_ps(r[4 * g], r[4 * g + 1]);
+        __m256 lo23 = _mm256_unpacklo_ps(r[4 * g + 2], r[4 * g + 3]),
+               hi23 = _mm256_unpackhi_ps(r[4 * g + 2], r[4 * g + 3]);
+        /* u[4g + q]: in 128-bit lane j, rows 4g..4g+3 of column 4j + q */
+        u[4 * g + 0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
+        u[4 * g + 1] = _mm256_shuffle_ps(lo01, lo23, 0xEE);
+        u[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
+        u[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        r[q] = _mm256_permute2f128_ps(u[q], u[4 + q], 0x20);
+        r[4 + q] = _mm256_permute2f128_ps(u[q], u[4 + q], 0x31);
+    }
+}
+/* dst[k*ds + i] = src[i*ld + k] for i < ni (<= 8), k < nk (<= 8); the
+ * first w (6 or 8) lanes stored, rows past ni as zeros */
+static inline __attribute__((always_inline)) void tr_block(const float *src, int64_t ld, int64_t ni, int64_t nk,
+                                                           float *dst, int64_t ds, int w) {
+    __m256 r[8];
+    if (nk == 8) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) r[i] = i < ni ? _mm256_loadu_ps(src + i * ld) : _mm256_setzero_ps();
+    } else {
+        float tmp[8][8];
+        for (int i = 0; i < 8; i++)
+            for (int k = 0; k < 8; k++) tmp[i][k] = i < ni && k < nk ? src[i * ld + k] : 0.0f;
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(tmp[i]);
+    }
+    tr8(r);
+    for (int64_t k = 0; k < nk; k++) {
+        if (w == 8) {
+            _mm256_storeu_ps(dst + k * ds, r[k]);
+        } else { /* 6 */
+            _mm_storeu_ps(dst + k * ds, _mm256_castps256_ps128(r[k]));
+            _mm_storel_pi((__m64 *)(dst + k * ds + 4), _mm256_extractf128_ps(r[k], 1));
+        }
+    }
+}
+#define GEMM_TR 8
+#endif
+
+/* dst[k*NR + j] = op(B)[pc + k][j0 + j] for j < nj, 0 past it */
+static void pack_b(bool transB, const float *B, int64_t ldb, int64_t pc, int64_t kc, int64_t j0, int64_t nj,
+                   float *restrict dst) {
+    if (!transB) {
+        const float *src = B + pc * ldb + j0;
+        if (nj == NR) {
+            for (int64_t k = 0; k < kc; k++) memcpy(dst + k * NR, src + k * ldb, NR * sizeof(float));
+        } else {
+            for (int64_t k = 0; k < kc; k++) {
+                memcpy(dst + k * NR, src + k * ldb, (size_t)nj * sizeof(float));
+                memset(dst + k * NR + nj, 0, (size_t)(NR - nj) * sizeof(float));
+            }
+        }
+        return;
+    }
+    const float *src = B + j0 * ldb + pc;
+#if defined(GEMM_TR)
+    /* NR / GEMM_TR column groups of GEMM_TR rows of the stored B */
+    for (int64_t g = 0; g < NR / GEMM_TR; g++) {
+        int64_t ng = imin(GEMM_TR, nj - g * GEMM_TR);
+        for (int64_t k0 = 0; k0 < kc; k0 += GEMM_TR) {
+#if defined(__AVX512F__)
+            tr_block(src + g * GEMM_TR * ldb + k0, ldb, ng, imin(GEMM_TR, kc - k0), dst + k0 * NR + g * GEMM_TR, NR,
+                     0xFFFF);
+#else
+            tr_block(src + g * GEMM_TR * ldb + k0, ldb, ng, imin(GEMM_TR, kc - k0), dst + k0 * NR + g * GEMM_TR, NR,
+                     GEMM_TR);
+#endif
+        }
+    }
+#else
+    int64_t k0 = 0;
+    for (; k0 + 8 <= kc; k0 += 8) {
+        for (int64_t j = 0; j < nj; j++) {
+            const float *s = src + j * ldb + k0;
+#pragma GCC unroll 8
+            for (int kk = 0; kk < 8; kk++) dst[(k0 + kk) * NR + j] = s[kk];
+        }
+    }
+    for (int64_t j = 0; j < nj; j++)
+        for (int64_t k = k0; k < kc; k++) dst[k * NR + j] = src[j * ldb + k];
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = nj; j < NR; j++) dst[k * NR + j] = 0.0f;
+#endif
+}
+
+/* dst[k*MR + i] = op(A)[i0 + i][pc + k] for i < mi, 0 past it */
+static void pack_a(bool transA, const float *A, int64_t lda, int64_t i0, int64_t mi, int64_t pc, int64_t kc,
+                   float *restrict dst) {
+    if (transA) {
+        const float *src = A + pc * lda + i0;
+        for (int64_t k = 0; k < kc; k++) {
+            float *d = dst + k * MR;
+            const float *s = src + k * lda;
+            if (mi == MR) {
+#pragma GCC unroll 16
+                for (int i = 0; i < MR; i++) d[i] = s[i];
+            } else {
+                for (int64_t i = 0; i < MR; i++) d[i] = i < mi ? s[i] : 0.0f;
+            }
+        }
+        return;
+    }
+    const float *src = A + i0 * lda + pc;
+#if defined(__AVX512F__)
+    for (int64_t k0 = 0; k0 < kc; k0 += 16)
+        tr_block(src + k0, lda, mi, imin(16, kc - k0), dst + k0 * MR, MR, (__mmask16)((1u << MR) - 1));
+#elif defined(__AVX2__)
+    for (int64_t k0 = 0; k0 < kc; k0 += 8) tr_block(src + k0, lda, mi, imin(8, kc - k0), dst + k0 * MR, MR, MR);
+#else
+    int64_t k0 = 0;
+    for (; k0 + 8 <= kc; k0 += 8) {
+        for (int64_t i = 0; i < mi; i++) {
+            const float *s = src + i * lda + k0;
+#pragma GCC unroll 8
+            for (int kk = 0; kk < 8; kk++) dst[(k0 + kk) * MR + i] = s[kk];
+        }
+    }
+    for (int64_t i = 0; i < mi; i++)
+        for (int64_t k = k0; k < kc; k++) dst[k * MR + i] = src[i * lda + k];
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t i = mi; i < MR; i++) dst[k * MR + i] = 0.0f;
+#endif
+}
+
+/* ---- driver --------------------------------------------------------------- */
+static void split(int64_t n, int parts, int idx, int64_t *lo, int64_t *hi) {
+    int64_t q = n / parts, r = n % parts;
+    *lo = idx * q + imin(idx, r);
+    *hi = *lo + q + (idx < r);
+}
+
+/* tm x tn = T: the grid with the least padded work per thread (ties to
+ * more threads on M: each thread on N packs the A block again) */
+static int grid_tm(int T, int64_t M, int64_t N) {
+    int64_t ms = cdiv(M, MR), ns = cdiv(imin(N, GEMM_NC), NR);
+    int best = T;
+    double bcost = 0;
+    for (int tm = T; tm >= 1; tm--) {
+        if (T % tm) continue;
+        int tn = T / tm;
+        double cost = (double)cdiv(ms, tm) * (double)cdiv(ns, tn) * (1.0 + 0.02 * (tn - 1));
+        if (tm == T || cost < bcost) best = tm, bcost = cost;
+    }
+    return best;
+}
 
 bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-#pragma omp parallel for schedule(static) if (M * N * K > (1 << 18))
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) {
-            float s = 0;
-            for (int64_t k = 0; k < K; k++)
-                s += (transA ? A[k * lda + i] : A[i * lda + k]) * (transB ? B[j * ldb + k] : B[k * ldb + j]);
-            C[i * ldc + j] = alpha * s + (beta != 0.0f ? C[i * ldc + j] : 0.0f);
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if ((double)M * (double)N * (double)K < (double)GEMM_PAR_MIN) nt = 1;
+    if (nt < 1) nt = 1;
+    const int64_t nkb = cdiv(K, GEMM_KC), kcb = cdiv(K, nkb); /* K blocks, balanced */
+    const int64_t ncp = imin(cdiv(N, NR) * NR, GEMM_NC);
+    /* tasks of one (jc, pc) step: nm row chunks (whole MR slivers, at
+     * most about MC rows, their count a multiple of the grid's tm) times tn
+     * column chunks (whole NR slivers of the panel) */
+    const int tm = grid_tm(nt, M, N), tn = nt / tm;
+    const int64_t ms = cdiv(M, MR), nm = cdiv(imax(cdiv(ms, GEMM_MC / MR), tm), tm) * tm;
+    const int64_t ntask = nm * tn;
+    const int64_t mcp = cdiv(ms, nm) * MR; /* rows of the largest chunk */
+    const size_t bsz = (size_t)(kcb * ncp), asz = (size_t)(kcb * mcp + 16) / 16 * 16;
+    const size_t bytes = ((bsz + 16) / 16 * 16 + asz * (size_t)nt) * sizeof(float);
+    float *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!buf) return false;
+    float *const bpack = buf, *const apack0 = buf + (bsz + 16) / 16 * 16;
+    const bool acc0 = beta != 0.0f;
+
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *const apack = apack0 + asz * (size_t)omp_get_thread_num();
+        for (int64_t jc = 0; jc < N; jc += GEMM_NC) {
+            const int64_t nc = imin(GEMM_NC, N - jc), ns = cdiv(nc, NR);
+            for (int64_t pc = 0; pc < K; pc += kcb) {
+                const int64_t kc = imin(kcb, K - pc);
+                const bool first = pc == 0 && !acc0;
+#pragma omp for schedule(static)
+                for (int64_t s = 0; s < ns; s++)
+                    pack_b(transB, B, ldb, pc, kc, jc + s * NR, imin(NR, nc - s * NR), bpack + s * NR * kc);
+                /* (implicit barrier: the panel is packed) */
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t task = 0; task < ntask; task++) {
+                    int64_t ms0, ms1, ns0, ns1;
+                    split(ms, (int)nm, (int)(task / tn), &ms0, &ms1);
+                    split(ns, tn, (int)(task % tn), &ns0, &ns1);
+                    const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
+                    if (mc <= 0 || ns1 <= ns0) continue;
+                    for (int64_t r = 0; r < msl; r++)
+                        pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, apack + r * MR * kc);
+                    for (int64_t s = ns0; s < ns1; s++) {
+                        const float *bp = bpack + s * NR * kc;
+                        const int64_t j = jc + s * NR, nj = imin(NR, nc - s * NR);
+                        for (int64_t r = 0; r < msl; r++) {
+                            const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
+                            float *c = C + i * ldc + j;
+                            if (mi == MR && nj == NR)
+                                ukernel(kc, apack + r * MR * kc, bp, c, ldc, alpha, first);
+                            else
+                                edge_tile(kc, apack + r * MR * kc, bp, c, ldc, alpha, first, mi, nj);
+                        }
+                    }
+                }
+                /* (implicit barrier: the panel is free for the next one) */
+            }
         }
+    }
+    free(buf);
     return true;
 }
