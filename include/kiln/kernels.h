@@ -30,7 +30,7 @@ extern "C" {
     X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) X(sum) \
     X(sumsq) X(sumsq_multi) X(adamw) X(adamw_multi) X(flash_attn) \
     X(flash_attn_seg) X(flash_attn_win) X(flash_attn_backward) X(flash_attn_backward_seg) X(flash_attn_backward_win) \
-    X(linear_cross_entropy) X(linear_cross_entropy_ex) X(linear_cross_entropy_scratch) X(gemm_f32)
+    X(linear_cross_entropy) X(linear_cross_entropy_ex) X(linear_cross_entropy_scratch) X(gemm_f32) X(gemm_bf16)
 #define KILN_FORMED_(s, f) kiln_k_##s##_##f
 #define KILN_FORMED(s, f) KILN_FORMED_(s, f)
 #ifdef KILN_FORM
@@ -72,6 +72,7 @@ extern "C" {
 #define kiln_k_linear_cross_entropy_ex KILN_SIMD_NAME(linear_cross_entropy_ex)
 #define kiln_k_linear_cross_entropy_scratch KILN_SIMD_NAME(linear_cross_entropy_scratch)
 #define kiln_k_gemm_f32 KILN_SIMD_NAME(gemm_f32)
+#define kiln_k_gemm_bf16 KILN_SIMD_NAME(gemm_bf16)
 
 /* ---- GEMM -------------------------------------------------------------- */
 /* C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b in [0, batch),
@@ -300,6 +301,15 @@ size_t kiln_k_linear_cross_entropy_scratch(int64_t N, int64_t C, int64_t V, int6
  * allocate its packing buffers (no error is set). */
 bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+/* kiln's own bf16 GEMM (src/kernels/simd/gemm_bf16.c), the same contract
+ * with bf16 operands (as kiln_f32_to_bf16 stores them) and fp32 C, summed
+ * as VDPBF16PS sums: per pair of k, acc += a[2i+1] b[2i+1], then
+ * acc += a[2i] b[2i] (exact products, each add rounded to nearest even,
+ * denormal inputs and outputs flushed to zero). The avx512 form runs
+ * VDPBF16PS where the CPU has AVX512-BF16; every other form and CPU runs an
+ * emulation with the same bits. */
+bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
+                      int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 
 /* ---- the active form's table (kiln/simd.h) ------------------------------ */
