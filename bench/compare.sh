@@ -9,14 +9,19 @@
 # MFU: model FLOPs against the fp32 FMA peak kiln probes once at the start
 # (bf16 against twice that where the CPU has AVX512-BF16, against the same
 # figure where bf16 products are emulated, as kiln bench counts it); every run uses that
-# one figure. Run it on a quiet machine; it takes long (see README).
+# one figure. Beside them, llama.cpp's own trainer (bench/llamacpp_train: llama_opt_epoch of
+# node-llama-cpp's prebuilt libllama, AdamW, fp32, 1 and 2 threads) on the same model exported
+# as an F32 GGUF and the same tokens, in the same repetitions; the table's last column is
+# tokens/s over llama.cpp's best set-up (skipped, with the reason, where its libraries or
+# bench/llamacpp_train are missing). Run it on a quiet machine; it takes long (see README).
 #
 #   bash bench/compare.sh [--reps 3] [--steps 3] [--configs "124m:4x1024 small:8x256"]
 #                         [--kiln build/kiln] [--python /usr/bin/python3] [--out DIR] [--quick]
+#                         [--llamacpp BUILD/bench/llamacpp_train | --no-llamacpp]
 # --quick: tiny:2x64, 1 repetition, 1 step (checks that the script works).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reps=3 steps=3 configs="124m:4x1024 small:8x256" kiln=build/kiln py=/usr/bin/python3 out=""
+reps=3 steps=3 configs="124m:4x1024 small:8x256" kiln=build/kiln py=/usr/bin/python3 out="" llt="" no_llt=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2;;
@@ -25,8 +30,10 @@ while [ $# -gt 0 ]; do
     --kiln) kiln=$2; shift 2;;
     --python) py=$2; shift 2;;
     --out) out=$2; shift 2;;
+    --llamacpp) llt=$2; shift 2;;
+    --no-llamacpp) no_llt=1; shift;;
     --quick) configs="tiny:2x64" reps=1 steps=1; shift;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0;;
     *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
   esac
 done
@@ -53,6 +60,51 @@ bf16peak=$("$kiln" bench --model tiny --batch 1 --seq 8 --steps 1 --warmup 1 --m
 [ -n "$bf16peak" ] || { echo "compare.sh: could not read the bf16 peak from kiln bench" >&2; exit 1; }
 echo "fp32 FMA peak (kiln's probe): $peak GFLOP/s, bf16 peak $bf16peak GFLOP/s; logs in $out"
 
+# llama.cpp's trainer: the bench program beside this kiln (BUILD/kiln ->
+# BUILD/bench/llamacpp_train), and per model one F32 GGUF of kiln's model
+# (its config, random weights: kiln train of one step at lr 1e-9 writes the
+# model directory, with a 512-token tokenizer of README.md that kiln export
+# pads to the model's vocabulary). Both trainers then read kiln bench's tokens.
+# Beside it a rank-1 LoRA adapter of every linear (pad-lora.gguf), which
+# llamacpp_train loads and never applies: llama.cpp sizes its scheduler's
+# graph for inference, adapters enlarge that budget, and the training graph
+# of a model of more than ~2 layers aborts without the room.
+[ -n "$llt" ] || llt=$(dirname "$kiln")/bench/llamacpp_train
+llt_skip=""
+if [ "$no_llt" = 1 ]; then llt_skip="--no-llamacpp"
+elif [ ! -x "$llt" ]; then llt_skip="$llt not built (make $llt)"
+else
+  rc=0; probe=$("$llt" /nonexistent.gguf bench 2>&1 >/dev/null) || rc=$?
+  [ "$rc" = 77 ] && llt_skip="${probe#llamacpp_train: skip: }"
+fi
+llt_gguf() { # MODEL T: makes $out/llamacpp/MODEL/model.gguf once; its log beside it
+  local m=$1 T=$2 d="$out/llamacpp/$1"
+  [ -f "$d/model.gguf" ] && return 0
+  mkdir -p "$d"
+  local cfg="import json, sys
+sys.path.insert(0, 'bench')
+import torch_small as ts
+c = ts.load_config(sys.argv[1])
+c.update(model_type='llama', architectures=['LlamaForCausalLM'], bos_token_id=0, eos_token_id=1,
+         max_position_embeddings=max(int(c.get('max_position_embeddings', 1024)), int(sys.argv[2])))
+json.dump(c, open(sys.argv[3], 'w'), indent=1)"
+  if "$kiln" tokenizer train README.md --vocab-size 512 -o "$d/tok.json" > "$d/make.log" 2>&1 &&
+     "$kiln" tokenize README.md --tokenizer "$d/tok.json" -o "$d/data" >> "$d/make.log" 2>&1 &&
+     "$py" -c "$cfg" "$m" "$T" "$d/config.json" >> "$d/make.log" 2>&1 &&
+     "$kiln" train --model "$d/config.json" --data "$d/data" --tokenizer "$d/tok.json" --run-dir "$d/run" --steps 1 \
+       --batch 1 --accum 1 --seq-len 64 --lr 1e-9 --min-lr 0 --warmup 0 --eval-every 0 --no-plot >> "$d/make.log" 2>&1 &&
+     "$kiln" train --init "$d/run" --data "$d/data" --tokenizer "$d/tok.json" --run-dir "$d/lora" --lora-rank 1 \
+       --lora-targets all --steps 1 --batch 1 --accum 1 --seq-len 64 --lr 1e-9 --min-lr 0 --warmup 0 --eval-every 0 \
+       --no-plot >> "$d/make.log" 2>&1 &&
+     "$kiln" export "$d/lora" --gguf-lora "$d/pad-lora.gguf" >> "$d/make.log" 2>&1 &&
+     "$kiln" export "$d/run" --gguf "$d/model.gguf" --type f32 >> "$d/make.log" 2>&1; then
+    rm -rf "$d/run" "$d/lora" "$d/data"
+  else
+    echo "  could not make the GGUF of $m: see $d/make.log"
+  fi
+}
+if [ -z "$llt_skip" ]; then echo "llama.cpp's trainer: $llt"; else echo "llama.cpp's trainer: skipped: $llt_skip"; fi
+
 for r in $(seq 1 "$reps"); do
   for c in $configs; do
     model=${c%%:*} bt=${c#*:} B=${bt%x*} T=${bt#*x}
@@ -72,6 +124,17 @@ for r in $(seq 1 "$reps"); do
         sed -n "s/^RESULT /$model ${B}x$T pytorch precision=$prec threads=$th /p" "$log" >> "$results"
       done
     done
+    if [ -z "$llt_skip" ]; then
+      llt_gguf "$model" "$T"
+      for th in 1 2; do
+        log="$out/llamacpp-$model-${B}x$T-t$th-$r.txt"
+        echo "rep $r: llama.cpp $model ${B}x$T fp32 $th thread(s)"
+        if [ -f "$out/llamacpp/$model/model.gguf" ] && nice "$llt" "$out/llamacpp/$model/model.gguf" bench --ctx "$T" \
+             --batch "$B" --steps "$steps" --warmup 1 --threads "$th" --peak "$peak" --pad-lora "$out/llamacpp/$model/pad-lora.gguf" > "$log" 2>&1; then :
+        else echo "  failed: see $log"; fi
+        sed -n "s/^RESULT mode=llamacpp /$model ${B}x$T llama.cpp /p" "$log" >> "$results"
+      done
+    fi
   done
 done
 
@@ -89,18 +152,22 @@ def med(v, k):
     return statistics.median(float(x[k]) for x in v)
 print("\nmedians of %s repetitions (each the median of %s steps); MFU against kiln's fp32 FMA peak"
       "\n(bf16: 2x with AVX512-BF16, 1x where bf16 products are emulated);"
-      "\nthe ratio is tokens/s over PyTorch's best set-up (threads) of the same model, batch and precision" %
+      "\nthe ratio is tokens/s over PyTorch's best set-up (threads) of the same model, batch and precision;"
+      "\nvs llama.cpp: over llama.cpp's trainer's best set-up (threads; fp32) on the same model and batch" %
       (sys.argv[2], sys.argv[3]))
-print("%-6s %-8s %-14s %-5s %7s %10s %7s %9s %9s %12s" % ("model", "batch", "engine", "prec", "threads", "tokens/s",
-                                                           "MFU", "peak MB", "optim ms", "vs PyTorch"))
+print("%-6s %-8s %-14s %-5s %7s %10s %7s %9s %9s %12s %12s" % ("model", "batch", "engine", "prec", "threads", "tokens/s",
+                                                                "MFU", "peak MB", "optim ms", "vs PyTorch", "vs llama.cpp"))
 for model_batch in sorted({k[:2] for k in rows}, key=lambda x: x[0]):
     for prec in ("fp32", "bf16"):
         best = max((med(v, "tokens_s") for k, v in rows.items() if k[:2] == model_batch and k[2] == "pytorch"
                     and k[3] == prec), default=0)
+        llama = max((med(v, "tokens_s") for k, v in rows.items() if k[:2] == model_batch and k[2] == "llama.cpp"
+                     and k[3] == "fp32"), default=0)
         for k in sorted((k for k in rows if k[:2] == model_batch and k[3] == prec), key=lambda k: (k[2], k[4])):
             v = rows[k]
             t = med(v, "tokens_s")
-            print("%-6s %-8s %-14s %-5s %7d %10.0f %6.1f%% %9.0f %9.1f %11s" % (
+            print("%-6s %-8s %-14s %-5s %7d %10.0f %6.1f%% %9.0f %9.1f %11s %12s" % (
                 k[0], k[1], k[2], prec, k[4], t, 100 * med(v, "mfu"), med(v, "peak_mb"), med(v, "optim_ms"),
-                "%.2fx" % (t / best) if best > 0 else "n/a"))
+                "%.2fx" % (t / best) if best > 0 else "n/a",
+                "%.2fx" % (t / llama) if llama > 0 and prec == "fp32" else "n/a"))
 EOF

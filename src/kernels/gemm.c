@@ -364,21 +364,32 @@ static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const
 enum { IMPL_ONEDNN = 0, IMPL_SGEMM = 1, IMPL_KILN = 2, IMPL_COUNT = 3 };
 static const char *const impl_names[IMPL_COUNT] = {"onednn", "sgemm", "kiln"};
 
-static kiln_status run_impl(const gemm_entry *e, int impl, const float *A, const float *B, float *C) {
+/* whether impl computes problems of this dtype (bf16: the primitive and
+ * kiln's VDPBF16PS kernel) */
+static bool impl_serves(int impl, int dtype) { return dtype == DT_F32 || impl != IMPL_SGEMM; }
+
+static kiln_status run_impl(const gemm_entry *e, int impl, const void *A, const void *B, float *C) {
     const gemm_key *k = &e->key;
     if (impl == IMPL_ONEDNN) return execute((gemm_entry *)e, A, B, C);
+    const bool bf = k->dtype == DT_BF16;
     for (int64_t b = 0; b < k->batch; b++) {
-        const float *a = A + b * k->strideA, *bb = B + b * k->strideB;
         float *c = C + b * k->strideC;
         if (impl == IMPL_KILN) {
-            if (!kiln_k_gemm_f32(k->transA, k->transB, k->M, k->N, k->K, k->alpha, a, k->lda, bb, k->ldb, k->beta, c,
-                                 k->ldc))
+            bool ok = bf ? kiln_k_gemm_bf16(k->transA, k->transB, k->M, k->N, k->K, k->alpha,
+                                            (const uint16_t *)A + b * k->strideA, k->lda,
+                                            (const uint16_t *)B + b * k->strideB, k->ldb, k->beta, c, k->ldc)
+                         : kiln_k_gemm_f32(k->transA, k->transB, k->M, k->N, k->K, k->alpha,
+                                           (const float *)A + b * k->strideA, k->lda, (const float *)B + b * k->strideB,
+                                           k->ldb, k->beta, c, k->ldc);
+            if (!ok)
                 return kiln_error(KILN_ERR_OOM, "kiln gemm M=%lld N=%lld K=%lld: cannot allocate its packing buffers",
                                   (long long)k->M, (long long)k->N, (long long)k->K);
             continue;
         }
-        dnnl_status_t s = dnnl_sgemm(k->transA ? 'T' : 'N', k->transB ? 'T' : 'N', k->M, k->N, k->K, k->alpha, a,
-                                     k->lda, bb, k->ldb, k->beta, c, k->ldc);
+        if (bf) return kiln_error(KILN_ERR_INVALID, "gemm: dnnl_sgemm has no bf16 form");
+        dnnl_status_t s = dnnl_sgemm(k->transA ? 'T' : 'N', k->transB ? 'T' : 'N', k->M, k->N, k->K, k->alpha,
+                                     (const float *)A + b * k->strideA, k->lda, (const float *)B + b * k->strideB,
+                                     k->ldb, k->beta, c, k->ldc);
         if (s != dnnl_success)
             return kiln_error(dnnl_to_kiln(s), "dnnl_sgemm M=%lld N=%lld K=%lld: oneDNN status %d", (long long)k->M,
                               (long long)k->N, (long long)k->K, (int)s);
@@ -405,7 +416,7 @@ static kiln_status run_impl(const gemm_entry *e, int impl, const float *A, const
 static int g_forced = -1; /* KILN_GEMM, or -1: measure */
 static char g_forced_text[32];
 static pthread_mutex_t g_choice_lock = PTHREAD_MUTEX_INITIALIZER;
-static int g_chosen[IMPL_COUNT];
+static int g_chosen[2][IMPL_COUNT]; /* by dtype */
 static int g_measured;
 
 __attribute__((constructor)) static void read_kiln_gemm(void) {
@@ -455,7 +466,8 @@ static void machine_tag(char *out, size_t n) {
 }
 
 static void key_text(const gemm_key *k, char *out, size_t n) {
-    snprintf(out, n, "t%d %c%c M%lld N%lld K%lld ld%lld,%lld,%lld b%lld s%lld,%lld,%lld a%a c%a", (int)k->nthreads,
+    snprintf(out, n, "%s t%d %c%c M%lld N%lld K%lld ld%lld,%lld,%lld b%lld s%lld,%lld,%lld a%a c%a",
+             k->dtype == DT_BF16 ? "bf16" : "f32", (int)k->nthreads,
              k->transA ? 'T' : 'N', k->transB ? 'T' : 'N', (long long)k->M, (long long)k->N, (long long)k->K,
              (long long)k->lda, (long long)k->ldb, (long long)k->ldc, (long long)k->batch, (long long)k->strideA,
              (long long)k->strideB, (long long)k->strideC, (double)k->alpha, (double)k->beta);
@@ -506,7 +518,7 @@ static int recorded_choice(int fd, const char *prefix) {
 /* times every implementation on the problem into scratch; us[i] the best
  * microseconds (1e30 where it failed); returns the fastest, or -1 when no
  * scratch could be had */
-static int measure(const gemm_entry *e, const float *A, const float *B, double us[IMPL_COUNT]) {
+static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
     float *scratch = calloc(span, sizeof(float));
@@ -516,6 +528,7 @@ static int measure(const gemm_entry *e, const float *A, const float *B, double u
     for (int r = 0; r < rounds; r++) {
         double round_time = 0;
         for (int i = 0; i < IMPL_COUNT; i++) {
+            if (!impl_serves(i, k->dtype)) continue;
             if (k->beta != 0.0f) memset(scratch, 0, span * sizeof(float));
             double t0 = kiln_time_now();
             kiln_status st = run_impl(e, i, A, B, scratch);
@@ -541,15 +554,15 @@ static int measure(const gemm_entry *e, const float *A, const float *B, double u
     return best;
 }
 
-static void choose(gemm_entry *e, const float *A, const float *B) {
+static void choose(gemm_entry *e, const void *A, const void *B) {
     pthread_mutex_lock(&g_choice_lock);
     if (e->choice >= 0) {
         pthread_mutex_unlock(&g_choice_lock);
         return;
     }
     if (g_forced >= 0) {
-        e->choice = g_forced;
-        g_chosen[e->choice]++;
+        e->choice = impl_serves(g_forced, e->key.dtype) ? g_forced : IMPL_ONEDNN; /* sgemm: bf16 on the primitive */
+        g_chosen[e->key.dtype][e->choice]++;
         pthread_mutex_unlock(&g_choice_lock);
         return;
     }
@@ -585,7 +598,7 @@ static void choose(gemm_entry *e, const float *A, const float *B) {
     }
     if (fd >= 0) close(fd); /* releases the lock */
     e->choice = c;
-    g_chosen[c]++;
+    g_chosen[e->key.dtype][c]++;
     pthread_mutex_unlock(&g_choice_lock);
 }
 
@@ -604,13 +617,14 @@ kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *
 }
 
 const char *kiln_gemm_choices(void) {
-    static char buf[192];
+    static char buf[256];
     pthread_mutex_lock(&g_choice_lock);
-    if (g_forced >= 0)
-        snprintf(buf, sizeof buf, "KILN_GEMM=%s: %d fp32 products", g_forced_text, g_chosen[g_forced]);
-    else
-        snprintf(buf, sizeof buf, "%d fp32 products: onednn %d, sgemm %d, kiln %d (%d measured now, the rest from the cache)",
-                 g_chosen[0] + g_chosen[1] + g_chosen[2], g_chosen[0], g_chosen[1], g_chosen[2], g_measured);
+    const int *f = g_chosen[DT_F32], *h = g_chosen[DT_BF16];
+    int n = g_forced >= 0 ? snprintf(buf, sizeof buf, "KILN_GEMM=%s: %d fp32 products", g_forced_text, f[g_forced])
+                          : snprintf(buf, sizeof buf, "%d fp32 products: onednn %d, sgemm %d, kiln %d (%d measured now, the rest from the cache)",
+                                     f[0] + f[1] + f[2], f[0], f[1], f[2], g_measured);
+    if (h[0] + h[2] && n > 0 && (size_t)n < sizeof buf)
+        snprintf(buf + n, sizeof buf - (size_t)n, "; %d bf16 products: onednn %d, kiln %d", h[0] + h[2], h[0], h[2]);
     pthread_mutex_unlock(&g_choice_lock);
     return buf;
 }
@@ -640,8 +654,13 @@ static float *widen_bf16(const uint16_t *x, size_t n) {
  * operands are widened exactly and multiplied in fp32: the same products of
  * bf16 values, fp32 accumulation, no speed-up. */
 kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uint16_t *B, float *C) {
-    if (!d || kiln_cpu_has_avx512bf16() || d->M <= 0 || d->N <= 0 || d->K <= 0 || d->batch <= 0)
-        return gemm(DT_BF16, d, A, B, C);
+    if (!d || kiln_cpu_has_avx512bf16() || d->M <= 0 || d->N <= 0 || d->K <= 0 || d->batch <= 0) {
+        gemm_entry *e;
+        kiln_status st = prepare(DT_BF16, d, A, B, C, &e);
+        if (st || !e) return st;
+        if (e->choice < 0) choose(e, A, B);
+        return run_impl(e, e->choice, A, B, C);
+    }
     size_t na = operand_span(d->M, d->K, d->lda, d->transA, d->batch, d->strideA);
     size_t nb = operand_span(d->K, d->N, d->ldb, d->transB, d->batch, d->strideB);
     if (!na || !nb) return gemm(DT_BF16, d, A, B, C); /* its checks name the bad size */
