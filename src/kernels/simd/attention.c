@@ -12,12 +12,14 @@
  *
  * Determinism: every output element is written by one task whose loop order
  * does not depend on the thread count, so results are bitwise identical for
- * any number of threads. The backward has two schedules (one task per
- * (batch, kv head), or separate dk/dv and dq passes, which compute S and dP
- * twice, when such tasks are too few to fill the threads and do not share
- * out evenly among them); both perform the same per-tile arithmetic
- * and accumulate in the same order, so they agree bitwise too.
+ * any number of threads. The backward runs one task per (batch, kv head,
+ * part of the key blocks): the part count comes from the shape alone (about
+ * 32 tasks, so that few heads still fill the threads), each task owns its
+ * key blocks' dk and dv and adds its dq contributions to a copy of dq of
+ * its own, and dq is the sum of the copies in part order; every tile's S
+ * and dP are computed once.
  */
+#include <string.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -783,54 +785,77 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
     }
     bwd_args a = {q, k, v, kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
                   H, Hkv, T, Tk, D, nkb, nqb, scale, si, window};
-    const int64_t grp = H / Hkv, nth = omp_get_max_threads();
+    const int64_t grp = H / Hkv, nq = B * H * T * D;
     const bool small = T * Tk * D * B * H <= (1 << 16);
-    /* one task per (b, kv head) recomputes nothing twice; its tasks are of
-     * equal size (the same causal tiles) unless padding or segments differ
-     * between rows, so it is taken when they share out evenly as well as
-     * when there are many; else the split schedule fills the threads at the
-     * price of computing S and dP in both passes */
-    if (B * Hkv >= 4 * nth || (B * Hkv) % nth == 0 || small) {
-        /* one task per (b, kv head) owns its dk, dv and its heads' dq rows */
-#pragma omp parallel if (!small && B * Hkv > 1)
-        {
-            float *S = kiln_alloc(2 * BQ * BK * sizeof(float)), *dP = S + BQ * BK;
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < B * Hkv; t++) {
-                for (int64_t kb = 0; kb < nkb; kb++) bwd_kblock(&a, t / Hkv, t % Hkv, kb, true, S, dP);
-                scale_rows(dk + t * Tk * D, Tk * D, scale);
-                scale_rows(dq + t * grp * T * D, grp * T * D, scale);
-            }
-            kiln_dealloc(S);
+    /* The key blocks of each (b, kv head) in P parts of about equal work;
+     * a task per (b, kv head, part) owns the part's dk, dv and adds its
+     * tiles' dq contributions into the part's own dq copy (dq itself when
+     * P = 1), and dq is the sum of the copies in part order. P depends on
+     * the shape only (enough tasks for ~32 threads, no more parts than key
+     * blocks, the copies within 256 MB), never on the thread count, so the
+     * bits do not either; S and dP are computed once per tile. */
+    int64_t P = small ? 1 : cdiv(32, B * Hkv);
+    if (P > nkb) P = nkb;
+    while (P > 1 && (double)P * (double)nq * sizeof(float) > 256e6) P--;
+    float *dqp = P > 1 ? kiln_alloc((size_t)P * (size_t)nq * sizeof(float)) : NULL;
+    if (!dqp) P = 1; /* no memory for the copies: one part (other bits, same sums) */
+    int64_t bound[33] = {0};
+    {
+        /* part boundaries by visible tiles (b = 0's masks: a balance, not
+         * a rule of the result) */
+        int64_t total = 0, *w = malloc((size_t)nkb * sizeof *w);
+        for (int64_t kb = 0; kb < nkb; kb++) {
+            w[kb] = 0;
+            for (int64_t qb = 0; w && qb < nqb; qb++) w[kb] += tile_visible(&a, 0, qb, kb) != 0;
+            total += w ? w[kb] : 1;
         }
-    } else {
-        /* dk/dv per (b, kv head, key block), then dq per (b, h, query block);
-         * same tiles, same accumulation orders */
-#pragma omp parallel
-        {
-            float *S = kiln_alloc(2 * BQ * BK * sizeof(float)), *dP = S + BQ * BK;
+        int64_t acc = 0, part = 1;
+        for (int64_t kb = 0; kb < nkb && part < P; kb++) {
+            acc += w ? w[kb] : 1;
+            /* close part `part - 1` once it holds its share, leaving a key
+             * block for each part still to come */
+            if ((acc * P >= part * total || nkb - kb - 1 == P - part) && nkb - kb - 1 >= P - part)
+                bound[part++] = kb + 1;
+        }
+        while (part < P) bound[part] = bound[part - 1] + 1, part++; /* unreachable: each part gets one */
+        bound[P] = nkb;
+        free(w);
+    }
+#pragma omp parallel if (!small && B * Hkv * P > 1)
+    {
+        float *S = kiln_alloc(2 * BQ * BK * sizeof(float)), *dP = S + BQ * BK;
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < B * Hkv * nkb; t++) {
-                int64_t bg = t / nkb, kb = t % nkb, nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
-                bwd_kblock(&a, bg / Hkv, bg % Hkv, kb, false, S, dP);
+        for (int64_t t = 0; t < B * Hkv * P; t++) {
+            const int64_t bg = t / P, p = t % P, b = bg / Hkv, g = bg % Hkv;
+            bwd_args ap = a;
+            if (P > 1) {
+                ap.dq = dqp + p * nq;
+                memset(ap.dq + (b * H + g * grp) * T * D, 0, (size_t)(grp * T * D) * sizeof(float));
+            }
+            for (int64_t kb = bound[p]; kb < bound[p + 1]; kb++) {
+                bwd_kblock(&ap, b, g, kb, true, S, dP);
+                int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
                 scale_rows(dk + (bg * Tk + kb * BK) * D, nk * D, scale);
             }
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < B * H * nqb; t++) {
-                int64_t bh = t / nqb, qb = t % nqb, b = bh / H;
-                int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
-                const int32_t *pad = pad_mask ? pad_mask + b * Tk : NULL;
-                for (int64_t kb = 0; kb < nkb; kb++) {
-                    int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
-                    int vis = tile_visible(&a, b, qb, kb);
-                    if (vis && !block_all_pad(pad, kb * BK, nk))
-                        bwd_tile(&a, b, bh % H, qb, kb, true, false, vis == 2, S, dP);
-                }
-                scale_rows(dq + (bh * T + i0) * D, nr * D, scale);
-            }
-            kiln_dealloc(S);
         }
+        kiln_dealloc(S);
     }
+    /* dq = (copy 0 + copy 1 + ...) in part order, times the scale */
+    const int64_t nblk = cdiv(nq, 4096);
+#pragma omp parallel for schedule(static) if (!small && nq > (1 << 15))
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t lo = blk * 4096, hi = lo + 4096 < nq ? lo + 4096 : nq;
+        if (P > 1) {
+            memcpy(dq + lo, dqp + lo, (size_t)(hi - lo) * sizeof(float));
+            for (int64_t p = 1; p < P; p++) {
+                const float *src = dqp + p * nq;
+#pragma omp simd
+                for (int64_t i = lo; i < hi; i++) dq[i] += src[i];
+            }
+        }
+        scale_rows(dq + lo, hi - lo, scale);
+    }
+    kiln_dealloc(dqp);
     kiln_dealloc(kt);
     free(si.kmin);
 }
