@@ -316,8 +316,8 @@ static void flash_segments(void) {
     for (int i = 0; i < 8; i++) kiln_tensor_release(rel[i]);
 }
 
-/* both schedules of the backward: one task per (batch, kv head) when there
- * are enough of them for the threads (1 thread here), else split passes */
+/* 1 thread and all of them: the backward's tasks (batch, kv head, part of
+ * the key blocks) are the same either way, the threads only share them */
 static void test_flash_segments(void) {
     int nth = omp_get_max_threads();
     omp_set_num_threads(1);
