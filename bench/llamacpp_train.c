@@ -520,9 +520,9 @@ int main(int argc, char **argv) {
     snprintf(key, sizeof key, "%s.attention.key_length", arch);
     if (L.llama_model_meta_val_str(model, key, val, sizeof val) > 0) hd = atoll(val);
     /* kiln_llama_flops_per_token's count: 6 x the matrix products' weights
-     * (the head once) + 12 x layers x T x query width */
+     * (the head once) + 6 x layers x T x query width (causal attention) */
     const double qd = (double)(H * hd), kd = (double)(KV * hd);
-    const double flops_tok = 6.0 * ((double)NL * (2 * C * qd + 2 * C * kd + 3.0 * C * I) + (double)V * C) + 12.0 * NL * T * qd;
+    const double flops_tok = 6.0 * ((double)NL * (2 * C * qd + 2 * C * kd + 3.0 * C * I) + (double)V * C) + 6.0 * NL * T * qd;
 
     /* the dataset: B * (warmup + steps) sequences of T tokens (rounded up to
      * whole contexts of per sequences; the extra ones train untimed), labels

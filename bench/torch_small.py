@@ -67,11 +67,12 @@ def load_config(name):
 
 def flops_per_token(c, T):
     """kiln_llama_flops_per_token (src/model/llama.c): 6 x matmul parameters
-    (a tied head counted once as a product) + 12 x layers x T x query width."""
+    (a tied head counted once as a product) + 6 x layers x T x query width
+    (causal attention counted as executed)."""
     C, qd, kd, I = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], \
         c["intermediate_size"]
     n_mm = c["num_hidden_layers"] * (2 * C * qd + 2 * C * kd + 3 * C * I) + c["vocab_size"] * C
-    return 6.0 * n_mm + 12.0 * c["num_hidden_layers"] * T * qd
+    return 6.0 * n_mm + 6.0 * c["num_hidden_layers"] * T * qd
 
 
 def main():

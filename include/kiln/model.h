@@ -247,7 +247,9 @@ typedef struct {
 /* kiln_llama_forward with packed documents (docs NULL: the same). */
 kiln_tensor *kiln_llama_forward_ex(kiln_llama *m, kiln_tensor *ids, kiln_tensor *pad_mask, const kiln_llama_docs *docs,
                                    kiln_llama_cache *cache);
-/* Model FLOPs per trained token (forward + backward, 6N + attention). */
+/* Model FLOPs per trained token (forward + backward): 6 x the matrix
+ * products' weights + 6 x layers x seq_len x query width (causal attention
+ * counted as executed: half of the T x T scores). */
 double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t seq_len);
 
 #ifdef __cplusplus

@@ -294,7 +294,10 @@ double kiln_llama_flops_per_token(const kiln_llama_config *c, int64_t T) {
     double kd = (double)(c->num_key_value_heads * c->head_dim), I = (double)c->intermediate_size;
     double per_layer = C * qd * 2 + C * kd * 2 + 3 * C * I;
     double n_mm = (double)c->num_hidden_layers * per_layer + (double)c->vocab_size * C;
-    double attn = 12.0 * (double)c->num_hidden_layers * (double)T * qd;
+    /* causal attention as executed: query t meets t + 1 keys, T/2 on
+     * average; QKᵀ and P·V are 4 FLOPs per key and query width forward,
+     * 3x that with the backward */
+    double attn = 6.0 * (double)c->num_hidden_layers * (double)T * qd;
     return 6.0 * n_mm + attn;
 }
 
