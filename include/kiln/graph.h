@@ -182,6 +182,19 @@ int kiln_interp_group_args(const kiln_interp *r, int k, void **args, int cap);
 const kiln_tensor *kiln_interp_tensor(const kiln_interp *r, int v);
 void kiln_interp_zero_arena(kiln_interp *r);
 
+/* Time per schedule position of every interpreter run while set (kiln
+ * bench --profile; process-wide, NULL stops): library ops by op, fused
+ * groups together, gradient accumulation apart. In a whole-step module
+ * (reduce-overhead) only the positions it calls back for are timed: its
+ * own generated code is the step's remainder. */
+typedef struct {
+    double op_seconds[KILN_OP_COUNT];
+    uint64_t op_calls[KILN_OP_COUNT];
+    double group_seconds, acc_seconds;
+    uint64_t group_calls, acc_calls;
+} kiln_graph_profile;
+void kiln_graph_profile_set(kiln_graph_profile *p);
+
 /* Human-readable dump (for --explain). */
 void kiln_graph_print(const kiln_graph *g, void (*line)(const char *text, void *user), void *user);
 /* Totals over live nodes. */

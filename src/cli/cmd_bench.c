@@ -33,7 +33,7 @@ static const char *bench_help =
     "  --threads N         OpenMP threads (default: all cores)\n"
     "  --device NAME       where the model, its inputs and the work live: one of" KILN_DEVICE_NAMES "\n"
     "                      (default: cpu; `kiln devices`)\n"
-    "  --profile           print time per op (eager)\n"
+    "  --profile           print time per op (eager) and the step's time by op class (every mode)\n"
     "  --recompute R       none (default), attention or layer: compiled modes recompute activations\n"
     "  --precision P       fp32 (default) or bf16 (autocast: bf16 matrix products, fp32 accumulate;\n"
     "                      MFU then against the bf16 peak: 2x the fp32 FMA peak with AVX512-BF16, the fp32\n"
@@ -182,6 +182,36 @@ static void print_profile(const kiln_op_profile *table, int steps) {
                    table[o].seconds > 0 ? table[o].flops / table[o].seconds / 1e9 : 0);
 }
 
+/* The step's time by class of op (--profile): eager from the per-op
+ * table, compiled from the interpreter's per-position times; the rest of
+ * the step (dispatch, autograd, a whole-step module's own code) is what
+ * the classes do not cover. */
+enum { C_GEMM, C_ATTN, C_LOSS, C_NORM, C_ROPE, C_EMB, C_EW, C_GROUPS, C_ACC, C_OPT, C_N };
+static const char *const class_names[C_N] = {"GEMM (matmul)", "attention", "head + loss", "norms", "rope",
+                                             "embedding", "element-wise, layout", "fused groups (generated)",
+                                             "gradient accumulation", "optimiser"};
+static int op_class(int op) {
+    const char *n = kiln_op_name(op);
+    if (!strncmp(n, "matmul", 6)) return C_GEMM;
+    if (strstr(n, "flash") || strstr(n, "softmax") || strstr(n, "attn")) return C_ATTN;
+    if (strstr(n, "cross_entropy") || strstr(n, "logp") || strstr(n, "dpo")) return C_LOSS;
+    if (strstr(n, "norm")) return C_NORM;
+    if (strstr(n, "rope")) return C_ROPE;
+    if (strstr(n, "embedding")) return C_EMB;
+    return C_EW;
+}
+static void print_classes(const char *mode, const double sec[C_N], int steps, double step_ms) {
+    double total = 0;
+    printf("\nstep time by op class, %s (ms per step; share of the median step, %.1f ms):\n", mode, step_ms);
+    for (int c = 0; c < C_N; c++) {
+        double ms = sec[c] * 1e3 / (c == C_OPT ? 1 : steps);
+        if (ms <= 0) continue;
+        total += ms;
+        printf("  %-28s %9.1f %6.1f%%\n", class_names[c], ms, 100 * ms / step_ms);
+    }
+    printf("  %-28s %9.1f %6.1f%%\n", "rest (dispatch, step code)", step_ms - total, 100 * (step_ms - total) / step_ms);
+}
+
 /* The compiled step's largest computed value, and how many hold [tokens
  * x vocab] or more (logits the fused head + cross-entropy never forms). */
 static void largest_value(const kiln_graph *g, int64_t tokens, int64_t vocab) {
@@ -218,10 +248,12 @@ static result run_mode(bench_ctx *b, const char *mode) {
     kiln_compiled *cs = eager ? NULL : pref ? kiln_train_compile_objective(&b->tr, &co, true) : kiln_train_compile(b->m, &co, true);
     if (!eager && !cs) return r;
     kiln_op_profile table[KILN_OP_COUNT];
+    kiln_graph_profile gp;
     double *ms = calloc(2 * (size_t)b->steps, sizeof *ms), *opt_ms = ms + b->steps;
     int64_t tokens = b->in[0]->shape[0] * b->in[0]->shape[1];
     for (int i = 0; i < b->warmup + b->steps; i++) {
         if (eager && b->profile && i == b->warmup) kiln_eager_profile(table);
+        if (!eager && b->profile && i == b->warmup) kiln_graph_profile_set(&gp);
         double t0 = kiln_time_now();
         kiln_status st;
         if (eager && pref) { /* the objective's trace, inputs by name */
@@ -268,10 +300,19 @@ static result run_mode(bench_ctx *b, const char *mode) {
         kiln_eager_profile(NULL);
         print_profile(table, b->steps);
     }
+    if (!eager && b->profile) kiln_graph_profile_set(NULL);
     qsort(ms, (size_t)b->steps, sizeof *ms, cmp_d);
     qsort(opt_ms, (size_t)b->steps, sizeof *opt_ms, cmp_d);
     r.ms = ms[b->steps / 2];
     r.opt_ms = opt_ms[b->steps / 2];
+    if (b->profile) {
+        double sec[C_N] = {0};
+        for (int o = 0; o < KILN_OP_COUNT; o++)
+            sec[op_class(o)] += eager ? table[o].seconds : gp.op_seconds[o];
+        if (!eager) sec[C_GROUPS] = gp.group_seconds, sec[C_ACC] = gp.acc_seconds;
+        sec[C_OPT] = r.opt_ms / 1e3; /* the median step's */
+        print_classes(mode, sec, b->steps, r.ms);
+    }
     r.tokens_s = (double)tokens / (r.ms / 1e3);
     r.gflops = b->flops / (r.ms / 1e3) / 1e9;
     r.peak_mb = (double)kiln_peak_rss() / 1e6;

@@ -293,8 +293,34 @@ static kiln_status run_group(kiln_interp *r, int k) {
     return KILN_OK;
 }
 
-/* Runs schedule position i (a value, or a fused group at its last member). */
+static kiln_graph_profile *g_profile;
+void kiln_graph_profile_set(kiln_graph_profile *p) {
+    if (p) memset(p, 0, sizeof *p);
+    __atomic_store_n(&g_profile, p, __ATOMIC_RELEASE);
+}
+
+static kiln_status run_position_(kiln_interp *r, int i);
+/* Runs schedule position i, timed into the profile when one is set. */
 static kiln_status run_position(kiln_interp *r, int i) {
+    kiln_graph_profile *p = __atomic_load_n(&g_profile, __ATOMIC_ACQUIRE);
+    if (!p) return run_position_(r, i);
+    const kiln_value *x = &r->g->v[i];
+    double t0 = kiln_time_now();
+    kiln_status st = run_position_(r, i);
+    double dt = kiln_time_now() - t0;
+    if (x->dead) return st;
+    if (x->kind == KILN_V_OP && x->group != KILN_GROUP_NONE) {
+        if (kiln_graph_exec_pos(r->g, i) == i) p->group_seconds += dt, p->group_calls++;
+    } else if (x->kind == KILN_V_OP) {
+        p->op_seconds[x->op] += dt, p->op_calls[x->op]++;
+    } else if (x->kind == KILN_V_GRAD_ACC) {
+        p->acc_seconds += dt, p->acc_calls++;
+    }
+    return st;
+}
+
+/* Runs schedule position i (a value, or a fused group at its last member). */
+static kiln_status run_position_(kiln_interp *r, int i) {
     const kiln_graph *g = r->g;
     const kiln_value *x = &g->v[i];
     if (x->dead) return KILN_OK;
