@@ -15,6 +15,7 @@
 # tokens/s over llama.cpp's best set-up (skipped, with the reason, where its libraries or
 # bench/llamacpp_train are missing). Run it on a quiet machine; it takes long (see README).
 #
+#   (kiln runs with --profile: the table is followed by its step split by op class)
 #   bash bench/compare.sh [--reps 3] [--steps 3] [--configs "124m:4x1024 small:8x256"]
 #                         [--kiln build/kiln] [--python /usr/bin/python3] [--out DIR] [--quick]
 #                         [--llamacpp BUILD/bench/llamacpp_train | --no-llamacpp]
@@ -112,7 +113,7 @@ for r in $(seq 1 "$reps"); do
       log="$out/kiln-$model-${B}x$T-$prec-$r.txt"
       echo "rep $r: kiln $model ${B}x$T $prec (eager, compiled)"
       if nice "$kiln" bench --model "$model" --batch "$B" --seq "$T" --steps "$steps" --modes eager,default \
-           --precision "$prec" --peak "$peak" --results > "$log" 2>&1; then :; else echo "  failed: see $log"; fi
+           --precision "$prec" --peak "$peak" --results --profile > "$log" 2>&1; then :; else echo "  failed: see $log"; fi
       sed -n "s/^RESULT mode=\([a-z-]*\) /$model ${B}x$T kiln-\1 /p" "$log" |
         sed 's/kiln-default/kiln-compiled/' >> "$results"
       for th in 1 2; do
@@ -171,3 +172,14 @@ for model_batch in sorted({k[:2] for k in rows}, key=lambda x: x[0]):
                 "%.2fx" % (t / best) if best > 0 else "n/a",
                 "%.2fx" % (t / llama) if llama > 0 and prec == "fp32" else "n/a"))
 EOF
+# where kiln's step goes: the last repetition's split by op class (kiln bench --profile)
+for c in $configs; do
+  model=${c%%:*} bt=${c#*:} B=${bt%x*} T=${bt#*x}
+  for prec in fp32 bf16; do
+    log="$out/kiln-$model-${B}x$T-$prec-$reps.txt"
+    [ -f "$log" ] || continue
+    for m in eager default; do
+      sed -n "/^step time by op class, $m /,/^  rest/p" "$log" | sed "1s/^/\n$model ${B}x$T $prec: /"
+    done
+  done
+done
