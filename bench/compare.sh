@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
     --llamacpp) llt=$2; shift 2;;
     --no-llamacpp) no_llt=1; shift;;
     --quick) configs="tiny:2x64" reps=1 steps=1; shift;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0;;
     *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
   esac
 done
