@@ -109,7 +109,7 @@ static void check_recorded_choice_followed(void) {
         int64_t M = 50 + i, N = 40, K = 30;
         char path[512], line[1024];
         snprintf(path, sizeof path, "%s/gemm-choices", g_cache);
-        snprintf(line, sizeof line, "%.*s\tt%d NN M%lld N%lld K%lld ld%lld,%lld,%lld b1 s0,0,0 a%a c%a\t%s\tus 0 0 0\n",
+        snprintf(line, sizeof line, "%.*s\tf32 t%d NN M%lld N%lld K%lld ld%lld,%lld,%lld b1 s0,0,0 a%a c%a\t%s\tus 0 0 0\n",
                  (int)tag_len, t, kiln_num_threads(), (long long)M, (long long)N, (long long)K, (long long)K,
                  (long long)N, (long long)N, 1.0, 0.0, impl[i]);
         FILE *f = fopen(path, "a");

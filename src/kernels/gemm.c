@@ -488,31 +488,104 @@ static void mkdir_parents(const char *dir) {
 
 #define CHOICES_MAX_BYTES (4u << 20) /* past this the file starts over */
 
-/* the implementation recorded for "tag\tkey\t" in the open file fd, or -1 */
-static int recorded_choice(int fd, const char *prefix) {
+/* What this process has read of the file: a hash table of the lines'
+ * "tag\tkey\t" prefixes (64-bit FNV-1a) to their implementation, and how
+ * many bytes of the file it covers, so that a miss reads only what other
+ * processes appended since (the whole file again if it was started over).
+ * Guarded by g_choice_lock. */
+typedef struct {
+    uint64_t h;
+    int impl; /* -1: empty slot */
+} seen_slot;
+static seen_slot *g_seen;
+static size_t g_seen_cap, g_seen_n;
+static uint64_t g_seen_bytes;
+static dev_t g_seen_dev;
+static ino_t g_seen_ino;
+
+static uint64_t fnv(const char *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h | 1; /* never 0 */
+}
+
+static void seen_put(uint64_t h, int impl) {
+    if (g_seen_n * 2 >= g_seen_cap) { /* grow: keep the load under 1/2 */
+        size_t cap = g_seen_cap ? 2 * g_seen_cap : 1024;
+        seen_slot *t = malloc(cap * sizeof *t);
+        if (!t) return;
+        for (size_t i = 0; i < cap; i++) t[i].h = 0, t[i].impl = -1;
+        for (size_t i = 0; i < g_seen_cap; i++)
+            if (g_seen[i].h) {
+                size_t k = g_seen[i].h & (cap - 1);
+                while (t[k].h) k = (k + 1) & (cap - 1);
+                t[k] = g_seen[i];
+            }
+        free(g_seen);
+        g_seen = t, g_seen_cap = cap;
+    }
+    size_t k = h & (g_seen_cap - 1);
+    while (g_seen[k].h && g_seen[k].h != h) k = (k + 1) & (g_seen_cap - 1);
+    if (!g_seen[k].h) g_seen[k].h = h, g_seen[k].impl = impl, g_seen_n++; /* the first line for a key wins */
+}
+
+static int seen_get(uint64_t h) {
+    if (!g_seen_cap) return -1;
+    size_t k = h & (g_seen_cap - 1);
+    while (g_seen[k].h && g_seen[k].h != h) k = (k + 1) & (g_seen_cap - 1);
+    return g_seen[k].h ? g_seen[k].impl : -1;
+}
+
+static void seen_clear(void) {
+    for (size_t i = 0; i < g_seen_cap; i++) g_seen[i].h = 0, g_seen[i].impl = -1;
+    g_seen_n = 0, g_seen_bytes = 0;
+}
+
+/* reads the lines of the open file fd this process has not seen yet */
+static void read_new_lines(int fd) {
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (uint64_t)st.st_size > CHOICES_MAX_BYTES) return -1;
-    char *text = malloc((size_t)st.st_size + 1);
-    if (!text) return -1;
-    ssize_t got = pread(fd, text, (size_t)st.st_size, 0);
-    int found = -1;
+    if (fstat(fd, &st) != 0) return;
+    if (st.st_dev != g_seen_dev || st.st_ino != g_seen_ino || (uint64_t)st.st_size < g_seen_bytes) {
+        seen_clear(); /* another file (KILN_CACHE_DIR changed) or started over */
+        g_seen_dev = st.st_dev, g_seen_ino = st.st_ino;
+    }
+    if ((uint64_t)st.st_size <= g_seen_bytes || (uint64_t)st.st_size > CHOICES_MAX_BYTES) return;
+    size_t n = (size_t)((uint64_t)st.st_size - g_seen_bytes);
+    char *text = malloc(n + 1);
+    if (!text) return;
+    ssize_t got = pread(fd, text, n, (off_t)g_seen_bytes);
     if (got > 0) {
         text[got] = '\0';
-        size_t pl = strlen(prefix);
-        for (char *line = text; line && *line && found < 0;) {
-            char *nl = strchr(line, '\n');
-            if (nl) *nl = '\0';
-            if (!strncmp(line, prefix, pl)) {
-                const char *v = line + pl;
-                size_t vl = strcspn(v, "\t");
-                for (int i = 0; i < IMPL_COUNT; i++)
-                    if (strlen(impl_names[i]) == vl && !strncmp(v, impl_names[i], vl)) found = i;
+        char *end = strrchr(text, '\n'); /* whole lines only */
+        if (end) {
+            for (char *line = text; line <= end;) {
+                char *nl = strchr(line, '\n');
+                *nl = '\0';
+                /* tag \t key \t impl \t timings */
+                char *t1 = strchr(line, '\t'), *t2 = t1 ? strchr(t1 + 1, '\t') : NULL;
+                if (t2) {
+                    const char *v = t2 + 1;
+                    size_t vl = strcspn(v, "\t");
+                    for (int i = 0; i < IMPL_COUNT; i++)
+                        if (strlen(impl_names[i]) == vl && !strncmp(v, impl_names[i], vl))
+                            seen_put(fnv(line, (size_t)(t2 + 1 - line)), i);
+                }
+                line = nl + 1;
             }
-            line = nl ? nl + 1 : NULL;
+            g_seen_bytes += (uint64_t)(end + 1 - text);
         }
     }
     free(text);
-    return found;
+}
+
+/* the implementation recorded for prefix ("tag\tkey\t") in the open file
+ * fd, or -1 */
+static int recorded_choice(int fd, const char *prefix) {
+    uint64_t h = fnv(prefix, strlen(prefix));
+    int c = seen_get(h);
+    if (c >= 0) return c;
+    read_new_lines(fd);
+    return seen_get(h);
 }
 
 /* times every implementation on the problem into scratch; us[i] the best
