@@ -103,6 +103,49 @@ static float *grads_with(int recompute, int64_t *n) {
     return g;
 }
 
+/* kiln_graph_profile_set: a compiled step run while a profile is set
+ * records its positions (matrix products by op, the fused groups, the
+ * gradient accumulations), and the gradients are those of a run without
+ * it; after it is unset, runs record nothing. */
+static void profile_positions(void) {
+    kiln_llama_config mc = test_tiny_config();
+    kiln_llama *m = kiln_llama_new(&mc, 8);
+    kiln_compile_options co;
+    kiln_compile_options_default(&co);
+    kiln_compiled *cs = kiln_train_compile(m, &co, true);
+    kiln_batch *b = kiln_batch_alloc(2, 24);
+    fill(b, 77);
+    kiln_tensor *in[4];
+    test_step_inputs(b, 1.0f / (float)b->n_targets, in);
+    float rep[1], rep2[1];
+    kiln_graph_profile p;
+    kiln_llama_zero_grad(m);
+    CHECK_OK(kiln_compiled_run(cs, in, rep));
+    kiln_graph_profile_set(&p);
+    kiln_llama_zero_grad(m);
+    CHECK_OK(kiln_compiled_run(cs, in, rep2));
+    kiln_graph_profile_set(NULL);
+    CHECK(rep[0] == rep2[0], "the profiled run's loss %.9g differs from %.9g", rep2[0], rep[0]);
+    kiln_compile_stats st = kiln_compiled_stats(cs);
+    uint64_t ops = 0;
+    double secs = 0;
+    for (int o = 0; o < KILN_OP_COUNT; o++) ops += p.op_calls[o], secs += p.op_seconds[o];
+    CHECK(p.op_calls[KILN_OP_MATMUL] > 0 && p.op_seconds[KILN_OP_MATMUL] > 0, "matmul calls %llu, %g s",
+          (unsigned long long)p.op_calls[KILN_OP_MATMUL], p.op_seconds[KILN_OP_MATMUL]);
+    const kiln_graph *g = kiln_compiled_graph(cs);
+    CHECK(p.group_calls == (uint64_t)g->n_groups && p.group_seconds > 0 && st.fused_groups > 0,
+          "groups: %llu timed of %d", (unsigned long long)p.group_calls, g->n_groups);
+    CHECK(ops > 0 && secs > 0 && p.acc_calls > 0, "ops %llu (%g s), accumulations %llu", (unsigned long long)ops, secs,
+          (unsigned long long)p.acc_calls);
+    uint64_t before = p.op_calls[KILN_OP_MATMUL];
+    CHECK_OK(kiln_compiled_run(cs, in, rep2));
+    CHECK(p.op_calls[KILN_OP_MATMUL] == before, "a run after the profile was unset still recorded");
+    test_release_inputs(in);
+    kiln_batch_free(b);
+    kiln_compiled_free(cs);
+    kiln_llama_free(m);
+}
+
 /* Recomputing activations in backward gives the same gradients (to float
  * rounding: fusion groups differ) from a smaller arena. */
 static void recompute(void) {
@@ -510,6 +553,7 @@ int main(void) {
     nonfinite_constants();
     modes_vs_eager();
     recompute();
+    profile_positions();
     grad_ready_hook();
     dynamic_shapes();
     load_after_compile(dir);
