@@ -3,7 +3,11 @@
  * with strides and broadcasts, alpha, beta=1, the primitive cache, errors.
  * kiln's own kernel (kiln_k_gemm_f32) in every form this CPU runs: edge
  * tiles, block boundaries, strides, alpha, beta 0 over NaN, beta 1, NaN and
- * Inf reaching exactly their rows and columns, the thread count. */
+ * Inf reaching exactly their rows and columns, the thread count. kiln's bf16
+ * kernel (kiln_k_gemm_bf16) in every form, and the avx512 form both through
+ * VDPBF16PS and emulated, bit for bit against a scalar reference of the
+ * instruction's sums: the same edges, odd K, denormals, underflow, overflow,
+ * NaN/Inf, the thread count. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -466,7 +470,289 @@ static void test_kernel_threads(void) {
         }
 }
 
+
+/* ---- kiln_k_gemm_bf16, every form, bit for bit ----------------------------
+ * The reference: VDPBF16PS's sums in scalar C. Per element and K block (K
+ * in blocks of at most 256, balanced, each an even count: the kernel's rule,
+ * fixed by K alone), acc = +0, then per pair of k (an odd block's last pair
+ * with a zero partner) acc = step(acc, a[2i+1], b[2i+1]), acc = step(acc,
+ * a[2i], b[2i]); step is one fused multiply-add rounded to nearest even,
+ * denormal inputs as zeros of their sign, a result tiny after rounding to 24
+ * bits (|x| < 2^-126 - 2^-151) a zero of its sign. Here the fused operation
+ * is a double sum (the product of two bf16 is exact in double, and double
+ * rounding of a sum to 53 then 24 bits is the correct rounding). Then C =
+ * alpha acc (first block, beta 0) or C + alpha acc. */
+static float bf_in(uint16_t h) {
+    if (!(h & 0x7f80)) h &= 0x8000; /* DAZ */
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static float bf_step(float acc, float a, float b) {
+    double d = (double)acc + (double)a * (double)b;
+    if (fabs(d) < 0x1p-126 - 0x1p-151) return signbit(d) ? -0.0f : 0.0f; /* FTZ */
+    return (float)d;
+}
+static int64_t bf_kblock(int64_t K) {
+    int64_t nkb = (K + 255) / 256, kcb = (K + nkb - 1) / nkb;
+    return (kcb + 1) / 2 * 2;
+}
+/* C (ldc) = alpha op(A) op(B) + beta C as VDPBF16PS sums it */
+static void bf_ref(bool tA, bool tB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A, int64_t lda,
+                   const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int64_t kcb = bf_kblock(K);
+    float *a = malloc((size_t)(K + 1) * sizeof(float)), *b = malloc((size_t)(K + 1) * sizeof(float));
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t k = 0; k < K; k++) a[k] = bf_in(tA ? A[k * lda + i] : A[i * lda + k]);
+        for (int64_t j = 0; j < N; j++) {
+            for (int64_t k = 0; k < K; k++) b[k] = bf_in(tB ? B[j * ldb + k] : B[k * ldb + j]);
+            float c = C[i * ldc + j];
+            for (int64_t pc = 0; pc < K; pc += kcb) {
+                const int64_t kc = K - pc < kcb ? K - pc : kcb;
+                float acc = 0.0f;
+                for (int64_t k = 0; k < kc; k += 2) {
+                    float a1 = k + 1 < kc ? a[pc + k + 1] : 0.0f, b1 = k + 1 < kc ? b[pc + k + 1] : 0.0f;
+                    acc = bf_step(acc, a1, b1);
+                    acc = bf_step(acc, a[pc + k], b[pc + k]);
+                }
+                c = pc == 0 && beta == 0.0f ? alpha * acc : c + alpha * acc;
+            }
+            C[i * ldc + j] = c;
+        }
+    }
+    free(a), free(b);
+}
+
+/* the bf16 runs: each form this CPU runs, and the avx512 form's emulation
+ * (kiln_bf16_force_emulation) where the CPU has AVX512-BF16 */
+typedef struct {
+    const kiln_simd_table *t;
+    const char *name;
+    bool emulate;
+} bfrun;
+static int bf_runs(bfrun *r) {
+    int n = 0;
+    for (int f = 0; f < KILN_FORM_COUNT; f++) {
+        const kiln_simd_table *t = kiln_simd_table_of((kiln_form)f);
+        if (!t) continue;
+        bool native = f == KILN_FORM_AVX512 && kiln_cpu_has_avx512bf16();
+        r[n++] = (bfrun){t, native ? "avx512 (VDPBF16PS)" : kiln_form_name((kiln_form)f), false};
+        if (native) r[n++] = (bfrun){t, "avx512 (emulated)", true};
+    }
+    return n;
+}
+static bool bf_call(const bfrun *r, bool tA, bool tB, int64_t M, int64_t N, int64_t K, float alpha,
+                    const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc) {
+    kiln_bf16_force_emulation(r->emulate);
+    bool ok = r->t->gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kiln_bf16_force_emulation(false);
+    return ok;
+}
+static bool bf_same(float x, float y) { return (isnan(x) && isnan(y)) || !memcmp(&x, &y, sizeof x); }
+
+/* bf16 values: 0 ordinary (frand), 1 near the underflow (products about
+ * 2^-126: the sums flush), 2 extremes (denormals, tiny, huge, NaN, Inf) */
+static uint16_t bf_val(int kind) {
+    if (kind == 0) return kiln_f32_to_bf16(frand());
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t r = (uint32_t)(g_rng >> 32), e;
+    if (kind == 1) {
+        e = 61 + r % 7; /* 2^-66 .. 2^-60 */
+        if (r % 23 == 0) e = 0; /* a denormal */
+    } else {
+        uint32_t c = r % 16;
+        e = c < 6 ? 127 - 3 + (r >> 4) % 7 : c < 9 ? 1 + (r >> 4) % 20 : c < 12 ? 254 - (r >> 4) % 20 : c < 14 ? 0
+                                                                                                         : (r >> 4) % 255;
+        if (r % 997 == 0) e = 255; /* Inf or NaN */
+    }
+    return (uint16_t)(((r >> 12) & 1) << 15 | e << 7 | ((r >> 20) & 0x7f));
+}
+
+typedef struct {
+    bool tA, tB;
+    int64_t M, N, K, padA, padB, padC;
+    float alpha, beta;
+    int kind;
+} bfcase;
+
+/* every run against the reference, bit for bit (NaN as NaN), C's padding
+ * untouched; returns the elements checked */
+static int64_t bf_check(const bfrun *runs, int nr, const bfcase *c) {
+    int64_t ar, ac, br, bc;
+    stored(c->tA, c->M, c->K, &ar, &ac);
+    stored(c->tB, c->K, c->N, &br, &bc);
+    const int64_t lda = ac + c->padA, ldb = bc + c->padB, ldc = c->N + c->padC;
+    uint16_t *A = malloc((size_t)(ar * lda) * 2), *B = malloc((size_t)(br * ldb) * 2);
+    float *C0 = malloc((size_t)(c->M * ldc) * 4), *R = malloc((size_t)(c->M * ldc) * 4),
+          *C = malloc((size_t)(c->M * ldc) * 4);
+    for (int64_t i = 0; i < ar * lda; i++) A[i] = bf_val(c->kind);
+    for (int64_t i = 0; i < br * ldb; i++) B[i] = bf_val(c->kind);
+    for (int64_t i = 0; i < c->M * ldc; i++)
+        C0[i] = c->beta != 0 ? (c->kind == 1 ? 0x1p-120f : 1.0f) * frand() : NAN; /* beta 0: never read */
+    for (int64_t i = 0; i < c->M; i++)
+        for (int64_t j = c->N; j < ldc; j++) C0[i * ldc + j] = 1234.5f;
+    memcpy(R, C0, (size_t)(c->M * ldc) * 4);
+    bf_ref(c->tA, c->tB, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, R, ldc);
+    for (int f = 0; f < nr; f++) {
+        memcpy(C, C0, (size_t)(c->M * ldc) * 4);
+        bool ok = bf_call(&runs[f], c->tA, c->tB, c->M, c->N, c->K, c->alpha, A, lda, B, ldb, c->beta, C, ldc);
+        CHECK(ok, "%s: kiln_k_gemm_bf16 returned false", runs[f].name);
+        int64_t bad = 0, pad_bad = 0, bi = -1, bj = -1;
+        for (int64_t i = 0; i < c->M; i++) {
+            for (int64_t j = 0; j < c->N; j++)
+                if (!bf_same(C[i * ldc + j], R[i * ldc + j]) && !bad++) bi = i, bj = j;
+            for (int64_t j = c->N; j < ldc; j++) pad_bad += C[i * ldc + j] != 1234.5f;
+        }
+        CHECK(bad == 0 && pad_bad == 0,
+              "bf16 %s tA=%d tB=%d M=%lld N=%lld K=%lld pads %lld/%lld/%lld alpha %g beta %g kind %d: %lld elements "
+              "differ from the reference's bits (first [%lld,%lld]: %a vs %a), %lld padding elements written",
+              runs[f].name, c->tA, c->tB, (long long)c->M, (long long)c->N, (long long)c->K, (long long)c->padA,
+              (long long)c->padB, (long long)c->padC, c->alpha, c->beta, c->kind, (long long)bad, (long long)bi,
+              (long long)bj, bad ? C[bi * ldc + bj] : 0.0, bad ? R[bi * ldc + bj] : 0.0, (long long)pad_bad);
+    }
+    free(A), free(B), free(C0), free(R), free(C);
+    return c->M * c->N;
+}
+
+static void test_bf16_shapes(void) {
+    bfrun runs[KILN_FORM_COUNT + 1];
+    int nr = bf_runs(runs);
+    /* odd K; MR (14, 6, 4) and NR (32, 16, 8) +- 1; K at and past the block
+     * (256) and balanced into even blocks (600: 2 x 300, 513: 2 x 258); a
+     * long K whose packed B is more than one panel (50001) */
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},     {1, 1, 2},     {2, 3, 3},      {7, 13, 5},     {13, 31, 9},    {14, 32, 16},
+        {15, 33, 17},  {5, 17, 3},    {6, 16, 7},     {7, 15, 2},     {3, 7, 4},      {4, 8, 5},
+        {5, 9, 6},     {29, 65, 255}, {17, 40, 256},  {16, 33, 257},  {9, 70, 511},   {30, 20, 513},
+        {1, 300, 40},  {300, 1, 41},  {100, 90, 600}, {20, 4200, 24}, {257, 515, 1031}, {3, 300, 50001},
+    };
+    int64_t cases = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tr = 0; tr < 4; tr++)
+            for (int v = 0; v < 3; v++) {
+                /* v 0: packed, alpha 1, beta 0 over NaN; 1: padded strides, alpha, beta 0; 2: accumulate */
+                bfcase c = {.tA = tr & 1, .tB = tr & 2, .M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2],
+                            .padA = v ? 3 : 0, .padB = v ? 5 : 0, .padC = v ? 7 : 0,
+                            .alpha = v == 0 ? 1.0f : v == 1 ? -0.75f : 2.5f, .beta = v == 2 ? 1.0f : 0.0f};
+                if (shapes[s][0] * shapes[s][1] * shapes[s][2] > 40000000 && v != 2) continue; /* big: once */
+                bf_check(runs, nr, &c);
+                cases++;
+            }
+    printf("  kiln_k_gemm_bf16: %lld cases x %d runs (", (long long)cases, nr);
+    for (int f = 0; f < nr; f++) printf("%s%s", f ? ", " : "", runs[f].name);
+    printf(") equal to the VDPBF16PS reference bit for bit\n");
+}
+
+/* denormal inputs, products that underflow (sums flushed), huge products,
+ * NaN/Inf, against the reference; and a few sums whose bits are known from
+ * the instruction (the rounding and flushing rules) */
+static void test_bf16_specials(void) {
+    bfrun runs[KILN_FORM_COUNT + 1];
+    int nr = bf_runs(runs);
+    for (int kind = 1; kind <= 2; kind++)
+        for (int tr = 0; tr < 4; tr++) {
+            bfcase c = {.tA = tr & 1, .tB = tr & 2, .M = 37, .N = 45, .K = 299, .padA = 1, .padB = 2,
+                        .alpha = 1.0f, .beta = (float)(tr == 1), .kind = kind};
+            bf_check(runs, nr, &c);
+            c.M = 15, c.N = 33, c.K = 7, c.alpha = 0.5f;
+            bf_check(runs, nr, &c);
+        }
+    /* 1 x 1 x 4: acc = +0, then fma(a1, b1), fma(a0, b0), fma(a3, b3), fma(a2, b2) */
+    static const struct {
+        float a[4], b[4], want;
+        const char *what;
+    } dir[] = {
+        {{0, 0, 0, 0x1p-63f}, {0, 0, 0, 0x1p-63f}, 0x1p-126f, "2^-126: not flushed"},
+        {{0x1p-126f, 0x1p-63f, 0, 0}, {-0x1p-24f, 0x1p-63f, 0, 0}, 0.0f,
+         "2^-126 - 2^-150 exactly: tiny after rounding, flushed"},
+        {{0x1p-126f, 0x1p-63f, 0, 0}, {-0x1p-26f, 0x1p-63f, 0, 0}, 0x1p-126f,
+         "2^-126 - 2^-152: rounds up to 2^-126, kept"},
+        {{0x1p-126f, 0x1p-63f, 0, 0}, {-0x1p-25f, 0x1p-63f, 0, 0}, 0x1p-126f,
+         "2^-126 - 2^-151: the tie rounds to even, 2^-126"},
+        {{0x1p-126f, 0x1p-63f, 0, 0}, {0x1p-25f, -0x1p-63f, 0, 0}, -0x1p-126f, "the same, negative"},
+        {{0x1p64f, -0x1.fep127f, 0, 0}, {0x1p64f, 1.0f, 0, 0}, 0x1p120f,
+         "-0x1.fep127 + 2^128: fused, the product does not overflow"},
+        {{0x1p-70f, 1.0f, 0, 0}, {0x1p-70f, 1.0f, 0, 0}, 1.0f, "1 + 2^-140"},
+        {{0x1p-70f, 0, 0, 0}, {0x1p-70f, 0, 0, 0}, 0.0f, "0 + 2^-140: the sum is flushed"},
+        {{0x1p-75f, 0x1.02p-63f, 0, 0x1p-126f}, {0x1p-74f, 0x1p-63f, 0, -0x1p-24f}, 0x1.02p-126f,
+         "(2^-126 + 2^-133 + 2^-149) - 2^-150: fused, the tie to even (separate: the product rounds to 0)"},
+        {{0x1p-130f, 0, 0, 0}, {0x1p100f, 0, 0, 0}, 0.0f, "a denormal input is zero"},
+        {{-0x1p-130f, -0x1p-63f, -1.0f, -1.0f}, {1.0f, 0x1p-70f, 0, 0}, -0.0f,
+         "-2^-133 flushed to -0, then -0 products (a denormal input: a zero of its sign)"},
+        {{-2.0f, -0x1p-63f, 1.0f, -1.0f}, {0.0f, 0x1p-70f, 0, 0}, 0.0f, "-0 + +0 = +0"},
+        {{INFINITY, 1.0f, 0, 0}, {0.0f, 1.0f, 0, 0}, NAN, "Inf x 0 = NaN"},
+    };
+    int bad = 0;
+    for (size_t d = 0; d < sizeof dir / sizeof *dir; d++) {
+        uint16_t a[4], b[4];
+        bool exact = true;
+        for (int k = 0; k < 4; k++) {
+            a[k] = kiln_f32_to_bf16(dir[d].a[k]), b[k] = kiln_f32_to_bf16(dir[d].b[k]);
+            exact = exact && bf_same(kiln_bf16_to_f32(a[k]), dir[d].a[k]) && bf_same(kiln_bf16_to_f32(b[k]), dir[d].b[k]);
+        }
+        CHECK(exact, "directed case %zu: inputs are bf16", d);
+        float r = NAN;
+        bf_ref(false, false, 1, 1, 4, 1.0f, a, 4, b, 1, 0.0f, &r, 1);
+        CHECK(bf_same(r, dir[d].want), "reference: %s: %a, want %a", dir[d].what, r, dir[d].want);
+        for (int f = 0; f < nr; f++) {
+            float c = NAN;
+            bf_call(&runs[f], false, false, 1, 1, 4, 1.0f, a, 4, b, 1, 0.0f, &c, 1);
+            if (!bf_same(c, dir[d].want)) bad++;
+            CHECK(bf_same(c, dir[d].want), "%s: %s: %a, want %a", runs[f].name, dir[d].what, c, dir[d].want);
+        }
+    }
+    printf("  kiln_k_gemm_bf16: denormals, underflowing and overflowing products, NaN/Inf, %zu directed sums: "
+           "%s\n", sizeof dir / sizeof *dir, bad ? "FAILED" : "bit for bit");
+}
+
+/* the bits do not depend on the thread count; the avx512 form's
+ * VDPBF16PS path equals the portable form's emulation bit for bit */
+static void test_bf16_threads(void) {
+    bfrun runs[KILN_FORM_COUNT + 1];
+    int nr = bf_runs(runs);
+    static const int64_t shapes[][3] = {{300, 200, 600}, {16, 700, 301}, {517, 45, 270}, {2, 5000, 64}};
+    int nthr = omp_get_max_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tr = 0; tr < 4; tr++) {
+            bool tA = tr & 1, tB = tr & 2, acc = tr == 3;
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ar, ac, br, bc;
+            stored(tA, M, K, &ar, &ac);
+            stored(tB, K, N, &br, &bc);
+            int64_t lda = ac + 1, ldb = bc, ldc = N + 2;
+            uint16_t *A = malloc((size_t)(ar * lda) * 2), *B = malloc((size_t)(br * ldb) * 2);
+            float *C1 = malloc((size_t)(M * ldc) * 4), *Cn = malloc((size_t)(M * ldc) * 4),
+                  *P = malloc((size_t)(M * ldc) * 4);
+            for (int64_t i = 0; i < ar * lda; i++) A[i] = bf_val(s == 1 ? 1 : 0);
+            for (int64_t i = 0; i < br * ldb; i++) B[i] = bf_val(s == 1 ? 1 : 0);
+            for (int f = 0; f < nr; f++) {
+                for (int64_t i = 0; i < M * ldc; i++) C1[i] = (float)(i % 11) * 0.125f;
+                omp_set_num_threads(1);
+                bf_call(&runs[f], tA, tB, M, N, K, 0.5f, A, lda, B, ldb, (float)acc, C1, ldc);
+                for (int th = 2; th <= 3; th++) {
+                    for (int64_t i = 0; i < M * ldc; i++) Cn[i] = (float)(i % 11) * 0.125f;
+                    omp_set_num_threads(th);
+                    bf_call(&runs[f], tA, tB, M, N, K, 0.5f, A, lda, B, ldb, (float)acc, Cn, ldc);
+                    CHECK(!memcmp(C1, Cn, (size_t)(M * ldc) * 4),
+                          "bf16 %s tA=%d tB=%d %lldx%lldx%lld: %d threads differ from 1 in bits", runs[f].name, tA,
+                          tB, (long long)M, (long long)N, (long long)K, th);
+                }
+                omp_set_num_threads(nthr);
+                if (f == 0)
+                    memcpy(P, C1, (size_t)(M * ldc) * 4);
+                else
+                    CHECK(!memcmp(C1, P, (size_t)(M * ldc) * 4), "bf16 %s tA=%d tB=%d %lldx%lldx%lld: differs from %s",
+                          runs[f].name, tA, tB, (long long)M, (long long)N, (long long)K, runs[0].name);
+            }
+            free(A), free(B), free(C1), free(Cn), free(P);
+        }
+}
+
 int main(void) {
+    test_bf16_specials();
+    test_bf16_shapes();
+    test_bf16_threads();
     test_kernel_shapes();
     test_kernel_specials();
     test_kernel_threads();

@@ -257,6 +257,34 @@ static void run_gemm(const kiln_simd_table *t, outs *o) {
         }
 }
 
+/* kiln's own bf16 GEMM: the same shapes; bf16 operands with NaN, Inf,
+ * denormals and products that underflow; the avx512 form through VDPBF16PS
+ * where the CPU has it, the other forms emulate its sums bit for bit */
+static void run_gemm_bf16(const kiln_simd_table *t, outs *o) {
+    static const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {15, 33, 17}, {37, 70, 301}, {130, 96, 64}};
+    for (int s = 0; s < 5; s++)
+        for (int tr = 0; tr < 4; tr++) {
+            bool tA = tr & 1, tB = tr & 2;
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            int64_t lda = (tA ? M : K) + 1, ldb = (tB ? K : N) + 2, ldc = N + 3;
+            int64_t nA = (tA ? K : M) * lda, nB = (tB ? N : K) * ldb;
+            g_seed = 301 + (uint64_t)(s * 4 + tr);
+            float *a = frand(nA, -1, 1), *b = frand(nB, -1, 1), *C = frand(M * ldc, -1, 1);
+            if (nA > 200) a[nA / 2] = NAN, a[nA / 3] = INFINITY;
+            for (int64_t i = 0; i < nA; i += 7) a[i] *= 1e-19f; /* products near and below 2^-126 */
+            for (int64_t i = 0; i < nB; i += 5) b[i] *= 1e-19f;
+            if (nB > 100) b[nB / 4] = 3e-39f, b[nB / 5] = -1e-39f; /* denormals */
+            uint16_t *A = malloc((size_t)nA * sizeof(uint16_t)), *B = malloc((size_t)nB * sizeof(uint16_t));
+            for (int64_t i = 0; i < nA; i++) A[i] = kiln_f32_to_bf16(a[i]);
+            for (int64_t i = 0; i < nB; i++) B[i] = kiln_f32_to_bf16(b[i]);
+            float *C1 = fcopy(C, M * ldc);
+            for (int64_t i = 0; i < M * ldc; i++) C[i] = NAN;
+            t->gemm_bf16(tA, tB, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc), put_f(o, C, M * ldc);
+            t->gemm_bf16(tA, tB, M, N, K, -0.75f, A, lda, B, ldb, 1.0f, C1, ldc), put_f(o, C1, M * ldc);
+            free(a), free(b), free(A), free(B), free(C), free(C1);
+        }
+}
+
 /* ---- comparison ----------------------------------------------------------- */
 static bool same(double a, double b) {
     if (isnan(a) && isnan(b)) return true;
@@ -282,6 +310,7 @@ static const kernel_case cases[] = {
     {"flash_attn (+seg, +win, +backward)", run_flash, 1e-5, "FMA tiles (AVX2, AVX-512) vs separate multiply and add"},
     {"linear_cross_entropy (+ex, +scratch)", run_linear_ce, 1e-6, "row sums in vector lanes"},
     {"gemm_f32", run_gemm, 1e-5, "FMA (AVX2, AVX-512) vs separate multiply and add, the same order of sums"},
+    {"gemm_bf16", run_gemm_bf16, 0, "VDPBF16PS's sums: the instruction or its emulation, the same K blocks"},
 };
 
 static void compare_forms(void) {
