@@ -761,8 +761,10 @@ static char g_backend[192];
 static void init_backend_name(void) {
     const dnnl_version_t *v = dnnl_version();
     snprintf(g_backend, sizeof g_backend,
-             "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm and kiln (%s); bf16: oneDNN matmul",
-             v->major, v->minor, v->patch, kiln_form_name(kiln_form_active()));
+             "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm and kiln (%s); bf16: %s",
+             v->major, v->minor, v->patch, kiln_form_name(kiln_form_active()),
+             kiln_cpu_has_avx512bf16() ? "by measurement between oneDNN's bf16 matmul and kiln's VDPBF16PS kernel"
+                                       : "operands widened, then the fp32 choice");
 }
 
 const char *kiln_gemm_backend(void) {
