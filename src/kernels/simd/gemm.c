@@ -2,14 +2,19 @@
  *   C = alpha op(A) op(B) + beta C,  row-major, beta 0 (C not read) or 1.
  *
  * GotoBLAS/BLIS structure. The loops, outermost first:
- *   jc: N in panels of NC columns
- *     pc: K in blocks of at most KC (balanced: K = 600 is 3 x 200 with KC
- *         256); op(B)[pc.., jc..] is packed into kc x NR column slivers,
- *         zero-padded past N, one shared buffer the threads fill together
- *       ic: row chunks of about MC rows (a thread's task); op(A)[ic.., pc..]
- *           is packed into MR x kc row slivers (zero-padded past M) in the
- *           thread's own buffer (L2)
- *         jr: the task's NR slivers of the B panel (one sliver in L1)
+ *   jc: N in panels of whole NR slivers, as many as fit about 4 MB packed
+ *       over ALL of K: op(B)[.., jc..] is packed, K block by K block (K in
+ *       blocks of at most KC, balanced: K = 600 is 3 x 200 with KC 256),
+ *       into kc x NR column slivers zero-padded past N; the threads fill
+ *       the one shared panel together, then one barrier
+ *     task: (row chunk of about MC rows) x (column chunk of at most 512
+ *           columns), taken dynamically, each over the whole K, so a task
+ *           owns its block of C and no barrier separates the K blocks
+ *       pc: the K blocks in order; op(A)[ic.., pc..] is packed into MR x kc
+ *           row slivers (zero-padded past M) in the thread's own buffer
+ *           (L2); when a row chunk's A over all of K fits 2 MB it is kept
+ *           and the thread's next task on the same rows reuses it
+ *         jr: the task's NR slivers of the panel (one sliver in L1)
  *           ir: the MR slivers of the A block: the micro-kernel keeps its
  *               MR x NR tile of C in registers over the whole kc loop (a
  *               broadcast of A times NR/lanes vectors of B per k), then
@@ -27,21 +32,18 @@
  *   avx2    6 x 16: 12 ymm accumulators, 2 B vectors, FMA
  *   portable 4 x 8: 8 xmm-sized (GCC vector extension) accumulators, mul+add
  * Block sizes: a KC x NR sliver of B about half of a 32-48 KB L1, an MC x KC
- * block of A well inside a 512 KB (Zen 2/3) to 1 MB (Zen 4/5) L2, a KC x NC
- * panel of B a few MB of L3.
+ * block of A well inside a 512 KB (Zen 2/3) to 1 MB (Zen 4/5) L2, a panel
+ * of B (all of K) about 4 MB of L3.
  *
  * Threads: OpenMP on the caller's count (serial below 2^19 multiply-adds,
- * or when called inside a parallel region). Per (jc, pc) step the threads
- * pack the B panel together (static split of its slivers, then the
- * implicit barrier), then take tasks dynamically: row chunks of whole MR
- * slivers (about MC rows; their count a multiple of tm) times tn column
- * chunks of whole NR slivers, tm x tn = the thread count chosen to balance
- * the padded work (tm = T for tall products, tn > 1 for skinny ones); a
- * task packs its rows of A and runs its tiles. Dynamic tasks keep a thread
- * the machine slows down from holding the others at the barrier. K is never
- * split and the K blocking does not depend on the thread count, so every
- * element is the same sequence of operations whichever thread computes it:
- * the result's bits do not depend on the thread count.
+ * or when called inside a parallel region). Per panel the threads pack it
+ * together (dynamic items of one sliver of one K block, then the implicit
+ * barrier), then take tasks dynamically, at least about 4 per thread (row
+ * and column chunks split further until there are): dynamic tasks keep a
+ * thread the machine slows down from holding the others at the barrier. K
+ * is never split and the K blocking depends on K alone, so every element is
+ * the same sequence of operations whichever thread computes it: the
+ * result's bits do not depend on the thread count.
  *
  * alpha is applied to each K block's sum as it is stored (once per element
  * when K <= KC; with alpha 1 exactly the plain sum). */
@@ -393,78 +395,90 @@ static void split(int64_t n, int parts, int idx, int64_t *lo, int64_t *hi) {
     *hi = *lo + q + (idx < r);
 }
 
-/* tm x tn = T: the grid with the least padded work per thread (ties to
- * more threads on M: each thread on N packs the A block again) */
-static int grid_tm(int T, int64_t M, int64_t N) {
-    int64_t ms = cdiv(M, MR), ns = cdiv(imin(N, GEMM_NC), NR);
-    int best = T;
-    double bcost = 0;
-    for (int tm = T; tm >= 1; tm--) {
-        if (T % tm) continue;
-        int tn = T / tm;
-        double cost = (double)cdiv(ms, tm) * (double)cdiv(ns, tn) * (1.0 + 0.02 * (tn - 1));
-        if (tm == T || cost < bcost) best = tm, bcost = cost;
-    }
-    return best;
-}
+#define GEMM_NCC 512       /* columns of a task at most */
+#define GEMM_PANEL (4 << 20) /* bytes of B packed at once (all of K) */
+#define GEMM_ACACHE (2 << 20) /* a thread keeps its rows of A packed over all of K up to this */
 
 bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
     if ((double)M * (double)N * (double)K < (double)GEMM_PAR_MIN) nt = 1;
     if (nt < 1) nt = 1;
-    const int64_t nkb = cdiv(K, GEMM_KC), kcb = cdiv(K, nkb); /* K blocks, balanced */
-    const int64_t ncp = imin(cdiv(N, NR) * NR, GEMM_NC);
-    /* tasks of one (jc, pc) step: nm row chunks (whole MR slivers, at
-     * most about MC rows, their count a multiple of the grid's tm) times tn
-     * column chunks (whole NR slivers of the panel) */
-    const int tm = grid_tm(nt, M, N), tn = nt / tm;
-    const int64_t ms = cdiv(M, MR), nm = cdiv(imax(cdiv(ms, GEMM_MC / MR), tm), tm) * tm;
-    const int64_t ntask = nm * tn;
+    const int64_t nkb = cdiv(K, GEMM_KC), kcb = cdiv(K, nkb); /* K blocks, balanced: fixed by K */
+    /* B panels: every K block of nsp slivers, at most about GEMM_PANEL bytes */
+    const int64_t ns_all = cdiv(N, NR);
+    const int64_t nsp = imin(ns_all, imax(4, GEMM_PANEL / (nkb * kcb * NR * 4)));
+    /* tasks of a panel: nm row chunks (whole MR slivers, at most about MC
+     * rows) times nn column chunks (whole NR slivers, at most GEMM_NCC
+     * columns), each over the whole K; at least about 4 per thread */
+    const int64_t ms = cdiv(M, MR);
+    int64_t nm = cdiv(ms, imax(1, GEMM_MC / MR)), nn = cdiv(nsp, GEMM_NCC / NR);
+    while (nt > 1 && nm * nn < 4 * nt) {
+        if (nn < nsp && (nn <= nm || nm >= ms))
+            nn++;
+        else if (nm < ms)
+            nm++;
+        else
+            break;
+    }
     const int64_t mcp = cdiv(ms, nm) * MR; /* rows of the largest chunk */
-    const size_t bsz = (size_t)(kcb * ncp), asz = (size_t)(kcb * mcp + 16) / 16 * 16;
-    const size_t bytes = ((bsz + 16) / 16 * 16 + asz * (size_t)nt) * sizeof(float);
+    const bool acache = (size_t)(nkb * kcb * mcp) * 4 <= GEMM_ACACHE;
+    const int64_t ablk = acache ? kcb * mcp : 0; /* floats between the K blocks of the packed A */
+    const size_t bsz = ((size_t)(nkb * kcb * nsp * NR) + 16) / 16 * 16,
+                 asz = ((size_t)(kcb * mcp * (acache ? nkb : 1)) + 16) / 16 * 16;
+    const size_t bytes = (bsz + asz * (size_t)nt) * sizeof(float);
     float *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!buf) return false;
-    float *const bpack = buf, *const apack0 = buf + (bsz + 16) / 16 * 16;
+    float *const bpack = buf, *const apack0 = buf + bsz;
     const bool acc0 = beta != 0.0f;
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *const apack = apack0 + asz * (size_t)omp_get_thread_num();
-        for (int64_t jc = 0; jc < N; jc += GEMM_NC) {
-            const int64_t nc = imin(GEMM_NC, N - jc), ns = cdiv(nc, NR);
-            for (int64_t pc = 0; pc < K; pc += kcb) {
-                const int64_t kc = imin(kcb, K - pc);
-                const bool first = pc == 0 && !acc0;
-#pragma omp for schedule(static)
-                for (int64_t s = 0; s < ns; s++)
-                    pack_b(transB, B, ldb, pc, kc, jc + s * NR, imin(NR, nc - s * NR), bpack + s * NR * kc);
-                /* (implicit barrier: the panel is packed) */
+        int64_t a_rows = -1; /* the row chunk packed at apack for all of K (acache), -1: none */
+        for (int64_t jc = 0; jc < N; jc += nsp * NR) {
+            const int64_t nc = imin(nsp * NR, N - jc), ns = cdiv(nc, NR);
+            /* the panel: K block b, sliver s at bpack + (b nsp + s) kcb NR */
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t item = 0; item < nkb * ns; item++) {
+                const int64_t b = item / ns, sl = item % ns, pc = b * kcb, kc = imin(kcb, K - pc);
+                pack_b(transB, B, ldb, pc, kc, jc + sl * NR, imin(NR, nc - sl * NR), bpack + (b * nsp + sl) * kcb * NR);
+            }
+            /* (implicit barrier: the panel is packed) */
 #pragma omp for schedule(dynamic, 1)
-                for (int64_t task = 0; task < ntask; task++) {
-                    int64_t ms0, ms1, ns0, ns1;
-                    split(ms, (int)nm, (int)(task / tn), &ms0, &ms1);
-                    split(ns, tn, (int)(task % tn), &ns0, &ns1);
-                    const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
-                    if (mc <= 0 || ns1 <= ns0) continue;
-                    for (int64_t r = 0; r < msl; r++)
-                        pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, apack + r * MR * kc);
-                    for (int64_t s = ns0; s < ns1; s++) {
-                        const float *bp = bpack + s * NR * kc;
-                        const int64_t j = jc + s * NR, nj = imin(NR, nc - s * NR);
+            for (int64_t task = 0; task < nm * nn; task++) {
+                int64_t ms0, ms1, ns0, ns1;
+                split(ms, (int)nm, (int)(task / nn), &ms0, &ms1);
+                split(ns, (int)nn, (int)(task % nn), &ns0, &ns1);
+                const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
+                if (mc <= 0 || ns1 <= ns0) continue;
+                const bool a_ready = acache && a_rows == ms0;
+                a_rows = acache ? ms0 : -1;
+                /* every element: C = alpha acc (first K block, beta 0) or
+                 * C + alpha acc, K block after K block: the bits depend on
+                 * K alone */
+                for (int64_t b = 0; b < nkb; b++) {
+                    const int64_t pc = b * kcb, kc = imin(kcb, K - pc);
+                    const bool first = pc == 0 && !acc0;
+                    float *const ab = apack + b * ablk;
+                    for (int64_t r = 0; r < msl && !a_ready; r++)
+                        pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);
+                    const float *bpb = bpack + b * nsp * kcb * NR;
+                    for (int64_t sl = ns0; sl < ns1; sl++) {
+                        const float *bp = bpb + sl * kcb * NR;
+                        const int64_t j = jc + sl * NR, nj = imin(NR, nc - sl * NR);
                         for (int64_t r = 0; r < msl; r++) {
                             const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
                             float *c = C + i * ldc + j;
                             if (mi == MR && nj == NR)
-                                ukernel(kc, apack + r * MR * kc, bp, c, ldc, alpha, first);
+                                ukernel(kc, ab + r * MR * kc, bp, c, ldc, alpha, first);
                             else
-                                edge_tile(kc, apack + r * MR * kc, bp, c, ldc, alpha, first, mi, nj);
+                                edge_tile(kc, ab + r * MR * kc, bp, c, ldc, alpha, first, mi, nj);
                         }
                     }
                 }
-                /* (implicit barrier: the panel is free for the next one) */
             }
+            /* (implicit barrier: the panel is free for the next one) */
         }
     }
     free(buf);
