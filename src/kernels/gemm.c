@@ -432,9 +432,15 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
     exit(2);
 }
 
+/* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
+ * choices measured against the old ones are measured again. */
+#define KILN_GEMM_REV 2
+
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the
- * kernels' form and whether this is a sanitizer build; no tabs or newlines */
+ * kernels' form, whether this is a sanitizer build, and the candidates'
+ * versions (kiln's kernels' revision, oneDNN's version): a new oneDNN or a
+ * faster kiln kernel is measured afresh; no tabs or newlines */
 static void machine_tag(char *out, size_t n) {
     char name[128] = "?", fam[16] = "?", model[16] = "?";
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -459,8 +465,9 @@ static void machine_tag(char *out, size_t n) {
     build = "/asan";
 #endif
 #endif
-    snprintf(out, n, "%s/%s/%s/%s/%s%s", name, fam, model, kiln_cpu_features_text(), kiln_form_name(kiln_form_active()),
-             build);
+    const dnnl_version_t *dv = dnnl_version();
+    snprintf(out, n, "%s/%s/%s/%s/%s%s/k%d/dnnl%d.%d.%d", name, fam, model, kiln_cpu_features_text(),
+             kiln_form_name(kiln_form_active()), build, KILN_GEMM_REV, dv->major, dv->minor, dv->patch);
     for (char *p = out; *p; p++)
         if (*p == ' ' || *p == '\t' || *p == '\n') *p = '_';
 }
