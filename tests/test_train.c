@@ -209,6 +209,95 @@ static void inputs(void) {
     CHECK(access(v, F_OK) != 0, "nothing written before the checks");
 }
 
+/* a run of base_config that stops after step 3 (eager), the word given
+ * then written to its compile-choice, and resumed under --compile
+ * max-autotune: the status of the resumed run */
+static kiln_status resume_with_choice(const char *run, const char *text) {
+    kiln_train_config c;
+    kiln_trainer *t = NULL;
+    base_config(&c, run);
+    CHECK_OK(kiln_trainer_open(&c, false, &t));
+    if (!t) return KILN_ERR_INVALID;
+    test_watch w = {.t = t, .stop_at = 3};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
+    kiln_trainer_free(t);
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s/compile-choice", tmpdir, run);
+    CHECK_OK(kiln_write_file_atomic(p, text, strlen(text)));
+    c.compile = KILN_RUN_MAX_AUTOTUNE;
+    if (kiln_trainer_open(&c, true, &t)) return kiln_last_status();
+    w = (test_watch){.t = t, .stop_at = -1};
+    kiln_status st = kiln_trainer_run(t, test_watch_event, &w);
+    kiln_trainer_free(t);
+    return st;
+}
+
+/* --compile max-autotune times the step compiled and eager before the first
+ * step, trains the faster, keeps the choice in RUN/compile-choice, and a
+ * resumed run takes it from there. */
+static void step_choice(void) {
+    kiln_train_config c;
+    kiln_trainer *t = NULL;
+    base_config(&c, "autotuned");
+    c.compile = KILN_RUN_MAX_AUTOTUNE;
+    CHECK_OK(kiln_trainer_open(&c, false, &t));
+    if (!t) return;
+    test_watch w = {.t = t, .stop_at = -1};
+    CHECK_OK(kiln_trainer_run(t, test_watch_event, &w));
+    int64_t total = kiln_trainer_get_state(t)->total_steps;
+    kiln_trainer_free(t);
+    CHECK(w.steps == total, "the autotuned run took its %lld steps (%d)", (long long)total, w.steps);
+    char p[600], q[600], word[16] = "";
+    snprintf(p, sizeof p, "%s/autotuned/compile-choice", tmpdir);
+    char *text = NULL;
+    size_t n = 0;
+    double cms = 0, ems = 0;
+    CHECK_OK(kiln_read_file(p, &text, &n));
+    CHECK(text && sscanf(text, "%15s compiled_ms %lf eager_ms %lf", word, &cms, &ems) == 3 && cms > 0 && ems > 0 &&
+              (!strcmp(word, "eager") ? ems < cms : !strcmp(word, "compiled") && cms <= ems),
+          "compile-choice names the faster step and both times: %s", text ? text : "(none)");
+    free(text);
+    /* the timing runs leave nothing behind: chosen eager, the run is the
+     * eager run's bits; chosen compiled, its loss is the eager run's to
+     * the compiled step's rounding */
+    snprintf(p, sizeof p, "%s/straight/model.safetensors", tmpdir);
+    snprintf(q, sizeof q, "%s/autotuned/model.safetensors", tmpdir);
+    if (!strcmp(word, "eager")) {
+        CHECK(test_same_file(p, q), "chosen eager: the model is byte-identical to the eager run's");
+    } else {
+        kiln_trainer *a = NULL;
+        base_config(&c, "autotuned");
+        CHECK_OK(kiln_trainer_open(&c, true, &a)); /* the finished run: its state */
+        base_config(&c, "straight");
+        kiln_trainer *b = NULL;
+        CHECK_OK(kiln_trainer_open(&c, true, &b));
+        if (a && b) {
+            double la = kiln_trainer_get_state(a)->last_loss, lb = kiln_trainer_get_state(b)->last_loss;
+            CHECK(isfinite(la) && fabs(la - lb) <= 1e-3 * fabs(lb), "chosen compiled: last loss %.7f, eager's %.7f", la, lb);
+        }
+        kiln_trainer_free(a);
+        kiln_trainer_free(b);
+    }
+    /* resumed, the file decides, unchanged: eager gives the eager run's bits */
+    const char *eager_word = "eager\tcompiled_ms 1.0\teager_ms 2.0\n";
+    CHECK_OK(resume_with_choice("chosen_eager", eager_word));
+    snprintf(q, sizeof q, "%s/chosen_eager/model.safetensors", tmpdir);
+    CHECK(test_same_file(p, q), "resumed with 'eager' in compile-choice: byte-identical to the uninterrupted eager run");
+    snprintf(q, sizeof q, "%s/chosen_eager/compile-choice", tmpdir);
+    CHECK(!kiln_read_file(q, &text, &n) && n == strlen(eager_word) && !memcmp(text, eager_word, n),
+          "a resumed run does not measure again (compile-choice unchanged)");
+    free(text);
+    const char *compiled_word = "compiled\tcompiled_ms 1.0\teager_ms 2.0\n";
+    CHECK_OK(resume_with_choice("chosen_compiled", compiled_word));
+    snprintf(q, sizeof q, "%s/chosen_compiled/compile-choice", tmpdir);
+    CHECK(!kiln_read_file(q, &text, &n) && n == strlen(compiled_word) && !memcmp(text, compiled_word, n),
+          "resumed with 'compiled': compile-choice unchanged");
+    free(text);
+    CHECK(resume_with_choice("chosen_bad", "fastest\n") == KILN_ERR_FORMAT && strstr(kiln_last_error(), "chosen_bad/compile-choice") &&
+              strstr(kiln_last_error(), "'compiled' or 'eager'"),
+          "a compile-choice with another word is refused, naming it: %s", kiln_last_error());
+}
+
 static void resume(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_test_train_%d", (int)getpid());
     mkdir(tmpdir, 0755);
@@ -271,6 +360,7 @@ static void resume(void) {
     CHECK(kiln_trainer_open(&c, false, &t) == KILN_ERR_INVALID && strstr(kiln_last_error(), "freeze"), "bad freeze: %s",
           kiln_last_error());
     inputs();
+    step_choice();
     CHECK(t_rmtree(tmpdir) == 0, "cleanup");
 }
 

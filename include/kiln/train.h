@@ -706,6 +706,13 @@ kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_
                                      int k, double lr, kiln_step_result *res, kiln_compiled *cs,
                                      const kiln_window_totals *g);
 
+/* One micro-batch's forward + backward timed compiled (cs, after a run that
+ * builds it) and eager (after a warm-up run), each the best of reps runs:
+ * ms[0] compiled, ms[1] eager. The gradients are zeroed afterwards. What
+ * --compile max-autotune measures before the first step (trainer.c). */
+kiln_status kiln_train_time_modes(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, const kiln_batch *b,
+                                  kiln_compiled *cs, int reps, double ms[2]);
+
 /* ---- generation ------------------------------------------------------------- */
 typedef struct {
     int max_tokens;

@@ -351,6 +351,45 @@ static kiln_status window_global(kiln_llama *m, kiln_adamw *opt, const kiln_trai
     return kiln_adamw_apply(opt, c, lr, res);
 }
 
+/* One micro-batch's forward + backward timed both ways: compiled (a first
+ * run builds and tunes, then the best of `reps`) and eager (a first run
+ * warms the allocator and measures its GEMM problems, then the best of
+ * `reps`). Whatever the runs accumulated is then zeroed: they take no part
+ * in training. ms[0] compiled, ms[1] eager, in ms. */
+static kiln_status time_modes(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, const kiln_batch *b,
+                              kiln_compiled *cs, int reps, double ms[2]) {
+    kiln_objective ob;
+    const kiln_objective *o = objective_of(c, b, &ob);
+    if (!o) return kiln_last_status();
+    int64_t u[KILN_NORM_N];
+    kiln_batch_units(b, u);
+    double scale[KILN_OBJ_MAX_TERMS];
+    for (int j = 0; j < o->n_terms; j++) scale[j] = u[o->norm[j]] ? 1.0 / (double)u[o->norm[j]] : 0.0;
+    kiln_tensor *key = kiln_train_uses_dropout(m) ? scalar_new(m) : NULL;
+    kiln_status st = kiln_train_uses_dropout(m) && !key ? kiln_last_status() : KILN_OK;
+    if (key && !st) st = scalar_set(key, kiln_train_dropout_key(c->seed, 0, 0));
+    for (int mode = 0; mode < 2 && !st; mode++) {
+        ms[mode] = INFINITY;
+        for (int r = 0; r <= reps && !st; r++) {
+            double rep[KILN_OBJ_MAX_TERMS + KILN_OBJ_MAX_METRICS], t0 = kiln_time_now();
+            st = mode == 0 ? compiled_micro(m, o, cs, b, scale, key, rep) : eager_micro(m, o, b, scale, key, true, rep);
+            double dt = (kiln_time_now() - t0) * 1e3;
+            if (r > 0 && dt < ms[mode]) ms[mode] = dt;
+        }
+    }
+    kiln_tensor_release(key);
+    kiln_grad_zero(opt);
+    return st;
+}
+
+kiln_status kiln_train_time_modes(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, const kiln_batch *b,
+                                  kiln_compiled *cs, int reps, double ms[2]) {
+    const kiln_backend *was = kiln_backend_use(kiln_model_backend(m));
+    kiln_status st = time_modes(m, opt, c, b, cs, reps, ms);
+    kiln_backend_use(was);
+    return st;
+}
+
 kiln_status kiln_train_window_global(kiln_llama *m, kiln_adamw *opt, const kiln_train_config *c, kiln_batch *const *mb,
                                      int k, double lr, kiln_step_result *res, kiln_compiled *cs,
                                      const kiln_window_totals *g) {

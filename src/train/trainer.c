@@ -46,6 +46,7 @@ struct kiln_trainer {
     int ref_pending;
     uint64_t ref_model_hash;
     bool told_misses; /* the compiled step's unfused rewrites were reported */
+    bool step_chosen; /* --compile max-autotune's compiled-or-eager choice is made (choose_step) */
 };
 
 static bool is_file(const char *p) {
@@ -579,6 +580,63 @@ static kiln_status load_window(kiln_trainer *t, int *k, int *first_in_window) {
 }
 
 static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user);
+/* --compile max-autotune does not choose a compiled step slower than eager
+ * silently: before the first step it times the window's first micro-batch
+ * both ways (kiln_train_time_modes; the slowest rank's times count) and
+ * trains the faster, saying which and why. The choice is kept in
+ * RUN/compile-choice and read back on resume, so a resumed run computes
+ * with the same step as the uninterrupted one. */
+#define CHOICE_FILE "compile-choice"
+static kiln_status choose_step(kiln_trainer *t, int k) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/" CHOICE_FILE, t->cfg.run_dir);
+    int64_t v[3] = {-1, 0, 0}; /* eager (1) or compiled (0) from the file, -1: measure; the times in us */
+    if (kiln_dist_rank() == 0 && t->st.step > 0 && is_file(path)) { /* resumed: the choice made at its start */
+        char *text = NULL;
+        size_t n = 0;
+        kiln_status st = kiln_read_file(path, &text, &n);
+        if (st) return kiln_error_context(st, "reading %s", path);
+        if (text && n >= 5 && !strncmp(text, "eager", 5)) v[0] = 1;
+        else if (text && n >= 8 && !strncmp(text, "compiled", 8)) v[0] = 0;
+        free(text);
+        if (v[0] < 0)
+            return kiln_error(KILN_ERR_FORMAT, "%s: not a step choice (its first word must be 'compiled' or 'eager'; delete the "
+                              "file to measure again)", path);
+    }
+    int64_t given = v[0];
+    kiln_status st = kiln_dist_max_i64(&given, 1); /* rank 0's word, or -1 */
+    if (st) return st;
+    double ms[2] = {0, 0};
+    if (given < 0) {
+        if (k > 0 && (st = kiln_train_time_modes(t->model, t->opt, &t->cfg, t->mb[0], t->cs_train, 2, ms)))
+            return kiln_error_context(st, "--compile max-autotune: timing the step compiled and eager");
+        int64_t us[2] = {(int64_t)(ms[0] * 1e3), (int64_t)(ms[1] * 1e3)};
+        if ((st = kiln_dist_max_i64(us, 2))) return st;
+        ms[0] = (double)us[0] / 1e3, ms[1] = (double)us[1] / 1e3;
+        given = ms[1] < ms[0];
+        if (kiln_dist_rank() == 0) {
+            char line[200];
+            int len = snprintf(line, sizeof line, "%s\tcompiled_ms %.1f\teager_ms %.1f\n", given ? "eager" : "compiled",
+                               ms[0], ms[1]);
+            if ((st = kiln_write_file_atomic(path, line, (size_t)len))) return kiln_error_context(st, "writing %s", path);
+        }
+        if (kiln_dist_rank() == 0)
+            kiln_log(given ? KILN_LOG_WARN : KILN_LOG_INFO,
+                     "--compile max-autotune: a micro-batch's forward + backward takes %.1f ms compiled, %.1f ms eager: "
+                     "%s (kept in %s)", ms[0], ms[1],
+                     given ? "the compiled step is slower here, training eager" : "training compiled", path);
+    } else if (kiln_dist_rank() == 0) {
+        kiln_log(KILN_LOG_INFO, "--compile max-autotune: training %s, as %s says", given ? "eager" : "compiled", path);
+    }
+    if (given) { /* eager: the compiled steps go */
+        kiln_compiled_free(t->cs_train);
+        kiln_compiled_free(t->cs_eval);
+        t->cs_train = t->cs_eval = NULL;
+    }
+    kiln_alloc_trim(); /* what the losing mode's runs left cached */
+    return KILN_OK;
+}
+
 
 /* --precision: autocast on this thread for the run (the compiled steps
  * trace on first use, so they see it too), and --device as the thread's
@@ -600,6 +658,8 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user) {
     while (t->st.step < t->st.total_steps && !(one && t->stop)) {
         int k, first;
         if ((st = load_window(t, &k, &first))) break;
+        if (!t->step_chosen && t->cs_train && t->cfg.compile == KILN_RUN_MAX_AUTOTUNE && (st = choose_step(t, k))) break;
+        t->step_chosen = true;
         double t0 = kiln_time_now(), lr = kiln_lr_at(&t->cfg, t->st.step, t->st.total_steps);
         /* the window's totals over all ranks, and a stop requested on any rank */
         int64_t v[4 + KILN_NORM_N] = {0, k, 0, t->stop ? 1 : 0}, u[KILN_NORM_N];
