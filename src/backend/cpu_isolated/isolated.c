@@ -9,11 +9,26 @@
  * seam faults at the access. Calls nest (a depth count); the protection is
  * process-wide while any call is open. */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include "kiln/backend.h"
+
+/* The buffers are cut from one reserved stretch of address space (PROT_NONE,
+ * MAP_NORESERVE: no memory until used), so that consecutive buffers are one
+ * mprotect: each call of the kernel's is a TLB shootdown to every core
+ * running the process, and with one call per buffer the strict builds spent
+ * most of an eager step in them. spans: the buffers, sorted by offset;
+ * holes: the freed stretches below top, sorted and coalesced, reused first
+ * fit. A buffer that does not fit the reservation (or a system that
+ * refuses it) gets a mapping of its own (regions). */
+#define RESERVE ((size_t)1 << 38) /* 256 GiB of address space */
+
+typedef struct {
+    size_t off, len;
+} span;
 
 typedef struct region {
     void *p;
@@ -23,6 +38,10 @@ typedef struct region {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static region *regions;
+static char *arena; /* NULL: not reserved yet; MAP_FAILED: refused */
+static size_t top;  /* bytes of the reservation handed out so far */
+static span *spans, *holes;
+static size_t n_spans, cap_spans, n_holes, cap_holes;
 static int depth;
 static int strict = -1; /* -1: not decided yet */
 
@@ -43,7 +62,35 @@ static size_t page_round(size_t n) {
     return (n + pg - 1) / pg * pg;
 }
 
+/* inserts x into the sorted array a (n of cap) at its place; false: no memory */
+static bool span_insert(span **a, size_t *n, size_t *cap, span x) {
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 64;
+        span *b = realloc(*a, c * sizeof *b);
+        if (!b) return false;
+        *a = b, *cap = c;
+    }
+    size_t i = *n;
+    while (i > 0 && (*a)[i - 1].off > x.off) i--;
+    memmove(*a + i + 1, *a + i, (*n - i) * sizeof **a);
+    (*a)[i] = x;
+    (*n)++;
+    return true;
+}
+
+static void span_remove(span *a, size_t *n, size_t i) {
+    memmove(a + i, a + i + 1, (*n - i - 1) * sizeof *a);
+    (*n)--;
+}
+
+/* every buffer to prot: runs of adjacent spans in one call each */
 static void protect_all(int prot) {
+    for (size_t i = 0; i < n_spans;) {
+        size_t j = i + 1, end = spans[i].off + spans[i].len;
+        while (j < n_spans && spans[j].off == end) end += spans[j++].len;
+        mprotect(arena + spans[i].off, end - spans[i].off, prot);
+        i = j;
+    }
     for (region *r = regions; r; r = r->next) mprotect(r->p, r->len, prot);
 }
 
@@ -59,12 +106,48 @@ static void leave(void) {
     pthread_mutex_unlock(&mu);
 }
 
+/* len bytes of the reservation (under mu), or NULL */
+static void *arena_take(size_t len, int prot) {
+    if (!arena) {
+        arena = mmap(NULL, RESERVE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (arena == MAP_FAILED) return NULL;
+    }
+    if (arena == MAP_FAILED) return NULL;
+    size_t off = SIZE_MAX;
+    for (size_t i = 0; i < n_holes; i++)
+        if (holes[i].len >= len) {
+            off = holes[i].off;
+            holes[i].off += len, holes[i].len -= len;
+            if (!holes[i].len) span_remove(holes, &n_holes, i);
+            break;
+        }
+    if (off == SIZE_MAX) {
+        if (len > RESERVE - top) return NULL;
+        off = top, top += len;
+    }
+    if (!span_insert(&spans, &n_spans, &cap_spans, (span){off, len})) { /* given back as a hole */
+        span_insert(&holes, &n_holes, &cap_holes, (span){off, len});
+        return NULL;
+    }
+    if (prot != PROT_NONE) mprotect(arena + off, len, prot);
+    return arena + off;
+}
+
 static void *iso_alloc(size_t n) {
-    region *r = malloc(sizeof *r);
-    if (!r) return kiln_error(KILN_ERR_OOM, "cpu-isolated: out of memory"), NULL;
-    r->len = page_round(n ? n : 1);
+    size_t len = page_round(n ? n : 1);
     pthread_mutex_lock(&mu);
     int prot = is_strict() && depth == 0 ? PROT_NONE : PROT_READ | PROT_WRITE;
+    void *p = arena_take(len, prot);
+    if (p) {
+        pthread_mutex_unlock(&mu);
+        return p;
+    }
+    region *r = malloc(sizeof *r);
+    if (!r) {
+        pthread_mutex_unlock(&mu);
+        return kiln_error(KILN_ERR_OOM, "cpu-isolated: out of memory"), NULL;
+    }
+    r->len = len;
     r->p = mmap(NULL, r->len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r->p == MAP_FAILED) {
         pthread_mutex_unlock(&mu);
@@ -78,17 +161,43 @@ static void *iso_alloc(size_t n) {
     return r->p;
 }
 
+/* a freed buffer of the reservation: its pages released, PROT_NONE, and its
+ * stretch a hole (merged with the holes beside it) */
+static bool arena_give(void *p) {
+    if (!arena || arena == MAP_FAILED || (char *)p < arena || (char *)p >= arena + top) return false;
+    size_t off = (size_t)((char *)p - arena), i = 0;
+    while (i < n_spans && spans[i].off != off) i++;
+    if (i == n_spans) return false;
+    span x = spans[i];
+    span_remove(spans, &n_spans, i);
+    madvise(arena + x.off, x.len, MADV_DONTNEED);
+    mprotect(arena + x.off, x.len, PROT_NONE);
+    if (!span_insert(&holes, &n_holes, &cap_holes, x)) return true; /* the stretch is lost, nothing else */
+    for (size_t h = 0; h + 1 < n_holes;) { /* coalesce */
+        if (holes[h].off + holes[h].len == holes[h + 1].off) {
+            holes[h].len += holes[h + 1].len;
+            span_remove(holes, &n_holes, h + 1);
+        } else {
+            h++;
+        }
+    }
+    if (n_holes && holes[n_holes - 1].off + holes[n_holes - 1].len == top) /* the top hole goes back */
+        top = holes[--n_holes].off;
+    return true;
+}
+
 static void iso_free(void *p, size_t n) {
     (void)n;
     pthread_mutex_lock(&mu);
-    for (region **q = &regions; *q; q = &(*q)->next) {
-        if ((*q)->p != p) continue;
-        region *r = *q;
-        *q = r->next;
-        munmap(r->p, r->len);
-        free(r);
-        break;
-    }
+    if (!arena_give(p))
+        for (region **q = &regions; *q; q = &(*q)->next) {
+            if ((*q)->p != p) continue;
+            region *r = *q;
+            *q = r->next;
+            munmap(r->p, r->len);
+            free(r);
+            break;
+        }
     pthread_mutex_unlock(&mu);
 }
 
