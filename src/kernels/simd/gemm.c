@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_grid.h"
 #include "kiln/kernels.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -413,14 +414,7 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
      * columns), each over the whole K; at least about 4 per thread */
     const int64_t ms = cdiv(M, MR);
     int64_t nm = cdiv(ms, imax(1, GEMM_MC / MR)), nn = cdiv(nsp, GEMM_NCC / NR);
-    while (nt > 1 && nm * nn < 4 * nt) {
-        if (nn < nsp && (nn <= nm || nm >= ms))
-            nn++;
-        else if (nm < ms)
-            nm++;
-        else
-            break;
-    }
+    kiln_gemm_task_grid(nt, ms, nsp, &nm, &nn);
     const int64_t mcp = cdiv(ms, nm) * MR; /* rows of the largest chunk */
     const bool acache = (size_t)(nkb * kcb * mcp) * 4 <= GEMM_ACACHE;
     const int64_t ablk = acache ? kcb * mcp : 0; /* floats between the K blocks of the packed A */

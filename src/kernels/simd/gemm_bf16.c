@@ -73,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_grid.h"
 #include "kiln/kernels.h"
 
 #if defined(__SSE2__)
@@ -499,14 +500,7 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
      * one */
     const int64_t ms = cdiv(M, MR);
     int64_t nm = cdiv(ms, BF_MC / MR), nn = cdiv(nsp, BF_NCC / NR);
-    while (nt > 1 && nm * nn < 4 * nt) {
-        if (nn < nsp && (nn <= nm || nm >= ms))
-            nn++;
-        else if (nm < ms)
-            nm++;
-        else
-            break;
-    }
+    kiln_gemm_task_grid(nt, ms, nsp, &nm, &nn);
     const int64_t mcp = cdiv(ms, nm) * MR; /* rows of the largest chunk */
     /* a thread keeps its row chunk of A packed for all of K when that is
      * at most BF_ACACHE bytes: its next task on the same rows (other
