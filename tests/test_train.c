@@ -296,6 +296,8 @@ static void step_choice(void) {
     CHECK(resume_with_choice("chosen_bad", "fastest\n") == KILN_ERR_FORMAT && strstr(kiln_last_error(), "chosen_bad/compile-choice") &&
               strstr(kiln_last_error(), "'compiled' or 'eager'"),
           "a compile-choice with another word is refused, naming it: %s", kiln_last_error());
+    CHECK(resume_with_choice("chosen_longer", "eagerly\n") == KILN_ERR_FORMAT && strstr(kiln_last_error(), "chosen_longer/compile-choice"),
+          "the word must be whole ('eagerly' is not 'eager'): %s", kiln_last_error());
 }
 
 static void resume(void) {

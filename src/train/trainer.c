@@ -590,20 +590,20 @@ static kiln_status run_loop(kiln_trainer *t, kiln_event_fn fn, void *user);
 static kiln_status choose_step(kiln_trainer *t, int k) {
     char path[1200];
     snprintf(path, sizeof path, "%s/" CHOICE_FILE, t->cfg.run_dir);
-    int64_t v[3] = {-1, 0, 0}; /* eager (1) or compiled (0) from the file, -1: measure; the times in us */
+    int64_t given = -1; /* eager (1) or compiled (0) from the file, -1: measure */
     if (kiln_dist_rank() == 0 && t->st.step > 0 && is_file(path)) { /* resumed: the choice made at its start */
         char *text = NULL;
         size_t n = 0;
         kiln_status st = kiln_read_file(path, &text, &n);
         if (st) return kiln_error_context(st, "reading %s", path);
-        if (text && n >= 5 && !strncmp(text, "eager", 5)) v[0] = 1;
-        else if (text && n >= 8 && !strncmp(text, "compiled", 8)) v[0] = 0;
+        size_t w = text ? strcspn(text, " \t\n") : 0; /* the first word, whole */
+        if (w == 5 && !strncmp(text, "eager", 5)) given = 1;
+        else if (w == 8 && !strncmp(text, "compiled", 8)) given = 0;
         free(text);
-        if (v[0] < 0)
+        if (given < 0)
             return kiln_error(KILN_ERR_FORMAT, "%s: not a step choice (its first word must be 'compiled' or 'eager'; delete the "
                               "file to measure again)", path);
     }
-    int64_t given = v[0];
     kiln_status st = kiln_dist_max_i64(&given, 1); /* rank 0's word, or -1 */
     if (st) return st;
     double ms[2] = {0, 0};
@@ -619,12 +619,11 @@ static kiln_status choose_step(kiln_trainer *t, int k) {
             int len = snprintf(line, sizeof line, "%s\tcompiled_ms %.1f\teager_ms %.1f\n", given ? "eager" : "compiled",
                                ms[0], ms[1]);
             if ((st = kiln_write_file_atomic(path, line, (size_t)len))) return kiln_error_context(st, "writing %s", path);
-        }
-        if (kiln_dist_rank() == 0)
             kiln_log(given ? KILN_LOG_WARN : KILN_LOG_INFO,
                      "--compile max-autotune: a micro-batch's forward + backward takes %.1f ms compiled, %.1f ms eager: "
                      "%s (kept in %s)", ms[0], ms[1],
                      given ? "the compiled step is slower here, training eager" : "training compiled", path);
+        }
     } else if (kiln_dist_rank() == 0) {
         kiln_log(KILN_LOG_INFO, "--compile max-autotune: training %s, as %s says", given ? "eager" : "compiled", path);
     }
@@ -636,7 +635,6 @@ static kiln_status choose_step(kiln_trainer *t, int k) {
     kiln_alloc_trim(); /* what the losing mode's runs left cached */
     return KILN_OK;
 }
-
 
 /* --precision: autocast on this thread for the run (the compiled steps
  * trace on first use, so they see it too), and --device as the thread's

@@ -108,10 +108,7 @@ static void leave(void) {
 
 /* len bytes of the reservation (under mu), or NULL */
 static void *arena_take(size_t len, int prot) {
-    if (!arena) {
-        arena = mmap(NULL, RESERVE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (arena == MAP_FAILED) return NULL;
-    }
+    if (!arena) arena = mmap(NULL, RESERVE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (arena == MAP_FAILED) return NULL;
     size_t off = SIZE_MAX;
     for (size_t i = 0; i < n_holes; i++)

@@ -64,19 +64,16 @@
 #define GEMM_NR 32
 #define GEMM_KC 256
 #define GEMM_MC 168
-#define GEMM_NC 4096
 #elif defined(__AVX2__)
 #define GEMM_MR 6
 #define GEMM_NR 16
 #define GEMM_KC 256
 #define GEMM_MC 144
-#define GEMM_NC 4096
 #else
 #define GEMM_MR 4
 #define GEMM_NR 8
 #define GEMM_KC 256
 #define GEMM_MC 128
-#define GEMM_NC 2048
 #endif
 #define MR GEMM_MR
 #define NR GEMM_NR
