@@ -100,39 +100,52 @@ test: all
 # -DKILN_GRAPH_VERIFY: every graph pass is followed by kiln_graph_verify there.
 SAN_FLAGS := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -DKILN_GRAPH_VERIFY -DKILN_STRICT_DEVICE
 SAN_OPT   := -O1 -g -march=native -fno-omit-frame-pointer
+# (The sanitizer builds leave out the benchmarks: nothing runs them there.)
 asan:
-	$(MAKE) BUILD=build-asan OPT="$(SAN_OPT)" SAN="$(SAN_FLAGS)"
+	$(MAKE) BUILD=build-asan OPT="$(SAN_OPT)" SAN="$(SAN_FLAGS)" tested
 
 asan-clang:
-	$(MAKE) BUILD=build-clang CC=clang OPT="$(SAN_OPT)" SAN="$(SAN_FLAGS)" EXTRA_CFLAGS=-Wno-pass-failed
+	$(MAKE) BUILD=build-clang CC=clang OPT="$(SAN_OPT)" SAN="$(SAN_FLAGS)" EXTRA_CFLAGS=-Wno-pass-failed tested
+
+tested: $(BUILD)/libkiln.a $(BUILD)/kiln $(TEST_BIN)
 
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c), clang only: `make fuzz` builds
 # them and runs each for FUZZ_SECONDS (default 60) on its seed corpus
 # (tests/fuzz/corpus/NAME, new inputs go to build-fuzz/corpus/NAME);
-# `make fuzz-check` runs each over a fixed number of executions (CI).
+# `make fuzz-check` runs each over a fixed number of executions.
+# FUZZ_DIR: the build whose libkiln.a the harnesses link (into FUZZ_DIR/fuzz/).
+# build-fuzz's library carries libFuzzer's coverage instrumentation, which
+# searching for new inputs needs. CI (`make fuzz-ci`, scripts/test.sh) only
+# replays the seeds for a fixed number of runs so that no harness rots: it
+# links them against the clang ASan+UBSan build's library (build-clang), one
+# whole build of the library fewer.
 FUZZ_SRC   := $(sort $(wildcard tests/fuzz/fuzz_*.c))
-FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=build-fuzz/fuzz/%)
+FUZZ_DIR   ?= build-fuzz
+FUZZ_BIN   := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/fuzz/%)
 FUZZ_SECONDS ?= 60
 FUZZ_RUNS  ?= 3000
 fuzz-build:
 	$(MAKE) BUILD=build-fuzz CC=clang OPT="$(SAN_OPT)" SAN="-fsanitize=fuzzer-no-link,address,undefined,float-cast-overflow -fno-sanitize-recover=all" EXTRA_CFLAGS=-Wno-pass-failed build-fuzz/libkiln.a
-	$(MAKE) BUILD=build-fuzz CC=clang OPT="$(SAN_OPT)" EXTRA_CFLAGS=-Wno-pass-failed fuzz-bins
+	$(MAKE) FUZZ_DIR=build-fuzz CC=clang OPT="$(SAN_OPT)" EXTRA_CFLAGS=-Wno-pass-failed fuzz-bins
+
+fuzz-ci: asan-clang
+	$(MAKE) FUZZ_DIR=build-clang CC=clang OPT="$(SAN_OPT)" EXTRA_CFLAGS=-Wno-pass-failed fuzz-bins
 
 fuzz-bins: $(FUZZ_BIN)
 
-build-fuzz/fuzz/%: tests/fuzz/%.c build-fuzz/libkiln.a tests/fuzz/fuzz.h
+$(FUZZ_DIR)/fuzz/%: tests/fuzz/%.c $(FUZZ_DIR)/libkiln.a tests/fuzz/fuzz.h
 	@mkdir -p $(dir $@)
-	clang $(CFLAGS) -Wno-pass-failed -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all -o $@ $< build-fuzz/libkiln.a $(LDLIBS)
+	clang $(CFLAGS) -Wno-pass-failed -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all -o $@ $< $(FUZZ_DIR)/libkiln.a $(LDLIBS)
 
 fuzz: fuzz-build
-	bash tests/fuzz/run.sh time $(FUZZ_SECONDS)
+	FUZZ_DIR=build-fuzz bash tests/fuzz/run.sh time $(FUZZ_SECONDS)
 
 fuzz-check: fuzz-build
-	bash tests/fuzz/run.sh runs $(FUZZ_RUNS)
+	FUZZ_DIR=build-fuzz bash tests/fuzz/run.sh runs $(FUZZ_RUNS)
 
 clean:
 	rm -rf build build-asan build-clang build-fuzz
 
-.PHONY: all test asan asan-clang fuzz fuzz-build fuzz-bins fuzz-check clean
+.PHONY: all tested test asan asan-clang fuzz fuzz-build fuzz-ci fuzz-bins fuzz-check clean
 .SECONDARY:
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_BIN:=.d) $(BENCH_BIN:=.d)

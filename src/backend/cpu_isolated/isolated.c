@@ -23,8 +23,14 @@
  * most of an eager step in them. spans: the buffers, sorted by offset;
  * holes: the freed stretches below top, sorted and coalesced, reused first
  * fit. A buffer that does not fit the reservation (or a system that
- * refuses it) gets a mapping of its own (regions). */
+ * refuses it) gets a mapping of its own (regions).
+ * A freed stretch is PROT_NONE at once but keeps its pages, as a caching
+ * allocator keeps its blocks: releasing them (MADV_DONTNEED) on every free
+ * cost a shootdown and, on reuse, a page fault per page, most of an eager
+ * step of the tiny test models. Once more than IDLE_MAX bytes lie freed
+ * and unreleased, every hole and the stretch above top are released. */
 #define RESERVE ((size_t)1 << 38) /* 256 GiB of address space */
+#define IDLE_MAX ((size_t)64 << 20)
 
 typedef struct {
     size_t off, len;
@@ -40,6 +46,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static region *regions;
 static char *arena; /* NULL: not reserved yet; MAP_FAILED: refused */
 static size_t top;  /* bytes of the reservation handed out so far */
+static size_t high; /* top's highest value since the pages were last released */
+static size_t idle; /* freed bytes whose pages may still be resident (an upper bound) */
 static span *spans, *holes;
 static size_t n_spans, cap_spans, n_holes, cap_holes;
 static int depth;
@@ -100,9 +108,14 @@ static void enter(void) {
     pthread_mutex_unlock(&mu);
 }
 
+/* Closing is one call for the whole reservation below top (its holes are
+ * PROT_NONE already), so one shootdown however scattered the buffers. */
 static void leave(void) {
     pthread_mutex_lock(&mu);
-    if (--depth == 0 && is_strict()) protect_all(PROT_NONE);
+    if (--depth == 0 && is_strict()) {
+        if (arena && arena != MAP_FAILED && top) mprotect(arena, top, PROT_NONE);
+        for (region *r = regions; r; r = r->next) mprotect(r->p, r->len, PROT_NONE);
+    }
     pthread_mutex_unlock(&mu);
 }
 
@@ -121,7 +134,9 @@ static void *arena_take(size_t len, int prot) {
     if (off == SIZE_MAX) {
         if (len > RESERVE - top) return NULL;
         off = top, top += len;
+        if (top > high) high = top;
     }
+    idle -= idle < len ? idle : len;
     if (!span_insert(&spans, &n_spans, &cap_spans, (span){off, len})) { /* given back as a hole */
         span_insert(&holes, &n_holes, &cap_holes, (span){off, len});
         return NULL;
@@ -158,8 +173,15 @@ static void *iso_alloc(size_t n) {
     return r->p;
 }
 
-/* a freed buffer of the reservation: its pages released, PROT_NONE, and its
- * stretch a hole (merged with the holes beside it) */
+/* the pages of every hole and of the stretch above top, released */
+static void release_idle(void) {
+    for (size_t h = 0; h < n_holes; h++) madvise(arena + holes[h].off, holes[h].len, MADV_DONTNEED);
+    if (high > top) madvise(arena + top, high - top, MADV_DONTNEED);
+    high = top, idle = 0;
+}
+
+/* a freed buffer of the reservation: PROT_NONE, its stretch a hole (merged
+ * with the holes beside it), its pages kept until IDLE_MAX is passed */
 static bool arena_give(void *p) {
     if (!arena || arena == MAP_FAILED || (char *)p < arena || (char *)p >= arena + top) return false;
     size_t off = (size_t)((char *)p - arena), i = 0;
@@ -167,9 +189,11 @@ static bool arena_give(void *p) {
     if (i == n_spans) return false;
     span x = spans[i];
     span_remove(spans, &n_spans, i);
-    madvise(arena + x.off, x.len, MADV_DONTNEED);
     mprotect(arena + x.off, x.len, PROT_NONE);
-    if (!span_insert(&holes, &n_holes, &cap_holes, x)) return true; /* the stretch is lost, nothing else */
+    if (!span_insert(&holes, &n_holes, &cap_holes, x)) { /* the stretch is lost, nothing else */
+        madvise(arena + x.off, x.len, MADV_DONTNEED);
+        return true;
+    }
     for (size_t h = 0; h + 1 < n_holes;) { /* coalesce */
         if (holes[h].off + holes[h].len == holes[h + 1].off) {
             holes[h].len += holes[h + 1].len;
@@ -180,6 +204,8 @@ static bool arena_give(void *p) {
     }
     if (n_holes && holes[n_holes - 1].off + holes[n_holes - 1].len == top) /* the top hole goes back */
         top = holes[--n_holes].off;
+    idle += x.len;
+    if (idle > IDLE_MAX) release_idle();
     return true;
 }
 
