@@ -8,7 +8,7 @@
  *     1 rank (with 2k micro-batches: the same weights; with k: it runs on);
  *   - a failure on rank 1 ends the whole job with the rank and the reason;
  *   - ZeRO sharding (--shard optimizer|gradients) on 2 and 4 ranks (4
- *     oversubscribed): 20 steps' losses and the final weights within 1e-6
+ *     oversubscribed): 12 steps' losses and the final weights within 1e-6
  *     relative of one process with the same global batch, overlapped and
  *     blocking reduce-scatters bit-identical on 2 ranks, the optimiser's bytes per
  *     rank as the formula says; sharded checkpoints resumed 4 -> 2, 2 -> 4
@@ -223,7 +223,7 @@ static bool same_run(const char *a, const char *b) {
 
 
 /* ---- ZeRO sharding ------------------------------------------------------------ */
-enum { ZSTEPS = 20, ZSTOP = 8, GLOBAL_K = 4 }; /* micro-batches per step over all ranks */
+enum { ZSTEPS = 12, ZSTOP = 8, GLOBAL_K = 4 }; /* micro-batches per step over all ranks */
 static const char *const shard_names[] = {"off", "optimizer", "gradients"};
 
 static void save_losses(const char *name, const double *l) {

@@ -6,6 +6,15 @@
 #include <time.h>
 #include "kiln/core.h"
 
+/* A sanitizer build whose UBSan reports are recoverable (clang's, see the
+ * Makefile) still stops at the first one, as -fno-sanitize-recover=all
+ * would: these are the defaults UBSAN_OPTIONS adds to. Every kiln binary
+ * links this file (everything reports errors). */
+#ifdef KILN_UBSAN_HALT
+const char *__ubsan_default_options(void);
+const char *__ubsan_default_options(void) { return "halt_on_error=1:print_stacktrace=1"; }
+#endif
+
 static _Thread_local char err_msg[1024];
 static _Thread_local kiln_status err_code;
 
