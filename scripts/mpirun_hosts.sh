@@ -111,7 +111,7 @@ fi
 # the environment the ranks on other machines need (mpirun passes only
 # what -x names; the ranks on this machine see it all anyway)
 if [ -n "$threads" ]; then cmd+=(-x "OMP_NUM_THREADS=$threads"); fi
-for v in PATH LD_LIBRARY_PATH GOMP_SPINCOUNT OMP_WAIT_POLICY; do
+for v in PATH LD_LIBRARY_PATH GOMP_SPINCOUNT KMP_BLOCKTIME OMP_WAIT_POLICY; do
   if [ -n "${!v+set}" ]; then cmd+=(-x "$v"); fi
 done
 cmd+=(${extra[@]+"${extra[@]}"} "$@")

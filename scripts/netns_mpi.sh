@@ -8,7 +8,8 @@
 #   -n N            ranks on each of the two hosts (default 1): 2N in all,
 #                   ranks 0..N-1 on host A, N..2N-1 on host B
 #   -x VAR[=VALUE]  pass VAR to the ranks as well (mpirun -x); OMP_NUM_THREADS,
-#                   PATH, LD_LIBRARY_PATH, GOMP_SPINCOUNT, OMP_WAIT_POLICY and
+#                   PATH, LD_LIBRARY_PATH, GOMP_SPINCOUNT, KMP_BLOCKTIME,
+#                   OMP_WAIT_POLICY and
 #                   the sanitizers' *SAN_OPTIONS go whenever they are set
 #   --print-bytes   after the run, print the bytes the veth carried each way:
 #                     netns bytes: A->B=N B->A=N
@@ -162,7 +163,7 @@ printf '%s slots=%d\n%s slots=%d\n' "$addr_a" "$per_host" "$addr_b" "$per_host" 
 
 # the environment the ranks get: host B's daemon starts with a clean one
 xs=()
-for v in OMP_NUM_THREADS PATH LD_LIBRARY_PATH GOMP_SPINCOUNT OMP_WAIT_POLICY ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS ${extra_vars[@]+"${extra_vars[@]}"}; do
+for v in OMP_NUM_THREADS PATH LD_LIBRARY_PATH GOMP_SPINCOUNT KMP_BLOCKTIME OMP_WAIT_POLICY ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS ${extra_vars[@]+"${extra_vars[@]}"}; do
   case "$v" in
     *=*) xs+=(-x "$v") ;;                              # -x NAME=VALUE as given
     *) if [ -n "${!v+set}" ]; then xs+=(-x "$v"); fi ;; # NAME only when it is set

@@ -58,7 +58,8 @@ static inline int cli_exec_signal(const char *const *argv, int sig, double after
     if (pid == 0) {
         /* the spin count tests/run.sh set for the tests themselves: the
          * kiln command chooses its own (src/cli/main.c) */
-        if (getenv("KILN_TEST_SPINCOUNT")) unsetenv("GOMP_SPINCOUNT"), unsetenv("KILN_TEST_SPINCOUNT");
+        if (getenv("KILN_TEST_SPINCOUNT"))
+            unsetenv("GOMP_SPINCOUNT"), unsetenv("KMP_BLOCKTIME"), unsetenv("KILN_TEST_SPINCOUNT");
         int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
         execvp(argv[0], (char *const *)argv);

@@ -15,7 +15,8 @@
 # process (a second test, a build, other users) the spinning took most of
 # the CPU (test_train: 81% of its samples in libgomp, 23-64 s; 5-6 s with
 # the short spin). So the tests wait as the kiln command does by default
-# (GOMP_SPINCOUNT=1000, src/cli/main.c) unless the caller chose a policy.
+# (GOMP_SPINCOUNT=1000, and KMP_BLOCKTIME=0 for the clang build's libomp:
+# src/cli/main.c) unless the caller chose a policy.
 # The wait policy changes no result. KILN_TEST_SPINCOUNT tells
 # tests/cli_run.h to hand the kiln command the environment unchanged, so
 # that kiln still picks its own policy there.
@@ -41,8 +42,8 @@ if [ -n "$exclude" ]; then
     left_out+=("$name")
   done <"$exclude"
 fi
-if [ -z "${OMP_WAIT_POLICY:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ]; then
-  export GOMP_SPINCOUNT=1000 KILN_TEST_SPINCOUNT=1
+if [ -z "${OMP_WAIT_POLICY:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ] && [ -z "${KMP_BLOCKTIME:-}" ]; then
+  export GOMP_SPINCOUNT=1000 KMP_BLOCKTIME=0 KILN_TEST_SPINCOUNT=1
 fi
 tests=()
 for t in "$build"/tests/test_*; do

@@ -294,13 +294,17 @@ static void kdata_make(const kcase *c, kdata *d) {
         for (int64_t j = c->N; j < d->ldc; j++) d->C0[i * d->ldc + j] = 1234.5f;
     d->ref = malloc((size_t)(c->M * c->N) * sizeof(double));
     d->mag = malloc((size_t)(c->M * c->N) * sizeof(double));
-    double *row = malloc((size_t)c->K * sizeof(double));
+    /* op(A)'s row i and op(B)'s columns, contiguous in double */
+    double *row = malloc((size_t)c->K * sizeof(double)), *cols = malloc((size_t)(c->N * c->K) * sizeof(double));
+    for (int64_t j = 0; j < c->N; j++)
+        for (int64_t k = 0; k < c->K; k++) cols[j * c->K + k] = at(d->B, c->tB, d->ldb, k, j);
     for (int64_t i = 0; i < c->M; i++) {
         for (int64_t k = 0; k < c->K; k++) row[k] = at(d->A, c->tA, d->lda, i, k);
         for (int64_t j = 0; j < c->N; j++) {
+            const double *col = cols + j * c->K;
             double s = 0, m = 0;
             for (int64_t k = 0; k < c->K; k++) {
-                double p = row[k] * at(d->B, c->tB, d->ldb, k, j);
+                double p = row[k] * col[k];
                 s += p, m += fabs(p);
             }
             double c0 = c->beta != 0 ? (double)c->beta * d->C0[i * d->ldc + j] : 0.0;
@@ -308,7 +312,7 @@ static void kdata_make(const kcase *c, kdata *d) {
             d->mag[i * c->N + j] = fabs(c->alpha) * m + fabs(c0);
         }
     }
-    free(row);
+    free(row), free(cols);
 }
 
 static void kdata_free(kdata *d) { free(d->A), free(d->B), free(d->C0), free(d->ref), free(d->mag); }
@@ -502,11 +506,16 @@ static int64_t bf_kblock(int64_t K) {
 static void bf_ref(bool tA, bool tB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A, int64_t lda,
                    const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const int64_t kcb = bf_kblock(K);
-    float *a = malloc((size_t)(K + 1) * sizeof(float)), *b = malloc((size_t)(K + 1) * sizeof(float));
+    /* op(A)'s rows and op(B)'s columns as floats, each converted once */
+    float *av = malloc((size_t)(M * K + 1) * sizeof(float)), *bv = malloc((size_t)(N * K + 1) * sizeof(float));
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t k = 0; k < K; k++) av[i * K + k] = bf_in(tA ? A[k * lda + i] : A[i * lda + k]);
+    for (int64_t j = 0; j < N; j++)
+        for (int64_t k = 0; k < K; k++) bv[j * K + k] = bf_in(tB ? B[j * ldb + k] : B[k * ldb + j]);
     for (int64_t i = 0; i < M; i++) {
-        for (int64_t k = 0; k < K; k++) a[k] = bf_in(tA ? A[k * lda + i] : A[i * lda + k]);
+        const float *a = av + i * K;
         for (int64_t j = 0; j < N; j++) {
-            for (int64_t k = 0; k < K; k++) b[k] = bf_in(tB ? B[j * ldb + k] : B[k * ldb + j]);
+            const float *b = bv + j * K;
             float c = C[i * ldc + j];
             for (int64_t pc = 0; pc < K; pc += kcb) {
                 const int64_t kc = K - pc < kcb ? K - pc : kcb;
@@ -521,7 +530,7 @@ static void bf_ref(bool tA, bool tB, int64_t M, int64_t N, int64_t K, float alph
             C[i * ldc + j] = c;
         }
     }
-    free(a), free(b);
+    free(av), free(bv);
 }
 
 /* the bf16 runs: each form this CPU runs, and the avx512 form's emulation
