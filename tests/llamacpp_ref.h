@@ -16,18 +16,10 @@
 #include "ggml_ref.h"
 
 /* The GGUF tests' paths are a short mkdtemp directory plus a file name
- * (gcc cannot see that they fit); clang has no such warning. SANITIZED: an
- * ASan build (gcc's macro or clang's feature), where the node comparisons
- * are skipped as too slow. */
+ * (gcc cannot see that they fit); clang has no such warning. In a
+ * SANITIZED build (test.h) the node comparisons are skipped as too slow. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
 #endif
 
 /* node and node-llama-cpp installed (why says what is missing when not);

@@ -11,6 +11,16 @@
 #include <unistd.h>
 #include "kiln/core.h"
 
+/* SANITIZED: an ASan build (gcc's macro or clang's feature), where a test
+ * may run a smaller size of what the optimised build runs in full */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+
 static int t_pass, t_fail;
 #define CHECK(cond, ...)                                                   \
     do {                                                                   \
