@@ -24,9 +24,9 @@ set -u
 build=build; jobs=${KILN_TEST_JOBS:-1}; exclude=
 while [ $# -gt 0 ]; do
   case "$1" in
-    -j) jobs=$2; shift 2 ;;
+    -j|-x) [ $# -ge 2 ] || { echo "run.sh: $1 wants a value" >&2; exit 2; }
+           if [ "$1" = -j ]; then jobs=$2; else exclude=$2; fi; shift 2 ;;
     -j*) jobs=${1#-j}; shift ;;
-    -x) exclude=$2; shift 2 ;;
     *) build=$1; shift ;;
   esac
 done

@@ -24,10 +24,10 @@
  * holes: the freed stretches below top, sorted and coalesced, reused first
  * fit. A buffer that does not fit the reservation (or a system that
  * refuses it) gets a mapping of its own (regions).
- * A freed stretch is PROT_NONE at once but keeps its pages, as a caching
- * allocator keeps its blocks: releasing them (MADV_DONTNEED) on every free
- * cost a shootdown and, on reuse, a page fault per page, most of an eager
- * step of the tiny test models. Once more than IDLE_MAX bytes lie freed
+ * A freed stretch keeps its pages, as a caching allocator keeps its
+ * blocks: releasing them (MADV_DONTNEED) on every free cost a shootdown
+ * and, on reuse, a page fault per page, most of an eager step of the tiny
+ * test models. Once more than IDLE_MAX bytes lie freed
  * and unreleased, every hole and the stretch above top are released.
  * Protection changes only where it guards something: outside strict mode
  * the reservation is opened read-write in steps of GROW as top passes
