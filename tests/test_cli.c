@@ -78,6 +78,12 @@ static void help_and_usage(void) {
         {{"tokenizer", "train", "c.txt", "--vocab-size", "1e4", "-o", "t.json"},
          "kiln tokenizer train: --vocab-size: bad value '1e4' (expected an integer in [259, 16777216])\n"},
         {{"bench", "--profile=yes"}, "kiln bench: --profile takes no value\n"},
+        {{"bench", "--rounds", "0"}, "kiln bench: --rounds: bad value '0' (expected an integer in [1, 1048576])\n"},
+        {{"bench", "--rounds", "6"}, "kiln bench: --rounds 6 is more than --steps: each round times at least one step of every mode\n"},
+        {{"bench", "--rounds", "2", "--profile"},
+         "kiln bench: --rounds 2 and --profile do not go together (the profile covers one round's steps: use --rounds 1)\n"},
+        {{"bench", "--rounds", "2", "--pack", "documents"},
+         "kiln bench: --rounds 2 and --pack documents do not go together (the documents bench times its two steps in one round)\n"},
         {{"tokenizer", "encode", "--no-special=1"}, "kiln tokenizer encode: --no-special takes no value\n"},
         {{"tokenizer", "encode", "--skip-special"}, "kiln tokenizer encode: unknown flag --skip-special (see --help)\n"},
     };
@@ -86,6 +92,14 @@ static void help_and_usage(void) {
               bad[k].args[2]);
     CHECK(cli_kiln_run((const char *[]){"train", "--batch", "0", "--data", dir, NULL}) != 0 && cli_output_has("batch"),
           "bad batch named");
+    /* rounds: every mode runs in each round, the steps split over them, the
+     * peak measured before each (a machine whose speed drifts then slows
+     * every mode alike) */
+    CHECK(cli_kiln_run((const char *[]){"bench", "--model", "tiny", "--batch", "2", "--seq", "16", "--steps", "3", "--rounds",
+                                        "2", "--modes", "eager,default", "--results", NULL}) == 0 &&
+              cli_output_has("2 rounds, every mode in each (the first rounds one step more); fp32 FMA peak before each round:") &&
+              cli_output_has("RESULT mode=eager ") && cli_output_has("RESULT mode=default ") && cli_output_has("(median of 3 steps per mode"),
+          "bench --rounds 2 runs both modes over 3 steps");
     CHECK(cli_kiln_run((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}) == 1 &&
               cli_output_has("/nonexistent/data"),
           "missing data dir named");

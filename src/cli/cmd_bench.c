@@ -28,6 +28,10 @@ static const char *bench_help =
     "  --seq N             sequence length (default 256)\n"
     "  --steps N           timed steps per mode (default 5; the median is reported)\n"
     "  --warmup N          untimed steps first (default 1; the first compiled one builds)\n"
+    "  --rounds R          split the timed steps into R rounds, each running every mode in turn (a compiled\n"
+    "                      mode loaded again from the cache, --warmup untimed steps first), so that a machine\n"
+    "                      whose speed drifts slows every mode alike; prints the FMA peak before each round\n"
+    "                      (default 1: each mode's steps in one run; at most --steps)\n"
     "  --modes LIST        comma-separated, of" KILN_COMPILE_MODE_NAMES " (eager = off)\n"
     "                      (default: eager,default,reduce-overhead,max-autotune)\n"
     "  --threads N         OpenMP threads (default: all cores)\n"
@@ -155,6 +159,8 @@ typedef struct {
     const char *name;
     double ms, opt_ms, tokens_s, gflops, peak_mb, alloc_mb, build_s, warm_s, arena_mb;
     bool ok, interpreted;
+    double *step_ms, *step_opt_ms; /* every timed step so far, over the rounds */
+    int n_steps;
 } result;
 
 typedef struct {
@@ -232,26 +238,28 @@ static void largest_value(const kiln_graph *g, int64_t tokens, int64_t vocab) {
            most * (double)kiln_dtype_size(g->v[best].meta.dtype) / 1e6, (long long)tokens, (long long)vocab, logits);
 }
 
-static result run_mode(bench_ctx *b, const char *mode) {
-    result r = {.name = mode};
+/* One round of a mode: compiles it (the first round builds, later ones load
+ * from the cache), runs --warmup untimed steps and then `steps` timed ones,
+ * appending their times to r. The first round also reports the plan. */
+static void run_round(bench_ctx *b, const char *mode, result *r, int steps, bool first) {
     kiln_compile_options co;
     kiln_compile_options_default(&co);
     bool eager = !strcmp(mode, "eager");
     co.recompute = b->recompute;
+    r->ok = false;
     if (!eager && kiln_compile_mode_parse(mode, &co)) {
         fprintf(stderr, "kiln bench: %s\n", kiln_last_error());
-        return r;
+        return;
     }
     reset_peak();
     bool pref = b->obj.kind != KILN_OBJECTIVE_CE;
     b->tr = (kiln_step_trace){.m = b->m, .o = &b->obj};
     kiln_compiled *cs = eager ? NULL : pref ? kiln_train_compile_objective(&b->tr, &co, true) : kiln_train_compile(b->m, &co, true);
-    if (!eager && !cs) return r;
+    if (!eager && !cs) return;
     kiln_op_profile table[KILN_OP_COUNT];
     kiln_graph_profile gp;
-    double *ms = calloc(2 * (size_t)b->steps, sizeof *ms), *opt_ms = ms + b->steps;
-    int64_t tokens = b->in[0]->shape[0] * b->in[0]->shape[1];
-    for (int i = 0; i < b->warmup + b->steps; i++) {
+    double *ms = r->step_ms + r->n_steps, *opt_ms = r->step_opt_ms + r->n_steps;
+    for (int i = 0; i < b->warmup + steps; i++) {
         if (eager && b->profile && i == b->warmup) kiln_eager_profile(table);
         if (!eager && b->profile && i == b->warmup) kiln_graph_profile_set(&gp);
         double t0 = kiln_time_now();
@@ -289,11 +297,10 @@ static result run_mode(bench_ctx *b, const char *mode) {
         double dt = kiln_time_now() - t0;
         if (st) {
             fprintf(stderr, "kiln bench: %s step failed: %s\n", mode, kiln_last_error());
-            free(ms);
             kiln_compiled_free(cs);
-            return r;
+            return;
         }
-        if (i == 0 && cs) r.build_s = kiln_compiled_stats(cs).build_seconds;
+        if (i == 0 && cs && first) r->build_s = kiln_compiled_stats(cs).build_seconds;
         if (i >= b->warmup) ms[i - b->warmup] = dt * 1e3, opt_ms[i - b->warmup] = (t0 + dt - t1) * 1e3;
     }
     if (eager && b->profile) {
@@ -301,30 +308,29 @@ static result run_mode(bench_ctx *b, const char *mode) {
         print_profile(table, b->steps);
     }
     if (!eager && b->profile) kiln_graph_profile_set(NULL);
-    double mean_ms = 0; /* the profile's classes are sums over the steps: set against the mean step */
-    for (int i = 0; i < b->steps; i++) mean_ms += ms[i] / b->steps;
-    qsort(ms, (size_t)b->steps, sizeof *ms, cmp_d);
-    qsort(opt_ms, (size_t)b->steps, sizeof *opt_ms, cmp_d);
-    r.ms = ms[b->steps / 2];
-    r.opt_ms = opt_ms[b->steps / 2];
-    if (b->profile) {
+    r->n_steps += steps;
+    if (b->profile) { /* one round (--rounds 1): the profile covers these steps */
+        double mean_ms = 0; /* the profile's classes are sums over the steps: set against the mean step */
         double sec[C_N] = {0};
+        for (int i = 0; i < steps; i++) mean_ms += ms[i] / steps;
         for (int o = 0; o < KILN_OP_COUNT; o++)
             sec[op_class(o)] += eager ? table[o].seconds : gp.op_seconds[o];
         if (!eager) sec[C_GROUPS] = gp.group_seconds, sec[C_ACC] = gp.acc_seconds;
-        for (int i = 0; i < b->steps; i++) sec[C_OPT] += opt_ms[i] / 1e3;
-        print_classes(mode, sec, b->steps, mean_ms);
+        for (int i = 0; i < steps; i++) sec[C_OPT] += opt_ms[i] / 1e3;
+        print_classes(mode, sec, steps, mean_ms);
     }
-    r.tokens_s = (double)tokens / (r.ms / 1e3);
-    r.gflops = b->flops / (r.ms / 1e3) / 1e9;
-    r.peak_mb = (double)kiln_peak_rss() / 1e6;
-    r.alloc_mb = (double)kiln_alloc_get_stats().peak_bytes / 1e6; /* the caching allocator's high-water mark */
-    r.ok = true;
-    free(ms);
+    double peak_mb = (double)kiln_peak_rss() / 1e6, alloc_mb = (double)kiln_alloc_get_stats().peak_bytes / 1e6;
+    if (peak_mb > r->peak_mb) r->peak_mb = peak_mb;
+    if (alloc_mb > r->alloc_mb) r->alloc_mb = alloc_mb; /* the caching allocator's high-water mark */
+    r->ok = true;
+    if (cs && !first) {
+        kiln_compiled_free(cs);
+        return;
+    }
     if (cs) {
         kiln_compile_stats s = kiln_compiled_stats(cs);
-        r.arena_mb = (double)s.arena_bytes / 1e6;
-        r.interpreted = s.interpreted;
+        r->arena_mb = (double)s.arena_bytes / 1e6;
+        r->interpreted = s.interpreted;
         largest_value(kiln_compiled_graph(cs), b->in[0]->shape[0] * b->in[0]->shape[1], b->m->cfg.vocab_size);
         /* the step is freed first, so that the process never holds two
          * arenas (the peak RSS of `time -v` is then the step's own) */
@@ -333,7 +339,7 @@ static result run_mode(bench_ctx *b, const char *mode) {
         /* warm start: a second compile of the same step loads from the cache */
         kiln_compiled *again = kiln_train_compile(b->m, &co, true);
         float rep[1];
-        if (again && !kiln_compiled_run(again, b->in, rep)) r.warm_s = kiln_compiled_stats(again).build_seconds;
+        if (again && !kiln_compiled_run(again, b->in, rep)) r->warm_s = kiln_compiled_stats(again).build_seconds;
         kiln_compiled_free(again);
         printf("  %s: %d nodes, %d fused groups (%d ops), arena %.0f MB (%.0f MB without reuse), %.1f GFLOP executed per step "
                "(%.2fx the model's), %s%s\n",
@@ -341,7 +347,46 @@ static result run_mode(bench_ctx *b, const char *mode) {
                s.flops / b->flops, s.interpreted ? "interpreted" : "generated: ", s.interpreted ? "" : s.source_path);
     }
     kiln_compiled_free(cs);
-    return r;
+}
+
+/* The medians over every round's steps. */
+static void finish(const bench_ctx *b, result *r) {
+    if (!r->ok || !r->n_steps) {
+        r->ok = false;
+        return;
+    }
+    qsort(r->step_ms, (size_t)r->n_steps, sizeof *r->step_ms, cmp_d);
+    qsort(r->step_opt_ms, (size_t)r->n_steps, sizeof *r->step_opt_ms, cmp_d);
+    r->ms = r->step_ms[r->n_steps / 2];
+    r->opt_ms = r->step_opt_ms[r->n_steps / 2];
+    r->tokens_s = (double)(b->in[0]->shape[0] * b->in[0]->shape[1]) / (r->ms / 1e3);
+    r->gflops = b->flops / (r->ms / 1e3) / 1e9;
+}
+
+/* Every mode of names[0..n) for b->steps timed steps, in `rounds` rounds:
+ * each round runs each mode in turn, so that a machine whose speed drifts
+ * (a shared host, a neighbour, the clock) slows every mode alike instead of
+ * the ones that happen to run late. The FMA peak is measured before each
+ * round; peaks[] gets them. */
+static bool run_modes(bench_ctx *b, const char *const *names, int n, int rounds, result *res, double *peaks) {
+    for (int i = 0; i < n; i++) {
+        res[i] = (result){.name = names[i], .ok = true};
+        res[i].step_ms = calloc(2 * (size_t)b->steps, sizeof(double));
+        if (!res[i].step_ms) return false;
+        res[i].step_opt_ms = res[i].step_ms + b->steps;
+    }
+    for (int k = 0; k < rounds; k++) {
+        int steps = b->steps / rounds + (k < b->steps % rounds); /* the first rounds take the remainder */
+        if (peaks) peaks[k] = kiln_fma_peak_gflops(0.1);
+        for (int i = 0; i < n; i++)
+            if (res[i].ok) run_round(b, names[i], &res[i], steps, k == 0);
+    }
+    for (int i = 0; i < n; i++) finish(b, &res[i]);
+    return true;
+}
+
+static void free_results(result *res, int n) {
+    for (int i = 0; i < n; i++) free(res[i].step_ms);
 }
 
 /* Fills tensor t of n 4-byte values through the seam from host values. */
@@ -374,7 +419,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     double peak = 0;
     kiln_dtype prec = KILN_F32;
     bool no_optim = false, results = false;
-    int compete = 0, lora_rank = 0, base_dtype = KILN_F32, precision = KILN_F32, objective = KILN_OBJECTIVE_CE;
+    int rounds = 1, compete = 0, lora_rank = 0, base_dtype = KILN_F32, precision = KILN_F32, objective = KILN_OBJECTIVE_CE;
     int pack = KILN_PACK_PACKED;
     int64_t doc_len = 0;
     const char *lora_targets = "all";
@@ -384,6 +429,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         KILN_OPT_RANGE("--seq", KILN_OPT_I64, &T, 2, 1 << 24),
         KILN_OPT_RANGE("--steps", KILN_OPT_INT, &b.steps, 1, 1 << 20),
         KILN_OPT_RANGE("--warmup", KILN_OPT_INT, &b.warmup, 1, 1 << 20),
+        KILN_OPT_RANGE("--rounds", KILN_OPT_INT, &rounds, 1, 1 << 20),
         KILN_OPT("--threads", KILN_OPT_THREADS, NULL),
         KILN_OPT_RANGE("--peak", KILN_OPT_NUM, &peak, 0, 1e9),
         KILN_OPT("--profile", KILN_OPT_TRUE, &b.profile),
@@ -403,6 +449,13 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     };
     int pr = kiln_cli_parse("bench", argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), bench_help, NULL, 0, NULL);
     if (pr) return pr == 1 ? 0 : 2;
+    if (rounds > b.steps || (rounds > 1 && (b.profile || pack == KILN_PACK_DOCUMENTS))) {
+        fprintf(stderr, "kiln bench: --rounds %d %s\n", rounds,
+                rounds > b.steps ? "is more than --steps: each round times at least one step of every mode"
+                : b.profile ? "and --profile do not go together (the profile covers one round's steps: use --rounds 1)"
+                            : "and --pack documents do not go together (the documents bench times its two steps in one round)");
+        return 2;
+    }
     *was = kiln_backend_use(dev ? dev : kiln_backend_current());
     dev = kiln_backend_current();
     prec = (kiln_dtype)precision;
@@ -520,19 +573,31 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         printf("precision bf16: %s; bf16 peak for MFU %.0f GFLOP/s (%s)\n", kiln_bf16_path(), mfu_peak,
                kiln_bf16_native() ? "2x the fp32 FMA peak" : "no bf16 FMA on this CPU: the fp32 peak");
     kiln_dtype old_prec = kiln_autocast_set(prec);
-    result res[8];
+    result res[8] = {0}, loaded[8] = {0};
+    const char *names[8];
     int n = 0;
     char list[256];
     snprintf(list, sizeof list, "%s", modes);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < 8; tok = strtok_r(NULL, ",", &save))
-        res[n++] = run_mode(&b, tok);
-    result loaded[8];
+        names[n++] = tok;
+    double *peaks = calloc((size_t)rounds, sizeof *peaks);
+    bool ran = peaks && run_modes(&b, names, n, rounds, res, peaks);
     int hogs[64], n_hogs = 0;
-    if (compete) { /* the same modes again beside N busy processes */
+    if (ran && compete) { /* the same modes again beside N busy processes */
         n_hogs = kiln_cli_compete_start(compete, hogs);
         printf("\nagain beside %d busy processes:\n", n_hogs);
-        for (int i = 0; i < n; i++) loaded[i] = run_mode(&b, res[i].name);
+        ran = run_modes(&b, names, n, rounds, loaded, NULL);
         kiln_cli_compete_stop(n_hogs, hogs);
+    }
+    if (!ran) {
+        fprintf(stderr, "kiln bench: out of memory for %d steps' times\n", b.steps);
+        free(peaks);
+        free_results(res, n);
+        free_results(loaded, n);
+        for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
+        kiln_adamw_free(b.opt);
+        kiln_llama_free(b.m);
+        return 1;
     }
     kiln_autocast_set(old_prec);
     double base = 0;
@@ -558,6 +623,14 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
            b.opt ? "the optimiser (global norm, clip, AdamW)" : "nothing (--no-optim)",
            prec != KILN_BF16 ? "fp32 FMA" : kiln_bf16_native() ? "bf16 (2x fp32 FMA)" : "bf16 (= fp32 FMA, emulated)");
     printf("GEMM choices (by measurement, kiln_cache_dir()/gemm-choices): %s\n", kiln_gemm_choices());
+    if (rounds > 1) { /* how much the machine itself moved while the modes ran */
+        double lo = peaks[0], hi = peaks[0];
+        for (int k = 1; k < rounds; k++) lo = peaks[k] < lo ? peaks[k] : lo, hi = peaks[k] > hi ? peaks[k] : hi;
+        printf("%d rounds, every mode in each (%s); fp32 FMA peak before each round:", rounds,
+               b.steps % rounds ? "the first rounds one step more" : "the same steps in each");
+        for (int k = 0; k < rounds; k++) printf(" %.0f", peaks[k]);
+        printf(" GFLOP/s (spread %.0f%%)\n", lo > 0 ? 100 * (hi - lo) / lo : 0);
+    }
     /* a compiled mode slower than eager is said, not left to the ratio
      * column: kiln train --compile with it would lose time on this machine */
     for (int i = 0; i < n && base > 0; i++)
@@ -588,6 +661,9 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
                    "peak_gflops=%.1f mfu_peak_gflops=%.1f device=%s\n", res[i].name, prec == KILN_BF16 ? "bf16" : "fp32",
                    kiln_num_threads(), res[i].tokens_s, res[i].gflops / mfu_peak, res[i].peak_mb, res[i].ms, res[i].opt_ms, peak,
                    mfu_peak, dev->name);
+    free(peaks);
+    free_results(res, n);
+    free_results(loaded, n);
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
     kiln_adamw_free(b.opt);
     kiln_llama_free(b.m);
