@@ -3,6 +3,7 @@
  * closing summary and plot. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -356,15 +357,52 @@ static void on_event(const kiln_event *e, void *user) {
 
 /* ---- Ctrl-C ------------------------------------------------------------------- */
 
+/* Ctrl-C and SIGUSR1 (mpirun forwards it to every rank) are taken by a thread
+ * of their own that waits in sigwait(): every other thread blocks them while
+ * the run lasts. A handler must never run on a thread that computes: oneDNN
+ * 2.6's JIT sgemm points rsp into a heap buffer, so a signal frame delivered
+ * there overwrites the heap (oneDNN issue 4845, fixed upstream in 2026; with
+ * AMX's tile state the frame is 11 KB and test_cli's Ctrl-C runs aborted with
+ * "corrupted size vs. prev_size" in about one run in six on a Xeon). */
+typedef struct {
+    sigset_t set;
+    pthread_t thread;
+} signal_taker;
+
 static kiln_trainer *volatile g_trainer;
 static volatile sig_atomic_t g_interrupts;
 
-static void on_sigint(int sig) {
+static void on_signal(int sig) {
     if (sig == SIGINT && ++g_interrupts >= 2) _exit(130);
     static const char msg[] = "\nkiln train: stopping after this step and saving (Ctrl-C again to quit now)\n";
     ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
     (void)w;
     if (g_trainer) kiln_trainer_request_stop(g_trainer);
+}
+
+static void *take_signals(void *arg) {
+    signal_taker *g = arg;
+    for (int sig = 0;;)
+        if (!sigwait(&g->set, &sig)) on_signal(sig);
+    return NULL;
+}
+
+/* how = SIG_BLOCK: this thread and the OpenMP pool's threads (oneDNN's too;
+ * threads made later inherit the mask) block the signals, and the taker
+ * starts; SIG_UNBLOCK undoes it. */
+static bool signals_to_taker(signal_taker *g, int how) {
+    if (how == SIG_UNBLOCK) {
+        pthread_cancel(g->thread); /* sigwait is a cancellation point */
+        pthread_join(g->thread, NULL);
+    }
+#pragma omp parallel
+    pthread_sigmask(how, &g->set, NULL);
+    pthread_sigmask(how, &g->set, NULL); /* this thread, in case it is not the pool's first */
+    if (how == SIG_BLOCK && pthread_create(&g->thread, NULL, take_signals, g)) {
+        pthread_sigmask(SIG_UNBLOCK, &g->set, NULL);
+        return false;
+    }
+    return true;
 }
 
 /* --precision and --global-batch: what was chosen; at the end, the
@@ -469,12 +507,21 @@ static int train(int argc, char **argv) {
 
     g_trainer = t;
     g_interrupts = 0;
+    /* the handler stays for threads kiln did not make (an MPI library's):
+     * a signal that lands there is handled, off every computing thread */
     struct sigaction sa = {0}, old, old_usr;
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old);
-    sigaction(SIGUSR1, &sa, &old_usr); /* mpirun forwards SIGUSR1 to every rank */
+    sigaction(SIGUSR1, &sa, &old_usr);
+    signal_taker sig = {0};
+    sigemptyset(&sig.set);
+    sigaddset(&sig.set, SIGINT);
+    sigaddset(&sig.set, SIGUSR1);
+    bool taking = signals_to_taker(&sig, SIG_BLOCK);
+    if (!taking) kiln_log(KILN_LOG_WARN, "kiln train: no thread of its own for Ctrl-C could start: the computing threads take it");
     s = kiln_trainer_run(t, rank0 ? on_event : NULL, &p);
+    if (taking) signals_to_taker(&sig, SIG_UNBLOCK);
     sigaction(SIGINT, &old, NULL);
     sigaction(SIGUSR1, &old_usr, NULL);
     g_trainer = NULL;
