@@ -367,6 +367,7 @@ static void on_event(const kiln_event *e, void *user) {
 typedef struct {
     sigset_t set;
     pthread_t thread;
+    volatile sig_atomic_t done; /* the run is over: the next signal ends the taker */
 } signal_taker;
 
 static kiln_trainer *volatile g_trainer;
@@ -383,8 +384,10 @@ static void on_signal(int sig) {
 static void *take_signals(void *arg) {
     signal_taker *g = arg;
     for (int sig = 0;;)
-        if (!sigwait(&g->set, &sig)) on_signal(sig);
-    return NULL;
+        if (!sigwait(&g->set, &sig)) {
+            if (g->done) return NULL;
+            on_signal(sig);
+        }
 }
 
 /* how = SIG_BLOCK: this thread and the OpenMP pool's threads (oneDNN's too;
@@ -392,7 +395,10 @@ static void *take_signals(void *arg) {
  * starts; SIG_UNBLOCK undoes it. */
 static bool signals_to_taker(signal_taker *g, int how) {
     if (how == SIG_UNBLOCK) {
-        pthread_cancel(g->thread); /* sigwait is a cancellation point */
+        /* a signal of its own ends it (not pthread_cancel: clang's ASan
+         * runtime reports its own stack as overflowed after the unwind) */
+        g->done = 1;
+        pthread_kill(g->thread, SIGUSR1);
         pthread_join(g->thread, NULL);
     }
 #pragma omp parallel
