@@ -363,7 +363,8 @@ static void on_event(const kiln_event *e, void *user) {
  * 2.6's JIT sgemm points rsp into a heap buffer, so a signal frame delivered
  * there overwrites the heap (oneDNN issue 4845, fixed upstream in 2026; with
  * AMX's tile state the frame is 11 KB and test_cli's Ctrl-C runs aborted with
- * "corrupted size vs. prev_size" in about one run in six on a Xeon). */
+ * "corrupted size vs. prev_size" in about one run of test_cli in four on a
+ * Xeon; 16 in a row clean with the taker). */
 typedef struct {
     sigset_t set;
     pthread_t thread;
