@@ -589,17 +589,13 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         ran = run_modes(&b, names, n, rounds, loaded, NULL);
         kiln_cli_compete_stop(n_hogs, hogs);
     }
+    kiln_autocast_set(old_prec);
+    int rc = 0;
     if (!ran) {
         fprintf(stderr, "kiln bench: out of memory for %d steps' times\n", b.steps);
-        free(peaks);
-        free_results(res, n);
-        free_results(loaded, n);
-        for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
-        kiln_adamw_free(b.opt);
-        kiln_llama_free(b.m);
-        return 1;
+        rc = 1;
+        goto out;
     }
-    kiln_autocast_set(old_prec);
     double base = 0;
     for (int i = 0; i < n; i++)
         if (res[i].ok && !strcmp(res[i].name, "eager")) base = res[i].tokens_s;
@@ -661,11 +657,12 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
                    "peak_gflops=%.1f mfu_peak_gflops=%.1f device=%s\n", res[i].name, prec == KILN_BF16 ? "bf16" : "fp32",
                    kiln_num_threads(), res[i].tokens_s, res[i].gflops / mfu_peak, res[i].peak_mb, res[i].ms, res[i].opt_ms, peak,
                    mfu_peak, dev->name);
+out:
     free(peaks);
     free_results(res, n);
     free_results(loaded, n);
     for (int i = 0; i < 4; i++) kiln_tensor_release(b.in[i]);
     kiln_adamw_free(b.opt);
     kiln_llama_free(b.m);
-    return 0;
+    return rc;
 }
