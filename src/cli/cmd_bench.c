@@ -323,11 +323,7 @@ static void run_round(bench_ctx *b, const char *mode, result *r, int steps, bool
     if (peak_mb > r->peak_mb) r->peak_mb = peak_mb;
     if (alloc_mb > r->alloc_mb) r->alloc_mb = alloc_mb; /* the caching allocator's high-water mark */
     r->ok = true;
-    if (cs && !first) {
-        kiln_compiled_free(cs);
-        return;
-    }
-    if (cs) {
+    if (cs && first) { /* the plan, once */
         kiln_compile_stats s = kiln_compiled_stats(cs);
         r->arena_mb = (double)s.arena_bytes / 1e6;
         r->interpreted = s.interpreted;
