@@ -15,8 +15,9 @@
  * kiln's own kernel (kiln_k_gemm_f32: the active form's, "kiln", and the
  * AVX2 form's, "kiln-avx2", when that is not the active one) and
  * kiln_gemm_bf16 (oneDNN's bf16 matmul, "bf16-matmul") and kiln's own bf16
- * kernel (kiln_k_gemm_bf16 of the active form, "kiln-bf16": VDPBF16PS where
- * the CPU has AVX512-BF16). Each shape's row gives every candidate's GFLOP/s
+ * kernel (kiln_k_gemm_bf16 of the active form, "kiln-bf16": AMX tiles where
+ * the CPU has AMX-BF16, else VDPBF16PS where it has AVX512-BF16; with AMX
+ * also "kiln-vdpbf16", the VDPBF16PS path). Each shape's row gives every candidate's GFLOP/s
  * and the best fp32 one as a share of the fp32 FMA peak measured in the same
  * run; the summary gives the bf16 candidates as shares of the bf16 peak.
  *
@@ -299,10 +300,18 @@ static int run_bf16(const shape *s) {
                         .alpha = 1.0f, .beta = 0.0f};
     return kiln_gemm_bf16(&d, s->Ah, s->Bh, s->C) != KILN_OK;
 }
-/* kiln's own bf16 kernel (src/kernels/simd/gemm_bf16.c), the active form's */
+/* kiln's own bf16 kernel (src/kernels/simd/gemm_bf16.c), the active form's:
+ * on AMX tiles where the CPU has them ("kiln-bf16"), and its VDPBF16PS path
+ * beside it there ("kiln-vdpbf16", AMX turned off for the call) */
 static int run_kiln_bf16(const shape *s) {
     return !kiln_simd->gemm_bf16(s->tA, s->tB, s->M, s->N, s->K, 1.0f, s->Ah, lda_of(s), s->Bh, ldb_of(s), 0.0f,
                                  s->C, s->N);
+}
+static int run_kiln_vdp(const shape *s) {
+    kiln_bf16_amx_off(true);
+    int r = run_kiln_bf16(s);
+    kiln_bf16_amx_off(false);
+    return r;
 }
 
 typedef struct {
@@ -317,9 +326,9 @@ static const candidate g_cands[] = {
     {"openblas", run_openblas, 1e-4, false},  {"blis", run_blis, 1e-4, false},
     {"kiln", run_kiln_own, 1e-4, false},      {"kiln-avx2", run_kiln_avx2, 1e-4, false},
     {"plain-c", run_plain, 1e-4, false},      {"bf16-matmul", run_bf16, 2e-2, true},
-    {"kiln-bf16", run_kiln_bf16, 2e-2, true},
+    {"kiln-bf16", run_kiln_bf16, 2e-2, true}, {"kiln-vdpbf16", run_kiln_vdp, 2e-2, true},
 };
-enum { BLIS = 3, KILN_AVX2 = 5, CAND_BF16_MATMUL = 7, CAND_KILN_BF16 = 8 };
+enum { BLIS = 3, KILN_AVX2 = 5, CAND_BF16_MATMUL = 7, CAND_KILN_BF16 = 8, CAND_KILN_VDP = 9 };
 static bool g_skip[16]; /* candidates not available here */
 enum { N_CANDS = sizeof g_cands / sizeof *g_cands, MAX_SAMPLES = 64 };
 
@@ -486,6 +495,7 @@ int main(int argc, char **argv) {
     g_skip[BLIS] = !g_blis_sgemm;
     /* kiln-avx2 only where it is not the active form already, and runs here */
     g_skip[KILN_AVX2] = kiln_form_active() == KILN_FORM_AVX2 || !kiln_simd_table_of(KILN_FORM_AVX2);
+    g_skip[CAND_KILN_VDP] = !kiln_bf16_amx(); /* without AMX kiln-bf16 is that path already */
     printf("kiln kernels: %s%s\n", kiln_form_describe(),
            g_skip[KILN_AVX2] ? "" : "; kiln-avx2 is the AVX2 form of the same kernel");
     printf("threads: %d (OpenMP default); %d rounds x %d reps, median reported\n",

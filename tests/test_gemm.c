@@ -538,7 +538,7 @@ static void bf_ref(bool tA, bool tB, int64_t M, int64_t N, int64_t K, float alph
 typedef struct {
     const kiln_simd_table *t;
     const char *name;
-    bool emulate;
+    bool emulate, amx;
 } bfrun;
 static int bf_runs(bfrun *r) {
     int n = 0;
@@ -546,8 +546,9 @@ static int bf_runs(bfrun *r) {
         const kiln_simd_table *t = kiln_simd_table_of((kiln_form)f);
         if (!t) continue;
         bool native = f == KILN_FORM_AVX512 && kiln_cpu_has_avx512bf16();
-        r[n++] = (bfrun){t, native ? "avx512 (VDPBF16PS)" : kiln_form_name((kiln_form)f), false};
-        if (native) r[n++] = (bfrun){t, "avx512 (emulated)", true};
+        r[n++] = (bfrun){t, native ? "avx512 (VDPBF16PS)" : kiln_form_name((kiln_form)f), false, false};
+        if (native) r[n++] = (bfrun){t, "avx512 (emulated)", true, false};
+
     }
     return n;
 }
@@ -555,8 +556,10 @@ static bool bf_call(const bfrun *r, bool tA, bool tB, int64_t M, int64_t N, int6
                     const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C,
                     int64_t ldc) {
     kiln_bf16_force_emulation(r->emulate);
+    kiln_bf16_amx_off(!r->amx);
     bool ok = r->t->gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     kiln_bf16_force_emulation(false);
+    kiln_bf16_amx_off(false);
     return ok;
 }
 static bool bf_same(float x, float y) { return (isnan(x) && isnan(y)) || !memcmp(&x, &y, sizeof x); }
@@ -758,7 +761,90 @@ static void test_bf16_threads(void) {
         }
 }
 
+
+/* The AMX path (kiln_bf16_amx: TDPBF16PS tiles, all of K in the tiles):
+ * its sums are the instruction's own, not VDPBF16PS's (they part in the
+ * last bits), so it is held to an error bound against the exact sums of
+ * the bf16 products (in double): |C - exact| <= (K + 2) 2^-24 sum|a b| + |C|
+ * 2^-24 for the alpha/beta step; its bits do not depend on the thread
+ * count; and it runs only where the CPU has AMX (reported otherwise). */
+static void test_bf16_amx(void) {
+    const kiln_simd_table *t = kiln_simd_table_of(KILN_FORM_AVX512);
+    kiln_bf16_amx_off(false);
+    if (!t || !kiln_bf16_amx()) {
+        printf("  kiln_k_gemm_bf16 on AMX: not run (this CPU or OS has no AMX-BF16: %s)\n", kiln_cpu_features_text());
+        return;
+    }
+    static const int64_t shapes[][3] = {
+        {1, 1, 1},    {1, 1, 2},     {2, 3, 3},     {7, 13, 5},    {16, 16, 32},  {31, 33, 31},  {32, 32, 32},
+        {33, 31, 33}, {15, 17, 65},  {64, 64, 64},  {29, 65, 255}, {16, 33, 257}, {100, 90, 600}, {20, 4200, 24},
+        {257, 515, 1031}, {3, 300, 5001}, {300, 200, 600}, {517, 45, 270},
+    };
+    int nthr = omp_get_max_threads();
+    double worst = 0;
+    int64_t cases = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tr = 0; tr < 4; tr++) {
+            bool tA = tr & 1, tB = tr & 2, acc = tr == 3;
+            int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ar, ac, br, bc;
+            stored(tA, M, K, &ar, &ac);
+            stored(tB, K, N, &br, &bc);
+            int64_t lda = ac + 3, ldb = bc + 1, ldc = N + 5;
+            uint16_t *A = malloc((size_t)(ar * lda) * 2), *B = malloc((size_t)(br * ldb) * 2);
+            float *C1 = malloc((size_t)(M * ldc) * 4), *Cn = malloc((size_t)(M * ldc) * 4), *C0 = malloc((size_t)(M * ldc) * 4);
+            for (int64_t i = 0; i < ar * lda; i++) A[i] = bf_val(0);
+            for (int64_t i = 0; i < br * ldb; i++) B[i] = bf_val(0);
+            for (int64_t i = 0; i < M * ldc; i++) C0[i] = acc ? frand() : NAN;
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = N; j < ldc; j++) C0[i * ldc + j] = 1234.5f;
+            const float alpha = acc ? -0.75f : 1.0f;
+            memcpy(C1, C0, (size_t)(M * ldc) * 4);
+            omp_set_num_threads(1);
+            CHECK(t->gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, (float)acc, C1, ldc), "AMX gemm returned false");
+            for (int th = 2; th <= 3; th++) {
+                memcpy(Cn, C0, (size_t)(M * ldc) * 4);
+                omp_set_num_threads(th);
+                t->gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, (float)acc, Cn, ldc);
+                CHECK(!memcmp(C1, Cn, (size_t)(M * ldc) * 4), "AMX tA=%d tB=%d %lldx%lldx%lld: %d threads differ from 1 in bits",
+                      tA, tB, (long long)M, (long long)N, (long long)K, th);
+            }
+            omp_set_num_threads(nthr);
+            int64_t bad = 0, pad_bad = 0;
+            for (int64_t i = 0; i < M; i++) {
+                for (int64_t j = 0; j < N; j++) {
+                    double ex = 0, mag = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        double a = bf_in(tA ? A[k * lda + i] : A[i * lda + k]), b = bf_in(tB ? B[j * ldb + k] : B[k * ldb + j]);
+                        ex += a * b, mag += fabs(a * b);
+                    }
+                    double want = (acc ? C0[i * ldc + j] : 0.0) + alpha * ex, got = C1[i * ldc + j];
+                    double bound = (double)(K + 2) * 0x1p-24 * fabs(alpha) * mag + 0x1p-23 * fabs(want) + 1e-30;
+                    double e = fabs(got - want) / bound;
+                    if (!(e <= 1.0)) bad++;
+                    if (e > worst) worst = e;
+                }
+                for (int64_t j = N; j < ldc; j++) pad_bad += C1[i * ldc + j] != 1234.5f;
+            }
+            CHECK(bad == 0 && pad_bad == 0, "AMX tA=%d tB=%d %lldx%lldx%lld: %lld elements past the error bound, %lld padding elements written",
+                  tA, tB, (long long)M, (long long)N, (long long)K, (long long)bad, (long long)pad_bad);
+            cases++;
+            free(A), free(B), free(C1), free(Cn), free(C0);
+        }
+    /* NaN and Inf in, NaN and Inf out */
+    uint16_t a[64], b[64];
+    float c[4];
+    for (int k = 0; k < 64; k++) a[k] = kiln_f32_to_bf16(0.5f), b[k] = kiln_f32_to_bf16(0.25f);
+    a[5] = kiln_f32_to_bf16(NAN);
+    b[32 + 7] = kiln_f32_to_bf16(INFINITY);
+    t->gemm_bf16(false, false, 2, 2, 32, 1.0f, a, 32, b, 2, 0.0f, c, 2);
+    CHECK(isnan(c[0]) && isnan(c[1]) && isinf(c[3]) && c[3] > 0 && c[2] == 32 * 0.125f,
+          "AMX NaN/Inf: %g %g %g %g (want nan nan 4 inf)", c[0], c[1], c[2], c[3]);
+    printf("  kiln_k_gemm_bf16 on AMX: %lld cases, worst error %.3f of the bound (K+2) 2^-24 sum|ab|; bits the same on 1, 2 "
+           "and 3 threads; NaN/Inf carried\n", (long long)cases, worst);
+}
+
 int main(void) {
+    test_bf16_amx();
     test_bf16_specials();
     test_bf16_shapes();
     test_bf16_threads();

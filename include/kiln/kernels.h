@@ -108,6 +108,11 @@ bool kiln_cpu_has_avx512bf16(void);
 bool kiln_bf16_native(void);
 const char *kiln_bf16_path(void);
 void kiln_bf16_force_emulation(bool on);
+/* Whether kiln's bf16 kernels use AMX tiles (TDPBF16PS): native bf16, a
+ * CPU with AMX-BF16 and the OS's permission (asked for on the first call);
+ * kiln_bf16_amx_off(true) keeps them on VDPBF16PS (tests, benchmarks). */
+bool kiln_bf16_amx(void);
+void kiln_bf16_amx_off(bool off);
 /* Convenience: single matrix, packed (ld = row length of the stored matrix). */
 kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                        float alpha, const float *A, const float *B, float beta, float *C);

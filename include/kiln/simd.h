@@ -27,7 +27,7 @@ enum {
     KILN_CPU_AVX512 = 1u << 1,     /* x86-64-v4: AVX-512 F, BW, CD, DQ, VL */
     KILN_CPU_AVX512BF16 = 1u << 2, /* AVX512_BF16 (VCVTNE2PS2BF16, VDPBF16PS) */
     KILN_CPU_AVX512VNNI = 1u << 3,
-    KILN_CPU_AMX_BF16 = 1u << 4, /* AMX tiles with bf16 (not used by kiln yet; reported) */
+    KILN_CPU_AMX_BF16 = 1u << 4, /* AMX tiles with bf16 (kiln_bf16_amx: kiln's bf16 GEMM) */
 };
 unsigned kiln_cpu_features(void);
 /* "avx2 avx512 avx512bf16 ..." or "none" */

@@ -13,6 +13,11 @@
 #include "kiln/kernels.h"
 #include "kiln/simd.h"
 
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 static int g_force_emulation = 0;
 
 bool kiln_cpu_has_avx512bf16(void) { return kiln_cpu_features() & KILN_CPU_AVX512BF16; }
@@ -23,8 +28,35 @@ bool kiln_bf16_native(void) {
     return !__atomic_load_n(&g_force_emulation, __ATOMIC_RELAXED) && kiln_cpu_has_avx512bf16();
 }
 
+/* AMX: the CPU reports AMX-BF16 and the OS saves tile state (kiln_cpu_features
+ * checks XCR0), and Linux lets this process use the tile data: permission is
+ * asked for once (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; without it
+ * the first tile load is SIGILL). 0: not asked yet, 1: granted, 2: refused. */
+static int g_amx_perm = 0, g_amx_off = 0;
+
+static bool amx_permitted(void) {
+    int p = __atomic_load_n(&g_amx_perm, __ATOMIC_ACQUIRE);
+    if (p) return p == 1;
+#if defined(__linux__) && defined(__x86_64__)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    p = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : 2;
+#else
+    p = 2;
+#endif
+    __atomic_store_n(&g_amx_perm, p, __ATOMIC_RELEASE);
+    return p == 1;
+}
+
+void kiln_bf16_amx_off(bool off) { __atomic_store_n(&g_amx_off, off ? 1 : 0, __ATOMIC_RELAXED); }
+
+bool kiln_bf16_amx(void) {
+    return kiln_bf16_native() && !__atomic_load_n(&g_amx_off, __ATOMIC_RELAXED) &&
+           (kiln_cpu_features() & KILN_CPU_AMX_BF16) && amx_permitted();
+}
+
 const char *kiln_bf16_path(void) {
-    return kiln_bf16_native() ? "native AVX512-BF16 (oneDNN bf16 GEMM, fp32 accumulate)"
+    return kiln_bf16_amx()      ? "native AMX-BF16 (oneDNN's bf16 matmul or kiln's TDPBF16PS GEMM, by measurement; fp32 accumulate)"
+           : kiln_bf16_native() ? "native AVX512-BF16 (oneDNN's bf16 matmul or kiln's VDPBF16PS GEMM, by measurement; fp32 accumulate)"
                               : "emulated (operands rounded to bf16, fp32 GEMM: bf16 numerics, no speed-up)";
 }
 

@@ -434,7 +434,7 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
 
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
  * choices measured against the old ones are measured again. */
-#define KILN_GEMM_REV 2
+#define KILN_GEMM_REV 3 /* 3: kiln's bf16 kernel on AMX tiles where present */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the
@@ -466,8 +466,9 @@ static void machine_tag(char *out, size_t n) {
 #endif
 #endif
     const dnnl_version_t *dv = dnnl_version();
-    snprintf(out, n, "%s/%s/%s/%s/%s%s/k%d/dnnl%d.%d.%d", name, fam, model, kiln_cpu_features_text(),
-             kiln_form_name(kiln_form_active()), build, KILN_GEMM_REV, dv->major, dv->minor, dv->patch);
+    snprintf(out, n, "%s/%s/%s/%s/%s%s%s/k%d/dnnl%d.%d.%d", name, fam, model, kiln_cpu_features_text(),
+             kiln_form_name(kiln_form_active()), kiln_bf16_amx() ? "/amx" : "", build, KILN_GEMM_REV, dv->major,
+             dv->minor, dv->patch);
     for (char *p = out; *p; p++)
         if (*p == ' ' || *p == '\t' || *p == '\n') *p = '_';
 }
@@ -770,7 +771,8 @@ static void init_backend_name(void) {
     snprintf(g_backend, sizeof g_backend,
              "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm and kiln (%s); bf16: %s",
              v->major, v->minor, v->patch, kiln_form_name(kiln_form_active()),
-             kiln_cpu_has_avx512bf16() ? "by measurement between oneDNN's bf16 matmul and kiln's VDPBF16PS kernel"
+             kiln_bf16_amx()             ? "by measurement between oneDNN's bf16 matmul and kiln's AMX (TDPBF16PS) kernel"
+             : kiln_cpu_has_avx512bf16() ? "by measurement between oneDNN's bf16 matmul and kiln's VDPBF16PS kernel"
                                        : "operands widened, then the fp32 choice");
 }
 

@@ -470,6 +470,125 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
 }
 #endif
 
+
+/* ---- AMX path (TDPBF16PS) ------------------------------------------------ *
+ * The same K blocks and the same sums as VDPBF16PS: per K block each 16x16
+ * accumulator tile starts at +0 and takes the block's pairs in order, 16 per
+ * instruction. Rows in slivers of AMX_MR = 32 (two A tiles), columns in the
+ * B panel's NR = 32 slivers (two B tiles), so 4 accumulator tiles + 2 A + 2
+ * B = the 8 tile registers, each 16 rows x 64 bytes. A K block's pairs are
+ * padded to a multiple of 16: A with -0 words, B with +0 words, whose
+ * product -0 leaves every sum unchanged (x + -0 = x, a -0 sum included).
+ * Layouts: B as the VDPBF16PS path packs it (kc2p pairs x 32 words a
+ * sliver; a tile is 16 pair rows of 16 words, stride 128 bytes); A per
+ * sliver in chunks of 16 pairs, [chunk][32 rows][16 words] (a tile: 16
+ * rows, stride 64 bytes). The tile registers are named in the asm. */
+#if BF_NATIVE && defined(__x86_64__)
+#define BF_AMX 1
+#define AMX_MR 32
+#define BF_AMX_MR AMX_MR
+#define AMX_PAD_A 0x80008000u /* a pair of -0 */
+
+static void amx_config(void) {
+    struct __attribute__((aligned(64))) {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
+}
+static void amx_release(void) { __asm__ volatile("tilerelease" : : : "memory"); }
+#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t : :)
+#define AMX_LOAD(t, p, stride) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(p), "r"((int64_t)(stride)) : "memory")
+#define AMX_STORE(t, p, stride) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"((int64_t)(stride)) : "memory")
+/* tmm d += tmm a (16 rows x 16 pairs) . tmm b (16 pairs x 16 columns) */
+#define AMX_DP(d, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #d : :)
+
+/* rows [i0, i0 + mi) of op(A), K from pc (kc of them), as the AMX sliver at
+ * dst: kc2p / 16 chunks of [32 rows][16 words] */
+static void pack_a_amx(bool contig, const uint16_t *A, int64_t lda, int64_t i0, int64_t mi, int64_t pc, int64_t kc,
+                       int64_t kc2p, uint32_t *restrict dst) {
+    const int64_t kc2 = cdiv(kc, 2);
+    uint32_t tmp[16 * 16] __attribute__((aligned(64)));
+    for (int64_t c = 0; c < kc2p / 16; c++)
+        for (int g = 0; g < 2; g++) {
+            uint32_t *d = dst + (c * AMX_MR + 16 * g) * 16;
+            const int64_t np = imax(0, imin(16, kc2 - 16 * c)), no = imax(0, imin(16, mi - 16 * g));
+            if (np) pack_words(contig, A, lda, i0 + 16 * g, no, 16, pc, kc, 16 * c, np, tmp);
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int p = 0; p < 16; p++)
+                r[p] = p < np ? _mm512_load_si512((const void *)(tmp + p * 16)) : _mm512_set1_epi32((int)AMX_PAD_A);
+            tr16_epi32(r); /* [pair][row] -> [row][pair] */
+#pragma GCC unroll 16
+            for (int o = 0; o < 16; o++) _mm512_store_si512((void *)(d + o * 16), r[o]);
+        }
+}
+
+/* c (mi x nj of it, ldc) = alpha t or c + alpha t, t 32 x 32 */
+static inline void store_amx(const float *restrict t, float *c, int64_t ldc, float alpha, bool first, int64_t mi,
+                             int64_t nj) {
+    const __m512 al = _mm512_set1_ps(alpha);
+    const __mmask16 m0 = (__mmask16)(nj >= 16 ? 0xFFFF : (1u << nj) - 1),
+                    m1 = (__mmask16)(nj >= 32 ? 0xFFFF : nj > 16 ? (1u << (nj - 16)) - 1 : 0);
+    for (int64_t i = 0; i < mi; i++) {
+        __m512 r0 = _mm512_mul_ps(al, _mm512_load_ps(t + i * 32)), r1 = _mm512_mul_ps(al, _mm512_load_ps(t + i * 32 + 16));
+        if (!first) {
+            r0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, c + i * ldc), r0);
+            r1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, c + i * ldc + 16), r1);
+        }
+        _mm512_mask_storeu_ps(c + i * ldc, m0, r0);
+        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, r1);
+    }
+}
+
+/* one task's tiles: A slivers at ap (msl of them, kc2p pairs each), the
+ * panel's column slivers [ns0, ns1) at bp (bstride = kc2p words per column) */
+__attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap, int64_t msl, int64_t ic, int64_t mc,
+                                               const uint32_t *bp, int64_t bstride, int64_t ns0, int64_t ns1,
+                                               int64_t jc, int64_t nc, float *C, int64_t ldc, float alpha,
+                                               bool first) {
+    float t[AMX_MR * 32] __attribute__((aligned(64)));
+    const int64_t nch = kc2p / 16;
+    amx_config();
+    for (int64_t s = ns0; s < ns1; s++) {
+        const uint32_t *b = bp + s * NR * bstride;
+        const int64_t j = jc + s * NR, nj = imin(NR, nc - s * NR);
+        for (int64_t r = 0; r < msl; r++) {
+            const int64_t i = ic + r * AMX_MR, mi = imin(AMX_MR, mc - r * AMX_MR);
+            const uint32_t *a = ap + r * AMX_MR * kc2p;
+            AMX_ZERO(0);
+            AMX_ZERO(1);
+            AMX_ZERO(2);
+            AMX_ZERO(3);
+            for (int64_t ch = 0; ch < nch; ch++) {
+                const uint32_t *ac = a + ch * AMX_MR * 16, *bc = b + ch * 16 * NR;
+                AMX_LOAD(4, ac, 64);
+                AMX_LOAD(6, bc, NR * 4);
+                AMX_LOAD(7, bc + 16, NR * 4);
+                AMX_DP(0, 4, 6);
+                AMX_LOAD(5, ac + 16 * 16, 64);
+                AMX_DP(1, 4, 7);
+                AMX_DP(2, 5, 6);
+                AMX_DP(3, 5, 7);
+            }
+            AMX_STORE(0, t, 128);
+            AMX_STORE(1, t + 16, 128);
+            AMX_STORE(2, t + 16 * 32, 128);
+            AMX_STORE(3, t + 16 * 32 + 16, 128);
+            store_amx(t, C + i * ldc + j, ldc, alpha, first, mi, nj);
+        }
+    }
+    amx_release();
+}
+#else
+#define BF_AMX 0
+#define BF_AMX_MR MR
+#endif
+
 /* ---- driver --------------------------------------------------------------- */
 static void split(int64_t n, int64_t parts, int64_t idx, int64_t *lo, int64_t *hi) {
     int64_t q = n / parts, r = n % parts;
@@ -487,10 +606,16 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
 #else
     const bool native = false;
 #endif
+    /* AMX: kiln_bf16_amx() implies native */
+    const bool amx = BF_AMX && native && kiln_bf16_amx();
+    const int64_t mr = amx ? BF_AMX_MR : MR;
     /* K blocks: balanced, each of an even count (the last may be odd) */
-    const int64_t nkb0 = cdiv(K, BF_KC), kcb = (cdiv(K, nkb0) + 1) / 2 * 2, nkb = cdiv(K, kcb);
+    /* AMX: one block, all of K in the tiles (its sums are its own, not
+     * VDPBF16PS's bits, so nothing asks for the 256 blocks; C is then
+     * written once) */
+    const int64_t nkb0 = amx ? 1 : cdiv(K, BF_KC), kcb = (cdiv(K, nkb0) + 1) / 2 * 2, nkb = cdiv(K, kcb);
     /* 32-bit units per k pair and column (row) of a sliver: a word, or two floats */
-    const int64_t upp = native ? 1 : 2, kcu = kcb / 2 * upp;
+    const int64_t upp = native ? 1 : 2, kcu = amx ? cdiv(kcb / 2, 16) * 16 : kcb / 2 * upp;
     /* B panels: every K block of nc columns, at most about BF_PANEL bytes */
     const int64_t ns_all = cdiv(N, NR);
     const int64_t nsp = imin(ns_all, imax(4, BF_PANEL / (nkb * kcu * NR * 4)));
@@ -498,10 +623,10 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
      * times nn column chunks (whole NR slivers, at most NCC columns), each
      * over the whole K; at least about 4 per thread when there is more than
      * one */
-    const int64_t ms = cdiv(M, MR);
-    int64_t nm = cdiv(ms, BF_MC / MR), nn = cdiv(nsp, BF_NCC / NR);
+    const int64_t ms = cdiv(M, mr);
+    int64_t nm = cdiv(ms, imax(1, BF_MC / mr)), nn = cdiv(nsp, BF_NCC / NR);
     kiln_gemm_task_grid(nt, ms, nsp, &nm, &nn);
-    const int64_t mcp = cdiv(ms, nm) * MR; /* rows of the largest chunk */
+    const int64_t mcp = cdiv(ms, nm) * mr; /* rows of the largest chunk */
     /* a thread keeps its row chunk of A packed for all of K when that is
      * at most BF_ACACHE bytes: its next task on the same rows (other
      * columns, the next panel) packs nothing; else one K block at a time */
@@ -529,7 +654,11 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 const int64_t b = item / ns, s = item % ns, pc = b * kcb, kc = imin(kcb, K - pc);
                 const int64_t j0 = jc + s * NR, nj = imin(NR, nc - s * NR);
                 uint32_t *dst = bpack + (b * nsp + s) * kcu * NR;
-                if (native)
+                if (amx) { /* the pairs past the block's, to a multiple of 16: +0 */
+                    pack_words(b_contig, B, ldb, j0, nj, NR, pc, kc, 0, cdiv(kc, 2), dst);
+                    const int64_t kc2 = cdiv(kc, 2), kc2p = cdiv(kc2, 16) * 16;
+                    memset(dst + kc2 * NR, 0, (size_t)((kc2p - kc2) * NR) * 4);
+                } else if (native)
                     pack_words(b_contig, B, ldb, j0, nj, NR, pc, kc, 0, cdiv(kc, 2), dst);
                 else
                     pack_wide(b_contig, B, ldb, j0, nj, NR, pc, kc, (float *)(void *)dst);
@@ -540,22 +669,35 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 int64_t ms0, ms1, ns0, ns1;
                 split(ms, nm, task / nn, &ms0, &ms1);
                 split(ns, nn, task % nn, &ns0, &ns1);
-                const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
+                const int64_t ic = ms0 * mr, mc = imin(ms1 * mr, M) - ic, msl = ms1 - ms0;
                 if (mc <= 0 || ns1 <= ns0) continue;
                 const bool a_ready = acache && a_rows == ms0;
                 a_rows = acache ? ms0 : -1;
                 for (int64_t b = 0; b < nkb; b++) {
-                    const int64_t pc = b * kcb, kc = imin(kcb, K - pc), ku = cdiv(kc, 2) * upp;
+                    const int64_t pc = b * kcb, kc = imin(kcb, K - pc);
+                    const int64_t ku = amx ? cdiv(cdiv(kc, 2), 16) * 16 : cdiv(kc, 2) * upp;
                     const bool first = pc == 0 && !acc0;
                     uint32_t *const ab = apack + b * ablk;
                     for (int64_t r = 0; r < msl && !a_ready; r++) {
-                        const int64_t i0 = ic + r * MR, mi = imin(MR, mc - r * MR);
+                        const int64_t i0 = ic + r * mr, mi = imin(mr, mc - r * mr);
+#if BF_AMX
+                        if (amx) {
+                            pack_a_amx(a_contig, A, lda, i0, mi, pc, kc, ku, ab + r * mr * ku);
+                            continue;
+                        }
+#endif
                         if (native)
                             pack_words(a_contig, A, lda, i0, mi, MR, pc, kc, 0, cdiv(kc, 2), ab + r * MR * ku);
                         else
                             pack_wide(a_contig, A, lda, i0, mi, MR, pc, kc, (float *)(void *)(ab + r * MR * ku));
                     }
                     const uint32_t *bp = bpack + b * nsp * kcu * NR; /* sliver s at bp + s kcu NR */
+#if BF_AMX
+                    if (amx) {
+                        task_amx(ku, ab, msl, ic, mc, bp, kcu, ns0, ns1, jc, nc, C, ldc, alpha, first);
+                        continue;
+                    }
+#endif
 #if BF_NATIVE
                     if (native) {
                         task_native(kc, ab, msl, ic, mc, bp, kcu, ns0, ns1, jc, nc, C, ldc, alpha, first);
