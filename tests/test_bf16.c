@@ -179,12 +179,14 @@ static int count_bf16_matmuls(const kiln_graph *g, int *fp32) {
     return n;
 }
 
-static double run_compiled(fixture *x, kiln_dtype prec, const char *mode, float **grads, int *n_bf16) {
+static double run_compiled_rw(fixture *x, kiln_dtype prec, const char *mode, bool rewrites, float **grads,
+                              int *n_bf16) {
     kiln_llama_zero_grad(x->m);
     kiln_dtype old = kiln_autocast_set(prec);
     kiln_compile_options co;
     kiln_compile_options_default(&co);
     CHECK_OK(kiln_compile_mode_parse(mode, &co));
+    co.rewrites = rewrites;
     kiln_compiled *cs = kiln_train_compile(x->m, &co, true);
     CHECK(cs != NULL, "compile: %s", kiln_last_error());
     float rep[1] = {NAN};
@@ -202,6 +204,9 @@ static double run_compiled(fixture *x, kiln_dtype prec, const char *mode, float 
         else memset(grads[i], 0, kiln_tensor_nbytes(p));
     }
     return rep[0] / (double)x->count;
+}
+static double run_compiled(fixture *x, kiln_dtype prec, const char *mode, float **grads, int *n_bf16) {
+    return run_compiled_rw(x, prec, mode, true, grads, n_bf16);
 }
 
 /* relative L2 error of a against b */
@@ -254,14 +259,28 @@ static void check_model(void) {
            t_rel(cl16, cl32), wc, wn);
     CHECK(t_rel(cl16, cl32) < 1e-2, "compiled bf16 loss within 1e-2 of fp32 (%.3g)", t_rel(cl16, cl32));
     CHECK(wc < 5e-2, "compiled bf16 gradients within 5e-2 of fp32 (%s: %.3g)", wn, wc);
+    /* flash attention rounds its unnormalised probabilities to bf16 (on
+     * AMX) or none of its operands (elsewhere) where eager rounds q, k, v
+     * and the normalised probabilities: the two agree to bf16's rounding,
+     * not bit for bit */
     double we = worst_grad(&x, c16, g16, &wn);
-    printf("  compiled bf16 vs eager bf16: loss rel %.2e, worst gradient rel L2 %.2e (%s)\n", t_rel(cl16, l16), we, wn);
-    CHECK(t_rel(cl16, l16) < 1e-5, "compiled bf16 loss equals eager bf16 (%.3g)", t_rel(cl16, l16));
-    CHECK(we < 2e-3, "compiled bf16 gradients equal eager bf16 to rounding (%s: %.3g)", wn, we);
+    printf("  compiled bf16 vs eager bf16: loss rel %.2e, worst gradient rel L2 %.2e (%s; flash attention %s)\n",
+           t_rel(cl16, l16), we, wn, kiln_bf16_amx() ? "on AMX where head_dim % 32 == 0" : "in fp32");
+    CHECK(t_rel(cl16, l16) < 1e-4, "compiled bf16 loss equals eager bf16 to bf16 rounding (%.3g)", t_rel(cl16, l16));
+    CHECK(we < 2e-2, "compiled bf16 gradients equal eager bf16 to bf16 rounding (%s: %.3g)", wn, we);
     free_grads(c16, np);
     cl16 = run_compiled(&x, KILN_BF16, "interpret", c16, &nb);
     we = worst_grad(&x, c16, g16, &wn);
-    CHECK(t_rel(cl16, l16) < 1e-5 && we < 2e-3, "interpreted bf16 equals eager bf16 (loss %.3g, grads %.3g)",
+    CHECK(t_rel(cl16, l16) < 1e-4 && we < 2e-2, "interpreted bf16 equals eager bf16 to bf16 rounding (loss %.3g, grads %.3g)",
+          t_rel(cl16, l16), we);
+    /* without the rewrites the compiled graph computes what eager does:
+     * equal to float rounding */
+    free_grads(c16, np);
+    cl16 = run_compiled_rw(&x, KILN_BF16, "default", false, c16, &nb);
+    we = worst_grad(&x, c16, g16, &wn);
+    printf("  compiled bf16 without rewrites vs eager bf16: loss rel %.2e, worst gradient rel L2 %.2e (%s)\n",
+           t_rel(cl16, l16), we, wn);
+    CHECK(t_rel(cl16, l16) < 1e-5 && we < 2e-3, "compiled bf16 without rewrites equals eager bf16 (loss %.3g, grads %.3g)",
           t_rel(cl16, l16), we);
 
     /* the emulated path gives the same numbers up to summation order */

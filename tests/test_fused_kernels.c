@@ -250,6 +250,96 @@ static void test_attn_determinism(void) {
     free(q), free(k), free(v), free(g), free(pad);
 }
 
+
+/* ---- bf16 products (kiln_k_flash_attn_ex with bf16) ------------------------
+ * On AMX (kiln_bf16_amx) with D a multiple of 32: against the double
+ * reference on q, k, v and dout rounded to bf16 (the operands' rounding),
+ * within what rounding P and dS to bf16 costs (2^-9 relative per element);
+ * bits independent of the thread count. Elsewhere (no AMX, or another D):
+ * the fp32 kernel's bits exactly. */
+static float *round_bf(const float *x, int64_t n) {
+    float *y = falloc(n);
+    for (int64_t i = 0; i < n; i++) y[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(x[i]));
+    return y;
+}
+static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases) {
+    const int64_t nq = s->B * s->H * s->T * s->D, nk = s->B * s->Hkv * s->Tk * s->D, nl = s->B * s->H * s->T;
+    float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
+    float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
+    kiln_k_flash_attn_ex(q, k, v, s->pad, NULL, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window, true);
+    kiln_k_flash_attn_backward_ex(q, k, v, s->pad, NULL, out, lse, g, dq, dk, dv, s->B, s->H, s->Hkv, s->T, s->Tk, s->D,
+                                  s->scale, s->window, true);
+    const bool amx = kiln_bf16_amx() && s->D % 32 == 0;
+    if (amx) {
+        float *qr = round_bf(q, nq), *kr = round_bf(k, nk), *vr = round_bf(v, nk), *gr = round_bf(g, nq);
+        double *ro = dalloc(nq), *rl = dalloc(nl), *rdq = dalloc(nq), *rdk = dalloc(nk), *rdv = dalloc(nk);
+        ref_attn(s, qr, kr, vr, gr, ro, rl, rdq, rdk, rdv);
+        double eo = rel_err_d(out, ro, nq), e1 = rel_err_d(dq, rdq, nq), e2 = rel_err_d(dk, rdk, nk),
+               e3 = rel_err_d(dv, rdv, nk), el = 0;
+        for (int64_t i = 0; i < nl; i++)
+            if (rl[i] != -INFINITY) el = fmax(el, fabs(lse[i] - rl[i]) / fmax(1.0, fabs(rl[i])));
+            else CHECK(lse[i] == -INFINITY, "%s (bf16): a row without visible keys has lse %g", name, lse[i]);
+        printf("  %-44s bf16 on AMX vs the reference on bf16 operands: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", name,
+               eo, el, e1, e2, e3);
+        CHECK(eo < 5e-3 && el < 1e-5 && e1 < 1e-2 && e2 < 1e-2 && e3 < 1e-2,
+              "%s (bf16 on AMX): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", name, eo, el, e1, e2, e3);
+        free(qr), free(kr), free(vr), free(gr), free(ro), free(rl), free(rdq), free(rdk), free(rdv);
+        /* the same bits on 1 and 3 threads */
+        float *o2 = falloc(nq), *l2 = falloc(nl), *q2 = falloc(nq), *k2 = falloc(nk), *v2 = falloc(nk);
+        int saved = omp_get_max_threads();
+        for (int th = 1; th <= 3; th += 2) {
+            omp_set_num_threads(th);
+            kiln_k_flash_attn_ex(q, k, v, s->pad, NULL, o2, l2, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window, true);
+            kiln_k_flash_attn_backward_ex(q, k, v, s->pad, NULL, o2, l2, g, q2, k2, v2, s->B, s->H, s->Hkv, s->T, s->Tk,
+                                          s->D, s->scale, s->window, true);
+            CHECK(!memcmp(o2, out, (size_t)nq * 4) && !memcmp(l2, lse, (size_t)nl * 4) && !memcmp(q2, dq, (size_t)nq * 4) &&
+                      !memcmp(k2, dk, (size_t)nk * 4) && !memcmp(v2, dv, (size_t)nk * 4),
+                  "%s (bf16 on AMX): %d threads differ in bits", name, th);
+        }
+        omp_set_num_threads(saved);
+        free(o2), free(l2), free(q2), free(k2), free(v2);
+        (*amx_cases)++;
+    } else { /* the fp32 kernel, bit for bit */
+        float *o2 = falloc(nq), *l2 = falloc(nl), *q2 = falloc(nq), *k2 = falloc(nk), *v2 = falloc(nk);
+        kiln_k_flash_attn_win(q, k, v, s->pad, NULL, o2, l2, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window);
+        kiln_k_flash_attn_backward_win(q, k, v, s->pad, NULL, o2, l2, g, q2, k2, v2, s->B, s->H, s->Hkv, s->T, s->Tk, s->D,
+                                       s->scale, s->window);
+        CHECK(!memcmp(o2, out, (size_t)nq * 4) && !memcmp(l2, lse, (size_t)nl * 4) && !memcmp(q2, dq, (size_t)nq * 4) &&
+                  !memcmp(k2, dk, (size_t)nk * 4) && !memcmp(v2, dv, (size_t)nk * 4),
+              "%s (bf16 without AMX or D %% 32 != 0): differs from the fp32 kernel", name);
+        free(o2), free(l2), free(q2), free(k2), free(v2);
+    }
+    free(q), free(k), free(v), free(g), free(out), free(lse), free(dq), free(dk), free(dv);
+}
+
+static void test_attn_bf16(void) {
+    int amx = 0, n = 0;
+    int32_t *pm = malloc(2 * 200 * sizeof(int32_t));
+    for (int64_t j = 0; j < 400; j++) pm[j] = !(j % 200 >= 64 && j % 200 < 128) || j < 200;
+    int32_t lpad[2 * 37];
+    for (int64_t j = 0; j < 37; j++) lpad[j] = j >= 6, lpad[37 + j] = 0;
+    const struct {
+        const char *name;
+        att_shape s;
+    } cases[] = {
+        {"T=Tk=256 D=64 GQA", {2, 4, 2, 256, 256, 64, 0.125f, NULL, 0}},
+        {"T=Tk=150 D=32", {1, 2, 1, 150, 150, 32, 0.17f, NULL, 0}},
+        {"T=70 Tk=200 D=64 padded block", {2, 2, 2, 70, 200, 64, 0.125f, pm, 0}},
+        {"T=Tk=37 D=64 left padding", {2, 4, 2, 37, 37, 64, 0.2f, lpad, 0}},
+        {"T=1 Tk=200 D=128", {2, 2, 1, 1, 200, 128, 0.09f, pm, 0}},
+        {"T=Tk=150 D=96 window 33", {1, 2, 1, 150, 150, 96, 0.1f, NULL, 33}},
+        {"T=Tk=150 D=72 (not a multiple of 32)", {1, 2, 1, 150, 150, 72, 0.125f, NULL, 0}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
+    /* and with AMX turned off: the fp32 kernel's bits */
+    kiln_bf16_amx_off(true);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
+    kiln_bf16_amx_off(false);
+    printf("  flash attention with bf16 products: %d cases, %d on AMX (%s)\n", n, amx,
+           kiln_bf16_amx() ? "this CPU has AMX-BF16" : "no AMX here: the fp32 kernel's bits checked instead");
+    free(pm);
+}
+
 /* ---- fused linear + cross-entropy ---------------------------------------- */
 
 static double ref_lce(const float *h, const float *W, const int32_t *t, int64_t N, int64_t C,
@@ -357,6 +447,7 @@ int main(void) {
     test_attn_reference();
     test_attn_finite_diff();
     test_attn_determinism();
+    test_attn_bf16();
     test_lce();
     test_lce_determinism();
     TEST_END();

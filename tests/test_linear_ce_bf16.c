@@ -300,14 +300,15 @@ static void check_model(void) {
     CHECK(hi < 1e-5, "fused bf16 head: lm_head gradient = eager bf16 (%.3g)", hi);
     CHECK(arena_fused < arena_unfused, "the fused head's plan is smaller (%lld vs %lld)", (long long)arena_fused,
           (long long)arena_unfused);
-    /* flash attention sums in another order: fp32 differences that flip
-     * some bf16 roundings downstream (test_bf16 bounds it the same way) */
-    CHECK(t_rel(lc, le) < 1e-5, "compiled bf16 loss = eager bf16 (%.3g)", t_rel(lc, le));
-    CHECK(wc < 5e-3, "compiled bf16 gradients = eager bf16 to bf16 rounding (%s: %.3g)", n3, wc);
+    /* flash attention rounds elsewhere than eager's bf16 attention products
+     * (unnormalised probabilities on AMX, nothing where it runs its fp32
+     * products): equal to bf16 rounding (test_bf16 bounds it the same way) */
+    CHECK(t_rel(lc, le) < 1e-4, "compiled bf16 loss = eager bf16 to bf16 rounding (%.3g)", t_rel(lc, le));
+    CHECK(wc < 2e-2, "compiled bf16 gradients = eager bf16 to bf16 rounding (%s: %.3g)", n3, wc);
     const char *n4 = "";
     double hr, wr = worst(&x, gr, ge, &n4, &hr);
     printf("  compiled reduce-overhead: loss rel %.2e, worst gradient max-rel %.2e (%s)\n", t_rel(lr, le), wr, n4);
-    CHECK(t_rel(lr, le) < 1e-5 && wr < 5e-3, "reduce-overhead bf16 = eager bf16 (loss %.3g, %s %.3g)", t_rel(lr, le), n4, wr);
+    CHECK(t_rel(lr, le) < 1e-4 && wr < 2e-2, "reduce-overhead bf16 = eager bf16 (loss %.3g, %s %.3g)", t_rel(lr, le), n4, wr);
     free_grads(gr, np);
     /* the memory estimate counts the fused head's scratch (its rounded W
      * and one chunk of logits), not an N×V operand */

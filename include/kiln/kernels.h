@@ -30,6 +30,7 @@ extern "C" {
     X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) X(sum) \
     X(sumsq) X(sumsq_multi) X(adamw) X(adamw_multi) X(flash_attn) \
     X(flash_attn_seg) X(flash_attn_win) X(flash_attn_backward) X(flash_attn_backward_seg) X(flash_attn_backward_win) \
+    X(flash_attn_ex) X(flash_attn_backward_ex) \
     X(linear_cross_entropy) X(linear_cross_entropy_ex) X(linear_cross_entropy_scratch) X(gemm_f32) X(gemm_bf16)
 #define KILN_FORMED_(s, f) kiln_k_##s##_##f
 #define KILN_FORMED(s, f) KILN_FORMED_(s, f)
@@ -68,6 +69,8 @@ extern "C" {
 #define kiln_k_flash_attn_backward KILN_SIMD_NAME(flash_attn_backward)
 #define kiln_k_flash_attn_backward_seg KILN_SIMD_NAME(flash_attn_backward_seg)
 #define kiln_k_flash_attn_backward_win KILN_SIMD_NAME(flash_attn_backward_win)
+#define kiln_k_flash_attn_ex KILN_SIMD_NAME(flash_attn_ex)
+#define kiln_k_flash_attn_backward_ex KILN_SIMD_NAME(flash_attn_backward_ex)
 #define kiln_k_linear_cross_entropy KILN_SIMD_NAME(linear_cross_entropy)
 #define kiln_k_linear_cross_entropy_ex KILN_SIMD_NAME(linear_cross_entropy_ex)
 #define kiln_k_linear_cross_entropy_scratch KILN_SIMD_NAME(linear_cross_entropy_scratch)
@@ -265,6 +268,18 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
                                     const int32_t *seg, const float *out, const float *lse, const float *dout,
                                     float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                                     int64_t Tk, int64_t D, float scale, int64_t window);
+/* The forward and backward with a window, and bf16: where the CPU runs AMX
+ * tiles (kiln_bf16_amx) and D is a multiple of 32, every product takes bf16
+ * operands (q, k, v, dout, and the probabilities P and dS rounded before
+ * their products, as eager's bf16 products round them) with fp32
+ * accumulation; elsewhere bf16 changes nothing (the fp32 products). */
+void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                          const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
+                          int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, bool bf16);
+void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                                   const int32_t *seg, const float *out, const float *lse, const float *dout,
+                                   float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                                   int64_t Tk, int64_t D, float scale, int64_t window, bool bf16);
 /* Fused final linear + cross-entropy. loss = sum over rows n with
  * targets[n] != ignore of -log softmax(h[n]·Wᵀ)[targets[n]]; *count = number
  * of such rows. h [N,C], W [V,C]. When dh (N×C, overwritten) and/or dW (V×C,

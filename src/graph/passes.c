@@ -156,7 +156,10 @@ static const char *attention_shape(const kiln_graph *g, int p, int *in, kiln_att
     bool seg = g->v[mask].attrs.i[1] != 0;
     int x[5] = {q, k, v, g->v[mask].in[0], seg ? g->v[mask].in[1] : 0};
     memcpy(in, x, sizeof x);
-    *a = (kiln_attrs){.i = {seg, g->v[mask].attrs.i[2]}, .f = {g->v[s1].attrs.f[0]}};
+    /* bf16 when both products were bf16 ones (autocast): the kernel then
+     * rounds their operands as they did (on AMX) */
+    const bool bf16 = g->v[sc].attrs.i[3] && g->v[o].attrs.i[3];
+    *a = (kiln_attrs){.i = {seg, g->v[mask].attrs.i[2], bf16}, .f = {g->v[s1].attrs.f[0]}};
     *o_out = o;
     return NULL;
 }

@@ -8,7 +8,8 @@
 /* ---- flash attention ------------------------------------------------------- */
 /* Attribute i0 = 1: segment ids [B, Tk] i32 follow (input 4 of flash_attn,
  * input 7 of its backward), and attention is block-diagonal; i1 = W > 0: a
- * sliding window of W keys (0: none). */
+ * sliding window of W keys (0: none); i2 = 1: bf16 products (the rewritten
+ * products were bf16 ones under autocast; kiln_k_flash_attn_ex). */
 static kiln_status fa_check(const char *name, const kiln_meta *in, const kiln_attrs *a, int seg_at) {
     const kiln_meta *q = &in[0], *k = &in[1], *v = &in[2], *p = &in[3];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || p->ndim != 2 || q->dtype != KILN_F32 || k->dtype != KILN_F32 ||
@@ -23,6 +24,7 @@ static kiln_status fa_check(const char *name, const kiln_meta *in, const kiln_at
         return kiln_op_shape_error(name, in, seg_at + 1, "need segment ids [B,Tk] i32 like pad");
     if (!a->i[0] && s->ndim) return kiln_op_shape_error(name, in, seg_at + 1, "segment ids given but not announced (attribute i0)");
     if (a->i[1] < 0) return kiln_op_shape_error(name, in, 4, "sliding window %lld < 0", (long long)a->i[1]);
+    if (a->i[2] != 0 && a->i[2] != 1) return kiln_op_shape_error(name, in, 4, "bad bf16 flag i2=%lld (0 or 1)", (long long)a->i[2]);
     return KILN_OK;
 }
 static kiln_status fa_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {

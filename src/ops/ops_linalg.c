@@ -187,8 +187,10 @@ kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b, int mode, bool ta, bool
      * makes a bf16 product whatever the autocast setting */
     bool held_bf16 = a && b && (a->dtype == KILN_BF16 || b->dtype == KILN_BF16);
     /* an f16 or block weight (a frozen GGUF base) is a product on its
-     * dequantized rows: fp32, or bf16 under autocast */
-    bool bf16 = mode != KILN_MM_BATCHED && (kiln_autocast_get() == KILN_BF16 || held_bf16);
+     * dequantized rows: fp32, or bf16 under autocast; batched products
+     * (attention's q·kᵀ and P·v) are bf16 under autocast too, as in
+     * PyTorch's autocast (bmm, softmax in fp32) */
+    bool bf16 = kiln_autocast_get() == KILN_BF16 || held_bf16;
     return kiln_matmul_prec(a, b, mode, ta, tb, bf16);
 }
 kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *W) { return kiln_matmul(x, W, KILN_MM_ROWS, false, true); }

@@ -5,17 +5,18 @@
 
 kiln_status kiln_cpu_op_flash_attn(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
     const int64_t *q = in[0]->shape, *k = in[1]->shape;
-    kiln_k_flash_attn_win(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), a->i[0] ? kiln_i32(in[4]) : NULL,
-                          kiln_f32(out), kiln_f32(aux[0]), q[0], q[1], k[1], q[2], k[2], q[3], (float)a->f[0], a->i[1]);
+    kiln_k_flash_attn_ex(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]), a->i[0] ? kiln_i32(in[4]) : NULL,
+                         kiln_f32(out), kiln_f32(aux[0]), q[0], q[1], k[1], q[2], k[2], q[3], (float)a->f[0], a->i[1],
+                         a->i[2] != 0);
     return KILN_OK;
 }
 
 kiln_status kiln_cpu_op_flash_attn_bwd(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
     const int64_t *q = in[0]->shape, *k = in[1]->shape;
-    kiln_k_flash_attn_backward_win(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]),
-                                   a->i[0] ? kiln_i32(in[7]) : NULL, kiln_f32(in[4]), kiln_f32(in[5]), kiln_f32(in[6]),
-                                   kiln_f32(out), kiln_f32(aux[0]), kiln_f32(aux[1]), q[0], q[1], k[1], q[2], k[2], q[3],
-                                   (float)a->f[0], a->i[1]);
+    kiln_k_flash_attn_backward_ex(kiln_f32(in[0]), kiln_f32(in[1]), kiln_f32(in[2]), kiln_i32(in[3]),
+                                  a->i[0] ? kiln_i32(in[7]) : NULL, kiln_f32(in[4]), kiln_f32(in[5]), kiln_f32(in[6]),
+                                  kiln_f32(out), kiln_f32(aux[0]), kiln_f32(aux[1]), q[0], q[1], k[1], q[2], k[2], q[3],
+                                  (float)a->f[0], a->i[1], a->i[2] != 0);
     return KILN_OK;
 }
 

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #include "kiln/kernels.h"
+#include "amx.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -403,6 +404,159 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
     return 1;
 }
 
+
+/* ---- bf16 products on AMX tiles ------------------------------------------ *
+ * With bf16 set (the scores' and the output's products were bf16 ones under
+ * autocast) and AMX present (kiln_bf16_amx), every product of a tile runs on
+ * TDPBF16PS: its operands rounded to bf16 where eager's bf16 products round
+ * them (q, k, v, dout; the probabilities before P·V and dP·... products:
+ * P and dS), fp32 accumulation; the softmax and its bookkeeping stay fp32
+ * as in the fp32 kernel. Without AMX (or with D not a multiple of 32) the
+ * fp32 kernel runs, with no rounding. The operand forms, built once per
+ * call, zero past T and Tk:
+ *   rows   bf16 [BQ][D] per query block (q, dout: the A of S = q·kᵀ, dP)
+ *   cols   bf16 [D][BQ] per query block (qᵀ, doutᵀ: the A of dkᵀ, dvᵀ)
+ *   pairs  words [D/2][BK] per key block, word (p, j) = (x[j][2p], x[j][2p+1])
+ *          (k, v: the B of S and dP)
+ *   inter  words [BK/2][D] per key block, word (p, d) = (x[2p][d], x[2p+1][d])
+ *          (v, k: the B of P·v and dS·k)
+ * and per tile P and dS as rows (the A of P·v, dS·k) or interleaved pairs of
+ * rows (the B of doutᵀ·P = dvᵀ and qᵀ·dS = dkᵀ): the backward accumulates
+ * dkᵀ and dvᵀ of a key block in a [D][BK] buffer of its own and transposes
+ * them once, so no tile is transposed. */
+#if KILN_AMX && defined(KILN_ATT_AVX512)
+#define ATT_AMX 1
+/* The conversions run VCVTNE2PS2BF16 (the AMX path implies AVX512-BF16):
+ * round to nearest even, denormals to zeros (as TDPBF16PS reads them
+ * anyway). */
+#define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+/* 32 floats -> 32 bf16 (16 words: element 2i low, 2i+1 high) */
+BF_TARGET static inline __m512i cvt32(const float *x) {
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+/* words (x0[i], x1[i]) for 16 i */
+BF_TARGET static inline __m512i pair16(const float *x0, const float *x1) {
+    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x0)));
+    const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x1)));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+/* n valid rows of x (row stride D, D % 32 == 0) -> dst [R][D] bf16, zero
+ * rows past n */
+BF_TARGET static void form_rows(const float *x, int64_t n, int64_t R, int64_t D, uint16_t *dst) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t d = 0; d < D; d += 32)
+            _mm512_storeu_si512((void *)(dst + r * D + d), r < n ? cvt32(x + r * D + d) : _mm512_setzero_si512());
+}
+/* -> dst [R/2][D] words, word (p, d) = (x[2p][d], x[2p+1][d]), zero rows
+ * past n (D % 16 == 0) */
+BF_TARGET static void form_inter(const float *x, int64_t n, int64_t R, int64_t D, uint32_t *dst) {
+    static const float zero[16] = {0};
+    for (int64_t p = 0; p < R / 2; p++) {
+        const float *x0 = x + 2 * p * D, *x1 = x0 + D;
+        const bool h0 = 2 * p < n, h1 = 2 * p + 1 < n;
+        for (int64_t d = 0; d < D; d += 16)
+            _mm512_storeu_si512((void *)(dst + p * D + d), pair16(h0 ? x0 + d : zero, h1 ? x1 + d : zero));
+    }
+}
+/* -> dst [D/2][R] words, word (p, j) = (x[j][2p], x[j][2p+1]), zero past n
+ * (R % 16 == 0, D % 32 == 0): row j's bf16 pairs, transposed 16 x 16 */
+BF_TARGET static void form_pairs(const float *x, int64_t n, int64_t R, int64_t D, uint32_t *dst) {
+    for (int64_t j0 = 0; j0 < R; j0 += 16)
+        for (int64_t p0 = 0; p0 < D / 2; p0 += 16) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = j0 + i < n ? cvt32(x + (j0 + i) * D + 2 * p0) : _mm512_setzero_si512();
+            kiln_tr16_epi32(r);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) _mm512_storeu_si512((void *)(dst + (p0 + c) * R + j0), r[c]);
+        }
+}
+/* -> dst [D][R] bf16 (the transpose; as words [D][R/2], word (d, p) =
+ * (x[2p][d], x[2p+1][d])), zero columns past n (R % 32 == 0, D % 16 == 0) */
+BF_TARGET static void form_cols(const float *x, int64_t n, int64_t R, int64_t D, uint16_t *dst16) {
+    static const float zero[16] = {0};
+    uint32_t *dst = (uint32_t *)(void *)dst16;
+    for (int64_t p0 = 0; p0 < R / 2; p0 += 16)
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                const int64_t j = 2 * (p0 + i);
+                r[i] = pair16(j < n ? x + j * D + d0 : zero, j + 1 < n ? x + (j + 1) * D + d0 : zero);
+            }
+            kiln_tr16_epi32(r);
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) _mm512_storeu_si512((void *)(dst + (d0 + c) * (R / 2) + p0), r[c]);
+        }
+}
+
+/* dst [nk][D] += the transpose of srcT [D][BK] (its first nk columns), in
+ * 16 x 16 blocks (D % 16 == 0) */
+static void add_transposed(float *dst, const float *srcT, int64_t nk, int64_t D) {
+    for (int64_t d0 = 0; d0 < D; d0 += 16)
+        for (int64_t j0 = 0; j0 < nk; j0 += 16) {
+            __m512i r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(srcT + (d0 + i) * BK + j0));
+            kiln_tr16_epi32(r);
+            for (int64_t c = 0; c < 16 && j0 + c < nk; c++) {
+                float *o = dst + (j0 + c) * D + d0;
+                _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_castsi512_ps(r[c])));
+            }
+        }
+}
+
+/* C [R][N] (ldc floats) = or += A [R][KD] (bf16 rows, lda) . B [KD/2][N]
+ * (words, ldb): the row groups of 16 below rv (rows past it are left), N a
+ * multiple of 32, KD of 32; up to 4 accumulator tiles at a time */
+static void amx_mm(float *C, int64_t ldc, bool acc, const uint16_t *A, int64_t lda, const uint32_t *B, int64_t ldb,
+                   int64_t rv, int64_t N, int64_t KD) {
+    for (int64_t g = 0; g * 16 < rv; g++) {
+        const uint16_t *a = A + g * 16 * lda;
+        float *c = C + g * 16 * ldc;
+        for (int64_t n0 = 0; n0 < N; n0 += 64) {
+            const bool four = N - n0 >= 64;
+            float *cn = c + n0;
+            if (acc) {
+                AMX_LOAD(0, cn, ldc * 4);
+                AMX_LOAD(1, cn + 16, ldc * 4);
+                if (four) {
+                    AMX_LOAD(2, cn + 32, ldc * 4);
+                    AMX_LOAD(3, cn + 48, ldc * 4);
+                }
+            } else {
+                AMX_ZERO(0);
+                AMX_ZERO(1);
+                AMX_ZERO(2);
+                AMX_ZERO(3);
+            }
+            for (int64_t k0 = 0; k0 < KD; k0 += 32) {
+                const uint32_t *b = B + (k0 / 2) * ldb + n0;
+                AMX_LOAD(4, a + k0, lda * 2);
+                AMX_LOAD(6, b, ldb * 4);
+                AMX_LOAD(7, b + 16, ldb * 4);
+                AMX_DP(0, 4, 6);
+                AMX_DP(1, 4, 7);
+                if (four) {
+                    AMX_LOAD(6, b + 32, ldb * 4);
+                    AMX_LOAD(7, b + 48, ldb * 4);
+                    AMX_DP(2, 4, 6);
+                    AMX_DP(3, 4, 7);
+                }
+            }
+            AMX_STORE(0, cn, ldc * 4);
+            AMX_STORE(1, cn + 16, ldc * 4);
+            if (four) {
+                AMX_STORE(2, cn + 32, ldc * 4);
+                AMX_STORE(3, cn + 48, ldc * 4);
+            }
+        }
+    }
+}
+#else
+#define ATT_AMX 0
+#endif
+
 /* ---- the softmax of a full tile row (AVX2) -------------------------------- */
 #if defined(__AVX2__) && defined(__FMA__)
 #define KILN_ATT_ROW8 1
@@ -488,19 +642,38 @@ typedef struct {
     float scale;
     seg_info si;
     int64_t window;
+    /* bf16 on AMX: q's rows per query block, k's pairs and v's inter per
+     * key block (NULL: the fp32 products) */
+    const uint16_t *qh;
+    const uint32_t *kp, *vi;
+    int64_t nqb;
 } fwd_args;
 
 /* One (b, h, query block): online softmax over the visible key blocks,
  * accumulating into the task's own rows of out. */
 static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float *S, float *m,
-                     float *l, float *bias) {
+                     float *l, float *bias, float *obuf, uint16_t *ph) {
     const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
     const int64_t g = h / (a->H / a->Hkv);
     const int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
     const float *q = a->q + ((b * a->H + h) * T + i0) * D;
-    float *o = a->out + ((b * a->H + h) * T + i0) * D;
+    float *const out = a->out + ((b * a->H + h) * T + i0) * D;
+#if ATT_AMX
+    /* AMX: the output accumulates in obuf (all BQ rows: the tiles' row
+     * groups), P in ph (rows past nr stay zero) */
+    const bool amx = a->qh != NULL;
+    float *o = amx ? obuf : out;
+    const uint16_t *qh = amx ? a->qh + ((b * a->H + h) * a->nqb + qb) * BQ * D : NULL;
+    if (amx) {
+        memset(obuf, 0, (size_t)(BQ * D) * sizeof(float));
+        memset(ph, 0, (size_t)(BQ * BK) * sizeof *ph);
+    }
+#else
+    (void)obuf, (void)ph;
+    float *o = out;
+#endif
     const int32_t *pad = a->pad ? a->pad + b * Tk : NULL;
-    const float *ktb = a->kt + (b * a->Hkv + g) * a->nkb * D * BK;
+    const float *ktb = a->kt ? a->kt + (b * a->Hkv + g) * a->nkb * D * BK : NULL;
     const float *vb = a->v + (b * a->Hkv + g) * Tk * D;
     memset(o, 0, (size_t)(nr * D) * sizeof(float));
     for (int64_t r = 0; r < nr; r++) m[r] = -INFINITY, l[r] = 0.0f;
@@ -514,9 +687,15 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
         if (!st) continue; /* another document's keys */
         if (before_window(a->window, off + i0, j0, nk)) continue; /* out of every query's window */
         const bool has_pad = block_has_pad(pad, j0, nk), mixed = st == 2;
-        if (has_pad)
-            for (int64_t c = 0; c < nk; c++) bias[c] = pad[j0 + c] ? 0.0f : -INFINITY;
-        mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
+        /* zeros without padding: branch-free loops below, which gcc
+         * vectorises where it does not a conditional load of the bias */
+        for (int64_t c = 0; c < BK; c++) bias[c] = has_pad && c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
+#if ATT_AMX
+        if (amx)
+            amx_mm(S, BK, false, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, BK, nr, BK, D);
+        else
+#endif
+            mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
         for (int64_t r = 0; r < nr; r++) {
             float *s = S + r * BK;
             const int64_t lim = causal_limit(off + i0 + r, j0, nk), lo = window_start(a->window, off + i0 + r, j0, nk);
@@ -533,7 +712,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
                 const int32_t sq = sg[off + i0 + r], *sk = sg + j0;
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < nk; c++) {
-                    float x = s[c] * sc + (has_pad ? bias[c] : 0.0f);
+                    float x = s[c] * sc + bias[c];
                     x = c < lim && c >= lo && sk[c] == sq ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
@@ -548,7 +727,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             } else {
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = 0; c < nk; c++) {
-                    float x = s[c] * sc + (has_pad ? bias[c] : 0.0f);
+                    float x = s[c] * sc + bias[c];
                     x = c < lim && c >= lo ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
@@ -576,18 +755,26 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
                 for (int64_t d = 0; d < D; d++) orow[d] *= alpha;
             }
         }
+#if ATT_AMX
+        if (amx) { /* P rounded to bf16, then o += P·v */
+            form_rows(S, nr, BQ, BK, ph); /* past nk: q·0 = 0 */
+            amx_mm(o, D, true, ph, BK, a->vi + ((b * a->Hkv + g) * a->nkb + kb) * (BK / 2) * D, D, nr, D, BK);
+            continue;
+        }
+#endif
         mk_acc(S, BK, 1, vb + j0 * D, D, o, D, nr, nk, D);
     }
     float *lse = a->lse + (b * a->H + h) * T + i0;
     for (int64_t r = 0; r < nr; r++) {
-        float *orow = o + r * D;
+        const float *orow = o + r * D;
+        float *dst = out + r * D;
         if (l[r] > 0.0f) {
             const float inv = 1.0f / l[r];
 #pragma omp simd
-            for (int64_t d = 0; d < D; d++) orow[d] *= inv;
+            for (int64_t d = 0; d < D; d++) dst[d] = orow[d] * inv;
             lse[r] = m[r] + logf(l[r]);
         } else {
-            memset(orow, 0, (size_t)D * sizeof(float));
+            memset(dst, 0, (size_t)D * sizeof(float));
             lse[r] = -INFINITY;
         }
     }
@@ -608,9 +795,30 @@ void kiln_k_flash_attn_seg(const float *q, const float *k, const float *v, const
 void kiln_k_flash_attn_win(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                            const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
                            int64_t T, int64_t Tk, int64_t D, float scale, int64_t window) {
+    kiln_k_flash_attn_ex(q, k, v, pad_mask, seg, out, lse, B, H, Hkv, T, Tk, D, scale, window, false);
+}
+
+/* whether this call's products run on AMX tiles */
+static bool use_amx(bool bf16, int64_t D) {
+#if ATT_AMX
+    return bf16 && D % 32 == 0 && kiln_bf16_amx();
+#else
+    (void)bf16, (void)D;
+    return false;
+#endif
+}
+
+void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                          const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
+                          int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, bool bf16) {
     if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
-    float *kt = nkb ? kiln_alloc((size_t)(B * Hkv * nkb * D * BK) * sizeof(float)) : NULL;
+    const bool amx = use_amx(bf16, D);
+    /* the fp32 kernel's k blocks [D][BK], or the AMX forms: q's rows, k's
+     * pairs, v's inter */
+    const size_t fp32_kt = (size_t)(B * Hkv * nkb * D * BK) * sizeof(float);
+    const size_t nq16 = (size_t)(B * H * nqb * BQ * D), nkv32 = (size_t)(B * Hkv * nkb * BK * D / 2);
+    void *kt = nkb ? kiln_alloc(amx ? nq16 * 2 + 2 * nkv32 * 4 : fp32_kt) : NULL;
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
     if ((nkb && !kt) || !seg_ok) { /* out of memory: nothing sensible to return but NaN */
@@ -620,19 +828,45 @@ void kiln_k_flash_attn_win(const float *q, const float *k, const float *v, const
         free(si.kmin);
         return;
     }
-    if (nkb) transpose_blocks(k, kt, B * Hkv, Tk, D);
-    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window};
+    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window, NULL, NULL, NULL, nqb};
+#if ATT_AMX
+    if (amx && nkb) {
+        uint32_t *kp = (uint32_t *)kt, *vi = kp + nkv32;
+        uint16_t *qh = (uint16_t *)(vi + nkv32);
+#pragma omp parallel for schedule(static) if (B * Hkv * Tk * D > (1 << 15))
+        for (int64_t t = 0; t < B * Hkv * nkb; t++) {
+            const int64_t bh = t / nkb, kb = t % nkb, j0 = kb * BK, nk = Tk - j0 < BK ? Tk - j0 : BK;
+            form_pairs(k + (bh * Tk + j0) * D, nk, BK, D, kp + t * BK * D / 2);
+            form_inter(v + (bh * Tk + j0) * D, nk, BK, D, vi + t * BK * D / 2);
+        }
+#pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
+        for (int64_t t = 0; t < B * H * nqb; t++) {
+            const int64_t bh = t / nqb, qb = t % nqb, i0 = qb * BQ;
+            form_rows(q + (bh * T + i0) * D, T - i0 < BQ ? T - i0 : BQ, BQ, D, qh + t * BQ * D);
+        }
+        a.qh = qh, a.kp = kp, a.vi = vi, a.kt = NULL;
+    } else
+#endif
+        if (nkb)
+        transpose_blocks(k, kt, B * Hkv, Tk, D);
     const int64_t ntask = B * H * nqb;
 #pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
     {
-        float *S = kiln_alloc((BQ * BK + 2 * BQ + BK) * sizeof(float));
-        float *m = S + BQ * BK, *l = m + BQ, *bias = l + BQ;
+        float *S = kiln_alloc((BQ * BK + 2 * BQ + BK + (amx ? BQ * D + BQ * BK / 2 : 0)) * sizeof(float));
+        float *m = S + BQ * BK, *l = m + BQ, *bias = l + BQ, *obuf = amx ? bias + BK : NULL;
+        uint16_t *ph = amx ? (uint16_t *)(obuf + BQ * D) : NULL;
+#if ATT_AMX
+        if (amx) kiln_amx_config();
+#endif
         /* the heaviest (last, causal) query blocks first */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < ntask; t++) {
             int64_t bh = t % (B * H), qb = nqb - 1 - t / (B * H);
-            fwd_task(&a, bh / H, bh % H, qb, S, m, l, bias);
+            fwd_task(&a, bh / H, bh % H, qb, S, m, l, bias, obuf, ph);
         }
+#if ATT_AMX
+        if (amx) kiln_amx_release();
+#endif
         kiln_dealloc(S);
     }
     kiln_dealloc(kt);
@@ -649,7 +883,19 @@ typedef struct {
     float scale;
     seg_info si;
     int64_t window;
+    /* bf16 on AMX (NULL: the fp32 products): q and dout as rows and as
+     * columns per query block, k's and v's pairs, k's inter per key block */
+    const uint16_t *qh, *qc, *dh, *dc;
+    const uint32_t *kp, *vp, *ki;
 } bwd_args;
+
+/* a thread's scratch for the backward's tiles */
+typedef struct {
+    float *S, *dP;
+    float *dq, *dkT, *dvT; /* AMX: a tile's dq rows, the key block's dkᵀ and dvᵀ */
+    uint32_t *pi, *dsi;    /* AMX: P and dS as interleaved pairs of rows */
+    uint16_t *dsh;         /* AMX: dS as bf16 rows */
+} bwd_scratch;
 
 /* Does query block qb see any key of key block kb (ignoring padding)?
  * 0 no, 1 yes, 2 yes with segment masking inside the tile. */
@@ -665,7 +911,8 @@ static int tile_visible(const bwd_args *a, int64_t b, int64_t qb, int64_t kb) {
  * the tile's contributions to whichever of dq (unscaled), dk (unscaled), dv
  * are asked for. S and dP are BQ×BK scratch. */
 static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_t kb, bool want_q,
-                     bool want_kv, bool mixed, float *S, float *dP) {
+                     bool want_kv, bool mixed, const bwd_scratch *w) {
+    float *S = w->S, *dP = w->dP;
     const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
     const int64_t g = h / (a->H / a->Hkv);
     const int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
@@ -675,12 +922,23 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     const int64_t qrow = (b * a->H + h) * T + i0, krow = (b * a->Hkv + g) * Tk + j0;
     const int64_t tblk = ((b * a->Hkv + g) * a->nkb + kb) * D * BK;
     const float *q = a->q + qrow * D, *dO = a->dout + qrow * D;
-    mk_nt(q, D, a->kt + tblk, D, S, nr);
-    mk_nt(dO, D, a->vt + tblk, D, dP, nr);
+#if ATT_AMX
+    const bool amx = a->qh != NULL;
+    const int64_t qblk = ((b * a->H + h) * a->nqb + qb) * BQ * D, kblk = ((b * a->Hkv + g) * a->nkb + kb) * BK * D;
+    if (amx) {
+        amx_mm(S, BK, false, a->qh + qblk, D, a->kp + kblk / 2, BK, nr, BK, D);
+        amx_mm(dP, BK, false, a->dh + qblk, D, a->vp + kblk / 2, BK, nr, BK, D);
+    } else
+#endif
+    {
+        mk_nt(q, D, a->kt + tblk, D, S, nr);
+        mk_nt(dO, D, a->vt + tblk, D, dP, nr);
+    }
     const float sc = a->scale;
+    /* the padding bias (zeros without padding: one branch-free loop, which
+     * gcc vectorises where a conditional load of the bias it does not) */
     float bias[BK];
-    if (has_pad)
-        for (int64_t c = 0; c < nk; c++) bias[c] = pad[j0 + c] ? 0.0f : -INFINITY;
+    for (int64_t c = 0; c < BK; c++) bias[c] = has_pad && c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
     for (int64_t r = 0; r < nr; r++) {
         float *s = S + r * BK, *dp = dP + r * BK;
         const float L = a->lse[qrow + r], dl = a->delta[qrow + r];
@@ -690,7 +948,7 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
             const int32_t *sg = a->si.seg + b * Tk, sq = sg[off + i0 + r], *sk = sg + j0;
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
-                float p = kiln_expf_fast(s[c] * sc - L + (has_pad ? bias[c] : 0.0f));
+                float p = kiln_expf_fast(s[c] * sc - L + bias[c]);
                 p = c < lim && c >= lo && sk[c] == sq ? p : 0.0f;
                 s[c] = p;
                 dp[c] = p * (dp[c] - dl);
@@ -705,13 +963,34 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         } else { /* a padding key adds -inf, whose exp is 0 */
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
-                float p = kiln_expf_fast(s[c] * sc - L + (has_pad ? bias[c] : 0.0f));
+                float p = kiln_expf_fast(s[c] * sc - L + bias[c]);
                 p = c < lim && c >= lo ? p : 0.0f;
                 s[c] = p;
                 dp[c] = p * (dp[c] - dl);
             }
         }
     }
+#if ATT_AMX
+    if (amx) {
+        /* P and dS rounded to bf16 (rows past nr zero): dvᵀ += doutᵀ·P,
+         * dkᵀ += qᵀ·dS into the key block's buffers, dq += dS·k */
+        form_inter(S, nr, BQ, BK, w->pi);
+        form_inter(dP, nr, BQ, BK, w->dsi);
+        if (want_kv) {
+            amx_mm(w->dvT, BK, true, a->dc + qblk, BQ, w->pi, BK, D, BK, BQ);
+            amx_mm(w->dkT, BK, true, a->qc + qblk, BQ, w->dsi, BK, D, BK, BQ);
+        }
+        if (want_q) {
+            form_rows(dP, nr, BQ, BK, w->dsh);
+            amx_mm(w->dq, D, false, w->dsh, BK, a->ki + kblk / 2, D, nr, D, BK);
+            float *dq = a->dq + qrow * D;
+            for (int64_t r = 0; r < nr; r++)
+#pragma omp simd
+                for (int64_t d = 0; d < D; d++) dq[r * D + d] += w->dq[r * D + d];
+        }
+        return;
+    }
+#endif
     if (want_kv) {
         mk_acc(S, 1, BK, dO, D, a->dv + krow * D, D, nk, nr, D);
         mk_acc(dP, 1, BK, q, D, a->dk + krow * D, D, nk, nr, D);
@@ -726,16 +1005,28 @@ static void scale_rows(float *x, int64_t n, float s) {
 
 /* dk/dv of key block kb of (b, g), summed over the group's heads and the
  * query blocks in order; also dq when want_q (single-task schedule). */
-static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, float *S,
-                       float *dP) {
-    const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
+static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, const bwd_scratch *w) {
+    const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK, D = a->D;
     if (block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk)) return;
     const int64_t grp = a->H / a->Hkv;
+    (void)D;
+#if ATT_AMX
+    if (a->qh) {
+        memset(w->dkT, 0, (size_t)(D * BK) * sizeof(float));
+        memset(w->dvT, 0, (size_t)(D * BK) * sizeof(float));
+    }
+#endif
     for (int64_t h = g * grp; h < (g + 1) * grp; h++)
         for (int64_t qb = 0; qb < a->nqb; qb++) {
             int vis = tile_visible(a, b, qb, kb);
-            if (vis) bwd_tile(a, b, h, qb, kb, want_q, true, vis == 2, S, dP);
+            if (vis) bwd_tile(a, b, h, qb, kb, want_q, true, vis == 2, w);
         }
+#if ATT_AMX
+    if (a->qh) { /* the key block's rows of dk and dv from their transposes */
+        add_transposed(a->dk + ((b * a->Hkv + g) * a->Tk + j0) * D, w->dkT, nk, D);
+        add_transposed(a->dv + ((b * a->Hkv + g) * a->Tk + j0) * D, w->dvT, nk, D);
+    }
+#endif
 }
 
 void kiln_k_flash_attn_backward(const float *q, const float *k, const float *v,
@@ -757,13 +1048,26 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
                                     const int32_t *seg, const float *out, const float *lse, const float *dout,
                                     float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                                     int64_t Tk, int64_t D, float scale, int64_t window) {
+    kiln_k_flash_attn_backward_ex(q, k, v, pad_mask, seg, out, lse, dout, dq, dk, dv, B, H, Hkv, T, Tk, D, scale, window,
+                                  false);
+}
+
+void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
+                                   const int32_t *seg, const float *out, const float *lse, const float *dout,
+                                   float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
+                                   int64_t Tk, int64_t D, float scale, int64_t window, bool bf16) {
     if (B <= 0 || H <= 0 || D <= 0) return;
     memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
     memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
     memset(dq, 0, (size_t)(B * H * T * D) * sizeof(float));
     if (T <= 0 || Tk <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ), nkv = B * Hkv * nkb * D * BK;
-    float *kt = kiln_alloc((size_t)(2 * nkv + B * H * T) * sizeof(float));
+    const bool amx = use_amx(bf16, D);
+    /* fp32: k's and v's blocks [D][BK], then delta; AMX: delta, the q/dout
+     * forms (4 x nq16 bf16), the k/v forms (3 x nkv / 2 words) */
+    const int64_t nq16 = B * H * nqb * BQ * D;
+    float *kt = kiln_alloc(amx ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
+                               : (size_t)(2 * nkv + B * H * T) * sizeof(float));
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
     if (!kt || !seg_ok) {
@@ -772,9 +1076,11 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
         free(si.kmin);
         return;
     }
-    float *vt = kt + nkv, *delta = vt + nkv;
-    transpose_blocks(k, kt, B * Hkv, Tk, D);
-    transpose_blocks(v, vt, B * Hkv, Tk, D);
+    float *vt = amx ? NULL : kt + nkv, *delta = amx ? kt : vt + nkv;
+    if (!amx) {
+        transpose_blocks(k, kt, B * Hkv, Tk, D);
+        transpose_blocks(v, vt, B * Hkv, Tk, D);
+    }
 #pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
     for (int64_t i = 0; i < B * H * T; i++) {
         const float *o = out + i * D, *g = dout + i * D;
@@ -783,8 +1089,32 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
         for (int64_t d = 0; d < D; d++) s += o[d] * g[d];
         delta[i] = s;
     }
-    bwd_args a = {q, k, v, kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
-                  H, Hkv, T, Tk, D, nkb, nqb, scale, si, window};
+    bwd_args a = {q, k, v, amx ? NULL : kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
+                  H, Hkv, T, Tk, D, nkb, nqb, scale, si, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+#if ATT_AMX
+    if (amx) {
+        uint16_t *f16 = (uint16_t *)(delta + B * H * T);
+        uint32_t *f32 = (uint32_t *)(f16 + 4 * nq16);
+        uint16_t *qh = f16, *qc = qh + nq16, *dh = qc + nq16, *dc = dh + nq16;
+        uint32_t *kp = f32, *vp = kp + nkv / 2, *ki = vp + nkv / 2;
+#pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
+        for (int64_t t = 0; t < B * H * nqb; t++) {
+            const int64_t bh = t / nqb, i0 = (t % nqb) * BQ, n = T - i0 < BQ ? T - i0 : BQ;
+            form_rows(q + (bh * T + i0) * D, n, BQ, D, qh + t * BQ * D);
+            form_cols(q + (bh * T + i0) * D, n, BQ, D, qc + t * BQ * D);
+            form_rows(dout + (bh * T + i0) * D, n, BQ, D, dh + t * BQ * D);
+            form_cols(dout + (bh * T + i0) * D, n, BQ, D, dc + t * BQ * D);
+        }
+#pragma omp parallel for schedule(static) if (B * Hkv * Tk * D > (1 << 15))
+        for (int64_t t = 0; t < B * Hkv * nkb; t++) {
+            const int64_t bh = t / nkb, j0 = (t % nkb) * BK, n = Tk - j0 < BK ? Tk - j0 : BK;
+            form_pairs(k + (bh * Tk + j0) * D, n, BK, D, kp + t * BK * D / 2);
+            form_pairs(v + (bh * Tk + j0) * D, n, BK, D, vp + t * BK * D / 2);
+            form_inter(k + (bh * Tk + j0) * D, n, BK, D, ki + t * BK * D / 2);
+        }
+        a.qh = qh, a.qc = qc, a.dh = dh, a.dc = dc, a.kp = kp, a.vp = vp, a.ki = ki;
+    }
+#endif
     const int64_t grp = H / Hkv, nq = B * H * T * D;
     const bool small = T * Tk * D * B * H <= (1 << 16);
     /* The key blocks of each (b, kv head) in P parts of about equal work;
@@ -823,7 +1153,17 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
     }
 #pragma omp parallel if (!small && B * Hkv * P > 1)
     {
-        float *S = kiln_alloc(2 * BQ * BK * sizeof(float)), *dP = S + BQ * BK;
+        /* S, dP; AMX: dq rows, dkᵀ, dvᵀ, P and dS pairs, dS rows */
+        const size_t nw = 2 * BQ * BK + (amx ? BQ * D + 2 * D * BK + BQ * BK + BQ * BK / 2 : 0);
+        float *S = kiln_alloc(nw * sizeof(float));
+        bwd_scratch w = {S, S ? S + BQ * BK : NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        if (amx && S) {
+            w.dq = w.dP + BQ * BK, w.dkT = w.dq + BQ * D, w.dvT = w.dkT + D * BK;
+            w.pi = (uint32_t *)(w.dvT + D * BK), w.dsi = w.pi + BQ * BK / 2, w.dsh = (uint16_t *)(w.dsi + BQ * BK / 2);
+        }
+#if ATT_AMX
+        if (amx) kiln_amx_config();
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < B * Hkv * P; t++) {
             const int64_t bg = t / P, p = t % P, b = bg / Hkv, g = bg % Hkv;
@@ -833,11 +1173,14 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
                 memset(ap.dq + (b * H + g * grp) * T * D, 0, (size_t)(grp * T * D) * sizeof(float));
             }
             for (int64_t kb = bound[p]; kb < bound[p + 1]; kb++) {
-                bwd_kblock(&ap, b, g, kb, true, S, dP);
+                bwd_kblock(&ap, b, g, kb, true, &w);
                 int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
                 scale_rows(dk + (bg * Tk + kb * BK) * D, nk * D, scale);
             }
         }
+#if ATT_AMX
+        if (amx) kiln_amx_release();
+#endif
         kiln_dealloc(S);
     }
     /* dq = (copy 0 + copy 1 + ...) in part order, times the scale */

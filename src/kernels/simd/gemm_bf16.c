@@ -73,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx.h"
 #include "gemm_grid.h"
 #include "kiln/kernels.h"
 
@@ -144,33 +145,6 @@ static inline __attribute__((always_inline)) __m512i daz_v(__m512i v) {
     const __mmask32 m = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7f80));
     return _mm512_mask_mov_epi16(_mm512_and_si512(v, _mm512_set1_epi16((short)0x8000)), m, v);
 }
-/* r[i] (row i, 16 words) -> r[c] (column c, 16 rows) */
-static inline __attribute__((always_inline)) void tr16_epi32(__m512i r[16]) {
-    __m512i t[16], u[16];
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; g++) {
-        t[2 * g] = _mm512_unpacklo_epi32(r[2 * g], r[2 * g + 1]);
-        t[2 * g + 1] = _mm512_unpackhi_epi32(r[2 * g], r[2 * g + 1]);
-    }
-    /* u[4h + q]: in 128-bit lane L, rows 4h..4h+3 of column 4L + q */
-#pragma GCC unroll 4
-    for (int h = 0; h < 4; h++) {
-        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
-        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
-        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
-        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
-    }
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; q++) {
-        __m512i x0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x88), x1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xDD);
-        __m512i y0 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x88),
-                y1 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xDD);
-        r[q] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-        r[8 + q] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
-        r[4 + q] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-        r[12 + q] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
-    }
-}
 /* the vector packer: 16 outer indices x 16 pairs at a time */
 static void pack_words(bool contig, const uint16_t *X, int64_t ld, int64_t o0, int64_t no, int64_t W, int64_t pc,
                        int64_t kc, int64_t p0, int64_t np, uint32_t *restrict dst) {
@@ -186,7 +160,7 @@ static void pack_words(bool contig, const uint16_t *X, int64_t ld, int64_t o0, i
 #pragma GCC unroll 16
                 for (int i = 0; i < 16; i++)
                     r[i] = i < ng ? daz_v(_mm512_maskz_loadu_epi16(lm, s + i * ld)) : _mm512_setzero_si512();
-                tr16_epi32(r);
+                kiln_tr16_epi32(r);
                 const int64_t npp = imin(16, np - pp);
                 for (int64_t p = 0; p < npp; p++) _mm512_mask_storeu_epi32(dst + (pp + p) * W + og, sm, r[p]);
             }
@@ -482,30 +456,13 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
  * Layouts: B as the VDPBF16PS path packs it (kc2p pairs x 32 words a
  * sliver; a tile is 16 pair rows of 16 words, stride 128 bytes); A per
  * sliver in chunks of 16 pairs, [chunk][32 rows][16 words] (a tile: 16
- * rows, stride 64 bytes). The tile registers are named in the asm. */
-#if BF_NATIVE && defined(__x86_64__)
+ * rows, stride 64 bytes). The tiles: amx.h. */
+#if BF_NATIVE && KILN_AMX
 #define BF_AMX 1
 #define AMX_MR 32
 #define BF_AMX_MR AMX_MR
 #define AMX_PAD_A 0x80008000u /* a pair of -0 */
 
-static void amx_config(void) {
-    struct __attribute__((aligned(64))) {
-        uint8_t palette, start_row, reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-    } cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.colsb[t] = 64, cfg.rows[t] = 16;
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg) : "memory");
-}
-static void amx_release(void) { __asm__ volatile("tilerelease" : : : "memory"); }
-#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t : :)
-#define AMX_LOAD(t, p, stride) __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t : : "r"(p), "r"((int64_t)(stride)) : "memory")
-#define AMX_STORE(t, p, stride) __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" : : "r"(p), "r"((int64_t)(stride)) : "memory")
-/* tmm d += tmm a (16 rows x 16 pairs) . tmm b (16 pairs x 16 columns) */
-#define AMX_DP(d, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #d : :)
 
 /* rows [i0, i0 + mi) of op(A), K from pc (kc of them), as the AMX sliver at
  * dst: kc2p / 16 chunks of [32 rows][16 words] */
@@ -522,7 +479,7 @@ static void pack_a_amx(bool contig, const uint16_t *A, int64_t lda, int64_t i0, 
 #pragma GCC unroll 16
             for (int p = 0; p < 16; p++)
                 r[p] = p < np ? _mm512_load_si512((const void *)(tmp + p * 16)) : _mm512_set1_epi32((int)AMX_PAD_A);
-            tr16_epi32(r); /* [pair][row] -> [row][pair] */
+            kiln_tr16_epi32(r); /* [pair][row] -> [row][pair] */
 #pragma GCC unroll 16
             for (int o = 0; o < 16; o++) _mm512_store_si512((void *)(d + o * 16), r[o]);
         }
@@ -553,7 +510,7 @@ __attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap,
                                                bool first) {
     float t[AMX_MR * 32] __attribute__((aligned(64)));
     const int64_t nch = kc2p / 16;
-    amx_config();
+    kiln_amx_config();
     for (int64_t s = ns0; s < ns1; s++) {
         const uint32_t *b = bp + s * NR * bstride;
         const int64_t j = jc + s * NR, nj = imin(NR, nc - s * NR);
@@ -582,7 +539,7 @@ __attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap,
             store_amx(t, C + i * ldc + j, ldc, alpha, first, mi, nj);
         }
     }
-    amx_release();
+    kiln_amx_release();
 }
 #else
 #define BF_AMX 0
