@@ -469,6 +469,21 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
 static void pack_a_amx(bool contig, const uint16_t *A, int64_t lda, int64_t i0, int64_t mi, int64_t pc, int64_t kc,
                        int64_t kc2p, uint32_t *restrict dst) {
     const int64_t kc2 = cdiv(kc, 2);
+    if (contig) { /* A's rows are the tile rows already: a masked copy per row and chunk */
+        const __m512i pad = _mm512_set1_epi32((int)AMX_PAD_A);
+        for (int64_t c = 0; c < kc2p / 16; c++) {
+            const int64_t nel = imin(32, kc - 32 * c), np = imax(0, imin(16, kc2 - 16 * c));
+            const __mmask32 lm = nel >= 32 ? ~(__mmask32)0 : nel > 0 ? (__mmask32)((1u << nel) - 1) : 0;
+            const __mmask16 pm = (__mmask16)(np >= 16 ? 0xFFFF : (1u << np) - 1); /* real pairs, else -0 */
+            uint32_t *d = dst + c * AMX_MR * 16;
+            for (int64_t i = 0; i < AMX_MR; i++) {
+                __m512i v = pad;
+                if (i < mi) v = _mm512_mask_mov_epi32(pad, pm, daz_v(_mm512_maskz_loadu_epi16(lm, A + (i0 + i) * lda + pc + 32 * c)));
+                _mm512_store_si512((void *)(d + i * 16), v);
+            }
+        }
+        return;
+    }
     uint32_t tmp[16 * 16] __attribute__((aligned(64)));
     for (int64_t c = 0; c < kc2p / 16; c++)
         for (int g = 0; g < 2; g++) {
