@@ -434,7 +434,7 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
 
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
  * choices measured against the old ones are measured again. */
-#define KILN_GEMM_REV 3 /* 3: kiln's bf16 kernel on AMX tiles where present */
+#define KILN_GEMM_REV 4 /* 3, 4: kiln's bf16 kernel on AMX tiles where present */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the
