@@ -4,6 +4,8 @@
  * Prints median and best ms of each and GFLOP/s of the median, counting
  * causal work: forward 4·B·H·T·T·D/2, backward 2.5× that (whatever either path
  * actually computes). Also the max difference between the two outputs.
+ * Where the CPU has AMX-BF16 the fused kernels also run with bf16 products
+ * (kiln_k_flash_attn_ex), timed and compared against the fp32 ones.
  * Usage: attention [threads] [repeats] [BxHxT ...]
  * Shapes given on the command line replace the two defaults; above T = 2048
  * only the fused kernels run (the decomposed path would hold B·H·T² scores
@@ -68,6 +70,17 @@ static void fused_fwd(bench_ctx *c) {
 static void fused_bwd(bench_ctx *c) {
     kiln_k_flash_attn_backward(c->q, c->k, c->v, NULL, c->out, c->lse, c->dout, c->dq, c->dk, c->dv,
                                c->B, c->H, c->H, c->T, c->T, c->D, c->scale);
+}
+
+/* the same with bf16 products (kiln_k_flash_attn_ex: AMX tiles where the
+ * CPU has them) */
+static void fused_fwd_bf16(bench_ctx *c) {
+    kiln_k_flash_attn_ex(c->q, c->k, c->v, NULL, NULL, c->o2, c->lse, c->B, c->H, c->H, c->T, c->T, c->D, c->scale, 0,
+                         true);
+}
+static void fused_bwd_bf16(bench_ctx *c) {
+    kiln_k_flash_attn_backward_ex(c->q, c->k, c->v, NULL, NULL, c->o2, c->lse, c->dout, c->dq2, c->dk2, c->dv2, c->B,
+                                  c->H, c->H, c->T, c->T, c->D, c->scale, 0, true);
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -146,6 +159,15 @@ int main(int argc, char **argv) {
         timeit(fused_bwd, &c, reps, &m, &b);
         report("fused backward", m, b, 2.5 * ff);
         double fbm = m;
+        if (kiln_bf16_amx()) { /* (o2 and the d*2 buffers are the decomposed path's, rewritten below) */
+            timeit(fused_fwd_bf16, &c, reps, &m, &b);
+            report("fused forward, bf16 AMX", m, b, ff);
+            const double bfm = m;
+            timeit(fused_bwd_bf16, &c, reps, &m, &b);
+            report("fused backward, bf16 AMX", m, b, 2.5 * ff);
+            printf("  bf16 on AMX against fp32: forward %.2fx, backward %.2fx; max |bf16 - fp32| out %.2g\n", ffm / bfm,
+                   fbm / m, maxdiff(c.out, c.o2, n));
+        }
         if (!decomposed) {
             free_ctx(&c);
             continue;

@@ -433,15 +433,17 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
 }
 
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
- * choices measured against the old ones are measured again. */
-#define KILN_GEMM_REV 4 /* 3, 4: kiln's bf16 kernel on AMX tiles where present */
+ * choices measured against the old ones are measured again: fp32's and
+ * bf16's apart (a new bf16 kernel leaves the fp32 choices standing). */
+#define KILN_GEMM_REV 2
+#define KILN_GEMM_REV_BF16 4 /* 3, 4: kiln's bf16 kernel on AMX tiles where present */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the
  * kernels' form, whether this is a sanitizer build, and the candidates'
  * versions (kiln's kernels' revision, oneDNN's version): a new oneDNN or a
  * faster kiln kernel is measured afresh; no tabs or newlines */
-static void machine_tag(char *out, size_t n) {
+static void machine_tag(char *out, size_t n, bool bf16) {
     char name[128] = "?", fam[16] = "?", model[16] = "?";
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f) {
@@ -466,9 +468,10 @@ static void machine_tag(char *out, size_t n) {
 #endif
 #endif
     const dnnl_version_t *dv = dnnl_version();
+    /* bf16: whether kiln's kernel runs on AMX tiles, and its revision */
     snprintf(out, n, "%s/%s/%s/%s/%s%s%s/k%d/dnnl%d.%d.%d", name, fam, model, kiln_cpu_features_text(),
-             kiln_form_name(kiln_form_active()), kiln_bf16_amx() ? "/amx" : "", build, KILN_GEMM_REV, dv->major,
-             dv->minor, dv->patch);
+             kiln_form_name(kiln_form_active()), bf16 && kiln_bf16_amx() ? "/amx" : "", build,
+             bf16 ? KILN_GEMM_REV_BF16 : KILN_GEMM_REV, dv->major, dv->minor, dv->patch);
     for (char *p = out; *p; p++)
         if (*p == ' ' || *p == '\t' || *p == '\n') *p = '_';
 }
@@ -656,7 +659,7 @@ static void choose(gemm_entry *e, const void *A, const void *B) {
         int rc;
         while (fd >= 0 && (rc = flock(fd, LOCK_EX)) != 0 && errno == EINTR) {}
     }
-    machine_tag(tag, sizeof tag);
+    machine_tag(tag, sizeof tag, e->key.dtype == DT_BF16);
     key_text(&e->key, key, sizeof key);
     snprintf(prefix, sizeof prefix, "%s\t%s\t", tag, key);
     int c = fd >= 0 ? recorded_choice(fd, prefix) : -1;
