@@ -785,7 +785,9 @@ static void test_bf16_amx(void) {
     int64_t cases = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int tr = 0; tr < 4; tr++) {
-            bool tA = tr & 1, tB = tr & 2, acc = tr == 3;
+            /* tr 2: beta 1 with alpha 1 (whole blocks accumulate in the tiles
+             * from C), tr 3: beta 1, alpha -0.75 */
+            bool tA = tr & 1, tB = tr & 2, acc = tr >= 2;
             int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ar, ac, br, bc;
             stored(tA, M, K, &ar, &ac);
             stored(tB, K, N, &br, &bc);
@@ -797,7 +799,7 @@ static void test_bf16_amx(void) {
             for (int64_t i = 0; i < M * ldc; i++) C0[i] = acc ? frand() : NAN;
             for (int64_t i = 0; i < M; i++)
                 for (int64_t j = N; j < ldc; j++) C0[i * ldc + j] = 1234.5f;
-            const float alpha = acc ? -0.75f : 1.0f;
+            const float alpha = tr == 3 ? -0.75f : 1.0f;
             memcpy(C1, C0, (size_t)(M * ldc) * 4);
             omp_set_num_threads(1);
             CHECK(t->gemm_bf16(tA, tB, M, N, K, alpha, A, lda, B, ldb, (float)acc, C1, ldc), "AMX gemm returned false");

@@ -456,7 +456,9 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
  * Layouts: B as the VDPBF16PS path packs it (kc2p pairs x 32 words a
  * sliver; a tile is 16 pair rows of 16 words, stride 128 bytes); A per
  * sliver in chunks of 16 pairs, [chunk][32 rows][16 words] (a tile: 16
- * rows, stride 64 bytes). The tiles: amx.h. */
+ * rows, stride 64 bytes). A whole 32 x 32 block with alpha 1 accumulates
+ * from C itself (beta 1) or zero and is stored into C; others go through a
+ * tile of raw sums and the alpha/C step. The tiles: amx.h. */
 #if BF_NATIVE && KILN_AMX
 #define BF_AMX 1
 #define AMX_MR 32
@@ -532,10 +534,21 @@ __attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap,
         for (int64_t r = 0; r < msl; r++) {
             const int64_t i = ic + r * AMX_MR, mi = imin(AMX_MR, mc - r * AMX_MR);
             const uint32_t *a = ap + r * AMX_MR * kc2p;
-            AMX_ZERO(0);
-            AMX_ZERO(1);
-            AMX_ZERO(2);
-            AMX_ZERO(3);
+            /* a whole block with alpha 1: the tiles start from C (or zero)
+             * and are stored into C, no pass through t */
+            const bool direct = alpha == 1.0f && mi == AMX_MR && nj == NR;
+            float *c = C + i * ldc + j;
+            if (direct && !first) {
+                AMX_LOAD(0, c, ldc * 4);
+                AMX_LOAD(1, c + 16, ldc * 4);
+                AMX_LOAD(2, c + 16 * ldc, ldc * 4);
+                AMX_LOAD(3, c + 16 * ldc + 16, ldc * 4);
+            } else {
+                AMX_ZERO(0);
+                AMX_ZERO(1);
+                AMX_ZERO(2);
+                AMX_ZERO(3);
+            }
             for (int64_t ch = 0; ch < nch; ch++) {
                 const uint32_t *ac = a + ch * AMX_MR * 16, *bc = b + ch * 16 * NR;
                 AMX_LOAD(4, ac, 64);
@@ -547,11 +560,18 @@ __attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap,
                 AMX_DP(2, 5, 6);
                 AMX_DP(3, 5, 7);
             }
+            if (direct) {
+                AMX_STORE(0, c, ldc * 4);
+                AMX_STORE(1, c + 16, ldc * 4);
+                AMX_STORE(2, c + 16 * ldc, ldc * 4);
+                AMX_STORE(3, c + 16 * ldc + 16, ldc * 4);
+                continue;
+            }
             AMX_STORE(0, t, 128);
             AMX_STORE(1, t + 16, 128);
             AMX_STORE(2, t + 16 * 32, 128);
             AMX_STORE(3, t + 16 * 32 + 16, 128);
-            store_amx(t, C + i * ldc + j, ldc, alpha, first, mi, nj);
+            store_amx(t, c, ldc, alpha, first, mi, nj);
         }
     }
     kiln_amx_release();
