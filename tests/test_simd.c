@@ -75,7 +75,18 @@ static void run_convert(const kiln_simd_table *t, outs *o) {
             t->round_bf16(x, y, n);
             put_u16(o, h, n);
             put_f(o, y, n);
-            free(x), free(y), free(h);
+            /* and back: the exact widening (bits h << 16) */
+            float *z = malloc((size_t)n * sizeof(float));
+            t->bf16_to_f32(h, z, n);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+                uint32_t u;
+                memcpy(&u, &z[i], sizeof u);
+                bad += u != (uint32_t)h[i] << 16;
+            }
+            CHECK(bad == 0, "bf16_to_f32 (n=%lld): %lld values are not the bf16 bits shifted", (long long)n, (long long)bad);
+            put_f(o, z, n);
+            free(x), free(y), free(h), free(z);
         }
     }
     kiln_bf16_force_emulation(false);
@@ -303,7 +314,7 @@ typedef struct {
 } kernel_case;
 
 static const kernel_case cases[] = {
-    {"f32_to_bf16, round_bf16", run_convert, 0, "the same rounding in every form"},
+    {"f32_to_bf16, round_bf16, bf16_to_f32", run_convert, 0, "the same rounding in every form"},
     {"add mul scale axpy exp silu silu_backward", run_elementwise, 0,
      "the same operations in the same order; exp's vector form is the scalar's, FMA for FMA"},
     {"sum sumsq sumsq_multi", run_reductions, 1e-12, "double sums in vector lanes: the lanes' count is the form's"},

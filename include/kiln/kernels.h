@@ -24,7 +24,7 @@ extern "C" {
  * without kiln_k_ (a form's table t: t->add(...)). KILN_SIMD_KERNELS lists
  * the same kernels by those names, in table order. */
 #define KILN_SIMD_KERNELS(X) \
-    X(f32_to_bf16) X(round_bf16) X(add) X(mul) X(scale) \
+    X(f32_to_bf16) X(round_bf16) X(bf16_to_f32) X(add) X(mul) X(scale) \
     X(axpy) X(exp) X(silu) X(silu_backward) X(rmsnorm) \
     X(rmsnorm_backward) X(rope) X(rope_freq) X(rope_freq_pos) X(rope_inv_freq) \
     X(softmax) X(softmax_backward) X(cross_entropy) X(cross_entropy_backward) X(sum) \
@@ -41,6 +41,7 @@ extern "C" {
 #endif
 #define kiln_k_f32_to_bf16 KILN_SIMD_NAME(f32_to_bf16)
 #define kiln_k_round_bf16 KILN_SIMD_NAME(round_bf16)
+#define kiln_k_bf16_to_f32 KILN_SIMD_NAME(bf16_to_f32)
 #define kiln_k_add KILN_SIMD_NAME(add)
 #define kiln_k_mul KILN_SIMD_NAME(mul)
 #define kiln_k_scale KILN_SIMD_NAME(scale)
@@ -104,6 +105,8 @@ kiln_status kiln_gemm_bf16(const kiln_gemm_desc *d, const uint16_t *A, const uin
 void kiln_k_f32_to_bf16(const float *x, uint16_t *y, int64_t n);
 /* y[i] = x[i] rounded to bf16 and widened back (the emulated bf16 path). */
 void kiln_k_round_bf16(const float *x, float *y, int64_t n);
+/* y[i] = x[i] widened exactly (the emulated products' bf16 operands). */
+void kiln_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n);
 /* Whether this CPU has AVX512-BF16; whether bf16 products run natively
  * (kiln_gemm_bf16) or emulated (operands rounded, fp32 GEMM), and in words.
  * kiln_bf16_force_emulation(true) takes the emulated path (tests). */

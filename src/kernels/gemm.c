@@ -726,11 +726,7 @@ static size_t operand_span(int64_t rows, int64_t cols, int64_t ld, bool trans, i
 
 static float *widen_bf16(const uint16_t *x, size_t n) {
     float *y = n <= SIZE_MAX / sizeof(float) ? malloc(n * sizeof(float)) : NULL;
-    if (!y) return NULL;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)x[i] << 16;
-        memcpy(&y[i], &u, sizeof u);
-    }
+    if (y) kiln_k_bf16_to_f32(x, y, (int64_t)n);
     return y;
 }
 

@@ -70,7 +70,7 @@ kiln_status kiln_gemm_dequant(const kiln_gemm_desc *d, const void *A, bool a_bf1
     if (a_conv) {
         if (a_bf16) { /* emulated: widen exactly */
             const uint16_t *h = A;
-            for (size_t i = 0; i < na; i++) ((float *)a_conv)[i] = kiln_bf16_to_f32(h[i]);
+            kiln_k_bf16_to_f32(h, (float *)a_conv, (int64_t)na);
         } else if (native) {
             kiln_k_f32_to_bf16(A, a_conv, (int64_t)na);
         } else {

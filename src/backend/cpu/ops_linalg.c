@@ -55,8 +55,7 @@ static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const ki
         if (op[i]->dtype == KILN_BF16 && native) {
             ptr[i] = op[i]->data;
         } else if (op[i]->dtype == KILN_BF16) { /* emulated: widen exactly */
-            const uint16_t *s = op[i]->data;
-            for (int64_t j = 0; j < n; j++) ((float *)dst)[j] = kiln_bf16_to_f32(s[j]);
+            kiln_k_bf16_to_f32(op[i]->data, (float *)dst, n);
             ptr[i] = dst;
         } else if (native) {
             kiln_k_f32_to_bf16(kiln_f32(op[i]), (uint16_t *)dst, n);

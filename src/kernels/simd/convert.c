@@ -56,3 +56,16 @@ void kiln_k_round_bf16(const float *x, float *y, int64_t n) {
         for (int64_t i = a; i < a + len; i++) y[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(x[i]));
     }
 }
+
+/* y[i] = x[i] widened exactly (bf16 -> fp32: a 16-bit shift), over the
+ * threads for large arrays: the emulated bf16 products widen both operands
+ * on every call */
+void kiln_k_bf16_to_f32(const uint16_t *x, float *y, int64_t n) {
+    int64_t chunks = n >= PAR_MIN ? (n + PAR_MIN - 1) / PAR_MIN : 1;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t a = c * PAR_MIN, e = c == chunks - 1 ? n : a + PAR_MIN;
+#pragma omp simd
+        for (int64_t i = a; i < e; i++) y[i] = kiln_bf16_to_f32(x[i]);
+    }
+}
