@@ -404,14 +404,13 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
     return 1;
 }
 
-
 /* ---- bf16 products on AMX tiles ------------------------------------------ *
  * With bf16 set (the scores' and the output's products were bf16 ones under
  * autocast) and AMX present (kiln_bf16_amx), every product of a tile runs on
- * TDPBF16PS: its operands rounded to bf16 where eager's bf16 products round
- * them (q, k, v, dout; the probabilities before P·V and dP·... products:
- * P and dS), fp32 accumulation; the softmax and its bookkeeping stay fp32
- * as in the fp32 kernel. Without AMX (or with D not a multiple of 32) the
+ * TDPBF16PS with fp32 accumulation, its operands rounded to bf16 as eager's
+ * bf16 products round theirs: q, k, v and dout, and the probabilities P and
+ * their gradient dS before the products that read them; the softmax and its
+ * bookkeeping stay fp32 as in the fp32 kernel. Without AMX (or with D not a multiple of 32) the
  * fp32 kernel runs, with no rounding. The operand forms, built once per
  * call, zero past T and Tk:
  *   rows   bf16 [BQ][D] per query block (q, dout: the A of S = q·kᵀ, dP)
@@ -426,9 +425,9 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
  * them once, so no tile is transposed. */
 #if KILN_AMX && defined(KILN_ATT_AVX512)
 #define ATT_AMX 1
-/* The conversions run VCVTNE2PS2BF16 (the AMX path implies AVX512-BF16):
- * round to nearest even, denormals to zeros (as TDPBF16PS reads them
- * anyway). */
+/* The conversions run VCVTNE2PS2BF16 / VCVTNEPS2BF16 (the AMX path implies
+ * AVX512-BF16): round to nearest even, denormal inputs to zeros of their
+ * sign (the instructions' rule, as in kiln_k_f32_to_bf16). */
 #define BF_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 /* 32 floats -> 32 bf16 (16 words: element 2i low, 2i+1 high) */
 BF_TARGET static inline __m512i cvt32(const float *x) {
