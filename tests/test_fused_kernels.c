@@ -331,6 +331,37 @@ static void test_attn_bf16(void) {
         {"T=Tk=150 D=72 (not a multiple of 32)", {1, 2, 1, 150, 150, 72, 0.125f, NULL, 0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
+    /* packed documents (segment ids, block-diagonal): the AMX kernels
+     * against the fp32 ones on the same inputs, within bf16's rounding */
+    if (kiln_bf16_amx()) {
+        const int64_t B = 2, H = 4, Hk = 2, T = 150, D = 64, nq = B * H * T * D, nk = B * Hk * T * D, nl = B * H * T;
+        int32_t seg[2 * 150], pd[2 * 150];
+        for (int64_t j = 0; j < 2 * T; j++) seg[j] = (int32_t)((j % T) / (j < T ? 40 : 23)), pd[j] = j < T || j % T < 140;
+        float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
+        float *o[2], *l[2], *dq[2], *dk[2], *dv[2];
+        for (int r = 0; r < 2; r++) {
+            o[r] = falloc(nq), l[r] = falloc(nl), dq[r] = falloc(nq), dk[r] = falloc(nk), dv[r] = falloc(nk);
+            kiln_k_flash_attn_ex(q, k, v, pd, seg, o[r], l[r], B, H, Hk, T, T, D, 0.125f, 0, r == 1);
+            kiln_k_flash_attn_backward_ex(q, k, v, pd, seg, o[r], l[r], g, dq[r], dk[r], dv[r], B, H, Hk, T, T, D, 0.125f, 0,
+                                          r == 1);
+        }
+        double e[5] = {0}, m[5] = {0};
+        const float *x[5][2] = {{o[0], o[1]}, {l[0], l[1]}, {dq[0], dq[1]}, {dk[0], dk[1]}, {dv[0], dv[1]}};
+        const int64_t len[5] = {nq, nl, nq, nk, nk};
+        for (int i = 0; i < 5; i++)
+            for (int64_t j = 0; j < len[i]; j++)
+                if (isfinite(x[i][0][j])) e[i] = fmax(e[i], fabs(x[i][1][j] - x[i][0][j])), m[i] = fmax(m[i], fabs(x[i][0][j]));
+                else CHECK(x[i][1][j] == x[i][0][j], "segments (bf16 on AMX): output %d element %lld: %g where fp32 has %g", i,
+                           (long long)j, x[i][1][j], x[i][0][j]);
+        printf("  %-44s bf16 on AMX vs fp32: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", "segments (packed documents), padded",
+               e[0] / m[0], e[1] / m[1], e[2] / m[2], e[3] / m[3], e[4] / m[4]);
+        CHECK(e[0] / m[0] < 1e-2 && e[1] / m[1] < 1e-3 && e[2] / m[2] < 2e-2 && e[3] / m[3] < 2e-2 && e[4] / m[4] < 2e-2,
+              "segments (bf16 on AMX) vs fp32: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", e[0] / m[0], e[1] / m[1], e[2] / m[2],
+              e[3] / m[3], e[4] / m[4]);
+        for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
+        free(q), free(k), free(v), free(g);
+        n++, amx++;
+    }
     /* and with AMX turned off: the fp32 kernel's bits */
     kiln_bf16_amx_off(true);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
