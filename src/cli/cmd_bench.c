@@ -567,7 +567,9 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     double mfu_peak = prec == KILN_BF16 && kiln_bf16_native() ? 2 * peak : peak;
     if (prec == KILN_BF16)
         printf("precision bf16: %s; bf16 peak for MFU %.0f GFLOP/s (%s)\n", kiln_bf16_path(), mfu_peak,
-               kiln_bf16_native() ? "2x the fp32 FMA peak" : "no bf16 FMA on this CPU: the fp32 peak");
+               kiln_bf16_amx()      ? "2x the fp32 FMA peak: a yardstick, AMX tiles run above it, so MFU may pass 100%"
+               : kiln_bf16_native() ? "2x the fp32 FMA peak"
+                                    : "no bf16 FMA on this CPU: the fp32 peak");
     kiln_dtype old_prec = kiln_autocast_set(prec);
     result res[8] = {0}, loaded[8] = {0};
     const char *names[8];
