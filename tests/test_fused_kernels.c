@@ -367,7 +367,8 @@ static void test_attn_bf16(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
     kiln_bf16_amx_off(false);
     printf("  flash attention with bf16 products: %d cases, %d on AMX (%s)\n", n, amx,
-           kiln_bf16_amx() ? "this CPU has AMX-BF16" : "no AMX here: the fp32 kernel's bits checked instead");
+           kiln_bf16_amx() ? "this CPU has AMX-BF16"
+                           : "AMX not in use (the CPU, the OS or the active form): the fp32 kernel's bits checked instead");
     free(pm);
 }
 

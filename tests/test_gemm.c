@@ -772,7 +772,8 @@ static void test_bf16_amx(void) {
     const kiln_simd_table *t = kiln_simd_table_of(KILN_FORM_AVX512);
     kiln_bf16_amx_off(false);
     if (!t || !kiln_bf16_amx()) {
-        printf("  kiln_k_gemm_bf16 on AMX: not run (this CPU or OS has no AMX-BF16: %s)\n", kiln_cpu_features_text());
+        printf("  kiln_k_gemm_bf16 on AMX: not run (kiln_bf16_amx() is false: CPU features %s, active form %s)\n",
+               kiln_cpu_features_text(), kiln_form_name(kiln_form_active()));
         return;
     }
     static const int64_t shapes[][3] = {

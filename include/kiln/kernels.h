@@ -115,7 +115,8 @@ bool kiln_bf16_native(void);
 const char *kiln_bf16_path(void);
 void kiln_bf16_force_emulation(bool on);
 /* Whether kiln's bf16 kernels use AMX tiles (TDPBF16PS): native bf16, a
- * CPU with AMX-BF16 and the OS's permission (asked for on the first call);
+ * CPU with AMX-BF16, the avx512 form active and the OS's permission (asked
+ * for on the first call);
  * kiln_bf16_amx_off(true) keeps them on VDPBF16PS (tests, benchmarks). */
 bool kiln_bf16_amx(void);
 void kiln_bf16_amx_off(bool off);

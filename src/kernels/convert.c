@@ -49,9 +49,11 @@ static bool amx_permitted(void) {
 
 void kiln_bf16_amx_off(bool off) { __atomic_store_n(&g_amx_off, off ? 1 : 0, __ATOMIC_RELAXED); }
 
+/* only the avx512 form has the AMX paths: with another form active
+ * (KILN_ISA) no kiln kernel uses the tiles */
 bool kiln_bf16_amx(void) {
     return kiln_bf16_native() && !__atomic_load_n(&g_amx_off, __ATOMIC_RELAXED) &&
-           (kiln_cpu_features() & KILN_CPU_AMX_BF16) && amx_permitted();
+           (kiln_cpu_features() & KILN_CPU_AMX_BF16) && kiln_form_active() == KILN_FORM_AVX512 && amx_permitted();
 }
 
 const char *kiln_bf16_path(void) {
