@@ -844,10 +844,9 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
             form_rows(q + (bh * T + i0) * D, T - i0 < BQ ? T - i0 : BQ, BQ, D, qh + t * BQ * D);
         }
         a.qh = qh, a.kp = kp, a.vi = vi, a.kt = NULL;
-    } else
+    }
 #endif
-        if (nkb)
-        transpose_blocks(k, kt, B * Hkv, Tk, D);
+    if (!a.qh && nkb) transpose_blocks(k, kt, B * Hkv, Tk, D);
     const int64_t ntask = B * H * nqb;
 #pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
     {
@@ -973,9 +972,9 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     if (amx) {
         /* P and dS rounded to bf16 (rows past nr zero): dvᵀ += doutᵀ·P,
          * dkᵀ += qᵀ·dS into the key block's buffers, dq += dS·k */
-        form_inter(S, nr, BQ, BK, w->pi);
-        form_inter(dP, nr, BQ, BK, w->dsi);
         if (want_kv) {
+            form_inter(S, nr, BQ, BK, w->pi);
+            form_inter(dP, nr, BQ, BK, w->dsi);
             amx_mm(w->dvT, BK, true, a->dc + qblk, BQ, w->pi, BK, D, BK, BQ);
             amx_mm(w->dkT, BK, true, a->qc + qblk, BQ, w->dsi, BK, D, BK, BQ);
         }
@@ -1005,14 +1004,13 @@ static void scale_rows(float *x, int64_t n, float s) {
 /* dk/dv of key block kb of (b, g), summed over the group's heads and the
  * query blocks in order; also dq when want_q (single-task schedule). */
 static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, const bwd_scratch *w) {
-    const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK, D = a->D;
+    const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
     if (block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk)) return;
     const int64_t grp = a->H / a->Hkv;
-    (void)D;
 #if ATT_AMX
     if (a->qh) {
-        memset(w->dkT, 0, (size_t)(D * BK) * sizeof(float));
-        memset(w->dvT, 0, (size_t)(D * BK) * sizeof(float));
+        memset(w->dkT, 0, (size_t)(a->D * BK) * sizeof(float));
+        memset(w->dvT, 0, (size_t)(a->D * BK) * sizeof(float));
     }
 #endif
     for (int64_t h = g * grp; h < (g + 1) * grp; h++)
@@ -1022,8 +1020,9 @@ static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool
         }
 #if ATT_AMX
     if (a->qh) { /* the key block's rows of dk and dv from their transposes */
-        add_transposed(a->dk + ((b * a->Hkv + g) * a->Tk + j0) * D, w->dkT, nk, D);
-        add_transposed(a->dv + ((b * a->Hkv + g) * a->Tk + j0) * D, w->dvT, nk, D);
+        const int64_t row = ((b * a->Hkv + g) * a->Tk + j0) * a->D;
+        add_transposed(a->dk + row, w->dkT, nk, a->D);
+        add_transposed(a->dv + row, w->dvT, nk, a->D);
     }
 #endif
 }

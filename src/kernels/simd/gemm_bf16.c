@@ -2,7 +2,8 @@
  *   C (fp32) = alpha op(A) op(B) + beta C,  A and B bf16, row-major, beta 0
  *   (C not read) or 1.
  *
- * The sums are VDPBF16PS's. Per element and per K block, acc starts at +0
+ * The sums are VDPBF16PS's (except on AMX tiles, below). Per element and
+ * per K block, acc starts at +0
  * and takes K in pairs (k = 2i, 2i+1; an odd block's last pair has a zero
  * partner, 0 x 0 first):
  *     acc = ftz(acc + a[2i+1] b[2i+1]);  acc = ftz(acc + a[2i] b[2i])
@@ -31,6 +32,9 @@
  *             form has no FMA: it adds in double (the product of two bf16 is
  *             exact there; a double-rounded sum is the correctly rounded fp32
  *             sum since 53 >= 2*24 + 2) and flushes |d| < 2^-126 - 2^-151.
+ * A third path has sums of its own: where kiln_bf16_amx() holds, TDPBF16PS
+ * on AMX tiles with all of K in one block (see "AMX path" below), held by
+ * the tests to an error bound, not to these bits.
  * Blocking: K in blocks of at most KC = 256 (balanced, each block an even
  * count, so no pair straddles two blocks), fixed by K alone in every form
  * and path; the thread count decides only who computes a tile.
@@ -117,6 +121,8 @@
 static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* AMX: the pairs of a K block of kc, padded to whole tiles (16 pairs) */
+static inline int64_t amx_pairs(int64_t kc) { return cdiv(cdiv(kc, 2), 16) * 16; }
 
 /* ---- MXCSR around the emulated k loops ----------------------------------- */
 #if defined(__SSE2__)
@@ -446,9 +452,10 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
 
 
 /* ---- AMX path (TDPBF16PS) ------------------------------------------------ *
- * The same K blocks and the same sums as VDPBF16PS: per K block each 16x16
- * accumulator tile starts at +0 and takes the block's pairs in order, 16 per
- * instruction. Rows in slivers of AMX_MR = 32 (two A tiles), columns in the
+ * One K block (all of K): each 16x16 accumulator tile starts at +0 (or at C)
+ * and takes the pairs in order, 16 per instruction; the instruction's sums
+ * are its own (they part from VDPBF16PS's in the last bits), fixed by K and
+ * the operands alone, not by the thread count. Rows in slivers of AMX_MR = 32 (two A tiles), columns in the
  * B panel's NR = 32 slivers (two B tiles), so 4 accumulator tiles + 2 A + 2
  * B = the 8 tile registers, each 16 rows x 64 bytes. A K block's pairs are
  * padded to a multiple of 16: A with -0 words, B with +0 words, whose
@@ -464,7 +471,6 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
 #define AMX_MR 32
 #define BF_AMX_MR AMX_MR
 #define AMX_PAD_A 0x80008000u /* a pair of -0 */
-
 
 /* rows [i0, i0 + mi) of op(A), K from pc (kc of them), as the AMX sliver at
  * dst: kc2p / 16 chunks of [32 rows][16 words] */
@@ -607,7 +613,7 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
      * written once) */
     const int64_t nkb0 = amx ? 1 : cdiv(K, BF_KC), kcb = (cdiv(K, nkb0) + 1) / 2 * 2, nkb = cdiv(K, kcb);
     /* 32-bit units per k pair and column (row) of a sliver: a word, or two floats */
-    const int64_t upp = native ? 1 : 2, kcu = amx ? cdiv(kcb / 2, 16) * 16 : kcb / 2 * upp;
+    const int64_t upp = native ? 1 : 2, kcu = amx ? amx_pairs(kcb) : kcb / 2 * upp;
     /* B panels: every K block of nc columns, at most about BF_PANEL bytes */
     const int64_t ns_all = cdiv(N, NR);
     const int64_t nsp = imin(ns_all, imax(4, BF_PANEL / (nkb * kcu * NR * 4)));
@@ -648,8 +654,8 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 uint32_t *dst = bpack + (b * nsp + s) * kcu * NR;
                 if (amx) { /* the pairs past the block's, to a multiple of 16: +0 */
                     pack_words(b_contig, B, ldb, j0, nj, NR, pc, kc, 0, cdiv(kc, 2), dst);
-                    const int64_t kc2 = cdiv(kc, 2), kc2p = cdiv(kc2, 16) * 16;
-                    memset(dst + kc2 * NR, 0, (size_t)((kc2p - kc2) * NR) * 4);
+                    const int64_t kc2 = cdiv(kc, 2);
+                    memset(dst + kc2 * NR, 0, (size_t)((amx_pairs(kc) - kc2) * NR) * 4);
                 } else if (native)
                     pack_words(b_contig, B, ldb, j0, nj, NR, pc, kc, 0, cdiv(kc, 2), dst);
                 else
@@ -667,7 +673,7 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 a_rows = acache ? ms0 : -1;
                 for (int64_t b = 0; b < nkb; b++) {
                     const int64_t pc = b * kcb, kc = imin(kcb, K - pc);
-                    const int64_t ku = amx ? cdiv(cdiv(kc, 2), 16) * 16 : cdiv(kc, 2) * upp;
+                    const int64_t ku = amx ? amx_pairs(kc) : cdiv(kc, 2) * upp;
                     const bool first = pc == 0 && !acc0;
                     uint32_t *const ab = apack + b * ablk;
                     for (int64_t r = 0; r < msl && !a_ready; r++) {
