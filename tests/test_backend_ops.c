@@ -227,6 +227,7 @@ static void ops_pointwise(int v) {
         run_case(&c);
     }
     CASE("cast_bf16", KILN_OP_CAST_BF16, true, NOATTR, RND(-3, 3, 3, T, C));
+    CASE("round_bf16", KILN_OP_ROUND_BF16, true, NOATTR, RND(-3, 3, 3, T, C));
     kiln_attrs r = {.i = {3, T, 3, C}};
     CASE("reshape", KILN_OP_RESHAPE, true, r, RND(-1, 1, 3, T, C));
     CASE("transpose12", KILN_OP_TRANSPOSE12, true, NOATTR, RND(-1, 1, 2, T, 3, C));

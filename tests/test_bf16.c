@@ -168,14 +168,25 @@ static double run_eager(fixture *x, kiln_dtype prec, float **grads) {
     return l;
 }
 
+/* what the last compiled graph held: cast_bf16 and round_bf16 ops, and
+ * bf16 products with an operand marked as rounded (MATMUL i5) */
+static struct {
+    int casts, rounds, marked;
+} g_last;
+
 static int count_bf16_matmuls(const kiln_graph *g, int *fp32) {
     int n = 0;
     *fp32 = 0;
-    for (int v = 0; g && v < g->n; v++)
-        if (g->v[v].kind == KILN_V_OP && !g->v[v].dead && g->v[v].op == KILN_OP_MATMUL) {
-            if (g->v[v].attrs.i[3]) n++;
+    g_last.casts = g_last.rounds = g_last.marked = 0;
+    for (int v = 0; g && v < g->n; v++) {
+        if (g->v[v].kind != KILN_V_OP || g->v[v].dead) continue;
+        g_last.casts += g->v[v].op == KILN_OP_CAST_BF16;
+        g_last.rounds += g->v[v].op == KILN_OP_ROUND_BF16;
+        if (g->v[v].op == KILN_OP_MATMUL) {
+            if (g->v[v].attrs.i[3]) n++, g_last.marked += g->v[v].attrs.i[5] != 0;
             else (*fp32)++;
         }
+    }
     return n;
 }
 
@@ -228,6 +239,16 @@ static double worst_grad(const fixture *x, float **a, float **b, const char **na
     return w;
 }
 
+/* Prints the loss and worst-gradient differences of run (l, g) against
+ * (lref, gref) and checks them against the two bounds. */
+static void check_same(const fixture *x, const char *what, double l, double lref, float **g, float **gref, double ltol,
+                       double gtol) {
+    const char *wn = "";
+    double we = worst_grad(x, g, gref, &wn);
+    printf("  %s: loss rel %.2e, worst gradient rel L2 %.2e (%s)\n", what, t_rel(l, lref), we, wn);
+    CHECK(t_rel(l, lref) < ltol && we < gtol, "%s (loss %.3g, grads %.3g)", what, t_rel(l, lref), we);
+}
+
 static void free_grads(float **g, int n) {
     for (int i = 0; i < n; i++) free(g[i]);
 }
@@ -254,6 +275,10 @@ static void check_model(void) {
     CHECK(nb == 0, "fp32 compiled graph has no bf16 matmul");
     double cl16 = run_compiled(&x, KILN_BF16, "default", c16, &nb);
     CHECK(nb > 0, "bf16 compiled graph records bf16 matmuls");
+    if (kiln_bf16_native())
+        CHECK(g_last.casts > 0 && g_last.rounds == 0 && g_last.marked == 0,
+              "native bf16: the products' operands are cast to bf16 (%d casts, %d roundings, %d marked products)",
+              g_last.casts, g_last.rounds, g_last.marked);
     double wc = worst_grad(&x, c16, c32, &wn);
     printf("  compiled: loss fp32 %.7f bf16 %.7f (rel %.2e); worst gradient rel L2 %.2e (%s)\n", cl32, cl16,
            t_rel(cl16, cl32), wc, wn);
@@ -277,11 +302,7 @@ static void check_model(void) {
      * equal to float rounding */
     free_grads(c16, np);
     cl16 = run_compiled_rw(&x, KILN_BF16, "default", false, c16, &nb);
-    we = worst_grad(&x, c16, g16, &wn);
-    printf("  compiled bf16 without rewrites vs eager bf16: loss rel %.2e, worst gradient rel L2 %.2e (%s)\n",
-           t_rel(cl16, l16), we, wn);
-    CHECK(t_rel(cl16, l16) < 1e-5 && we < 2e-3, "compiled bf16 without rewrites equals eager bf16 (loss %.3g, grads %.3g)",
-          t_rel(cl16, l16), we);
+    check_same(&x, "compiled bf16 without rewrites equals eager bf16", cl16, l16, c16, g16, 1e-5, 2e-3);
 
     /* the emulated path gives the same numbers up to summation order */
     kiln_bf16_force_emulation(true);
@@ -291,6 +312,23 @@ static void check_model(void) {
     double wem = worst_grad(&x, e16, g16, &wn);
     printf("  emulated vs native bf16: loss rel %.2e, worst gradient rel L2 %.2e\n", t_rel(le, l16), wem);
     CHECK(t_rel(le, l16) < 1e-5 && wem < 2e-3, "emulated bf16 matches native (loss %.3g, grads %.3g)", t_rel(le, l16), wem);
+
+    /* emulated and compiled: the products' operands are rounded once into
+     * fp32 (round_bf16) and used as they are; without the rewrites that is
+     * eager's computation, so the numbers are eager's to float rounding */
+    kiln_bf16_force_emulation(true);
+    free_grads(c16, np);
+    cl16 = run_compiled_rw(&x, KILN_BF16, "default", false, c16, &nb);
+    kiln_bf16_force_emulation(false);
+    CHECK(g_last.rounds > 0 && g_last.casts == 0 && g_last.marked == nb,
+          "emulated bf16: operands rounded in fp32 (%d roundings, %d casts; %d of %d bf16 products marked)",
+          g_last.rounds, g_last.casts, g_last.marked, nb);
+    check_same(&x, "compiled emulated bf16 without rewrites equals eager emulated", cl16, le, c16, e16, 1e-5, 2e-3);
+    kiln_bf16_force_emulation(true);
+    free_grads(c16, np);
+    cl16 = run_compiled(&x, KILN_BF16, "default", c16, &nb);
+    kiln_bf16_force_emulation(false);
+    check_same(&x, "compiled emulated bf16 equals eager emulated to bf16 rounding", cl16, le, c16, e16, 1e-4, 2e-2);
 
     float **all[] = {g32, g16, c32, c16, e16};
     for (int i = 0; i < 5; i++) {
@@ -318,6 +356,19 @@ static void check_cast_op(void) {
     CHECK_OK(kiln_backward_with(y, R));
     CHECK(x->grad && x->grad->dtype == KILN_F32 && !memcmp(x->grad->data, R->data, kiln_tensor_nbytes(R)),
           "cast_bf16 passes its gradient through unchanged");
+    kiln_tensor_release(y);
+    /* round_bf16: the same rounding held in fp32 */
+    kiln_tensor_release(x->grad);
+    x->grad = NULL;
+    y = kiln_round_bf16(x);
+    CHECK(y && y->dtype == KILN_F32, "round_bf16 gives an f32 tensor: %s", kiln_last_error());
+    bad = 0;
+    for (int64_t i = 0; y && i < 7 * 33; i++)
+        bad += kiln_f32(y)[i] != kiln_bf16_to_f32(kiln_f32_to_bf16(kiln_f32(x)[i]));
+    CHECK(y && bad == 0, "round_bf16: %d elements differ from the scalar rounding", bad);
+    CHECK_OK(kiln_backward_with(y, R));
+    CHECK(x->grad && x->grad->dtype == KILN_F32 && !memcmp(x->grad->data, R->data, kiln_tensor_nbytes(R)),
+          "round_bf16 passes its gradient through unchanged");
     kiln_tensor_release(y);
     kiln_tensor_release(x);
     kiln_tensor_release(R);

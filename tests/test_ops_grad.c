@@ -194,6 +194,8 @@ static const struct {
     {KILN_OP_GT0, "a step function: its gradient is 0 almost everywhere and kiln gives it none (a metric, never a loss)"},
     {KILN_OP_CAST_BF16, "a rounding step: finite differences of it are 0 or spikes; its pass-through gradient is checked "
                         "in test_bf16"},
+    {KILN_OP_ROUND_BF16, "a rounding step: finite differences of it are 0 or spikes; its pass-through gradient is checked "
+                         "in test_bf16"},
 };
 
 static const char *exemption(int op) {

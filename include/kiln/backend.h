@@ -99,6 +99,10 @@ typedef struct kiln_backend {
      * a call; cpu-isolated: with its buffers opened for the call). */
     kiln_status (*exec)(kiln_status (*fn)(void *ctx), void *ctx);
     void (*synchronize)(void);
+    /* bf16 products (KILN_BACKEND_BF16) that are fp32 products of operands
+     * rounded to bf16 (emulated): compiled graphs then hand them the
+     * rounded values in fp32 (round_bf16), not bf16. NULL: never. */
+    bool (*bf16_emulated)(void);
     const kiln_renderer *renderer;    /* NULL: compiled graphs run in the interpreter */
     const kiln_compiler_desc *compiler;
 } kiln_backend;
@@ -131,6 +135,7 @@ kiln_status kiln_backend_run_op(const kiln_backend *b, int op, kiln_tensor *cons
 extern const kiln_op_kernel kiln_cpu_kernels[KILN_N_KERNELS];
 extern const kiln_renderer kiln_cpu_renderer;
 extern const kiln_compiler_desc kiln_cpu_compiler;
+bool kiln_cpu_bf16_emulated(void);
 
 #ifdef __cplusplus
 }

@@ -104,6 +104,9 @@ typedef struct {
     bool reuse_memory;    /* false: every buffer its own (to check the plan) */
     bool fuse;            /* group element-wise chains into single loops */
     int recompute;        /* KILN_RECOMPUTE_*: activations recomputed in backward */
+    bool bf16_as_f32;     /* bf16 products take operands rounded to bf16 held in fp32 (round_bf16)
+                             instead of bf16 ones (cast_bf16): the device emulates them (default:
+                             the current device's bf16_emulated) */
     bool verify;          /* kiln_graph_verify after tracing and every pass (default:
                              on in builds with -DKILN_GRAPH_VERIFY, the sanitizer build) */
 } kiln_graph_options;
@@ -130,8 +133,9 @@ kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *gemms); /* GEMMs that ac
 /* bf16 products: each fp32 operand is cast to bf16 once, right after its
  * producer (shared by every product that reads it, forward and backward),
  * so fusion folds the cast into the producer's loop and backward keeps the
- * half-size copy. */
-kiln_status kiln_pass_cast_bf16(kiln_graph *g, int *casts);
+ * half-size copy. With as_f32 (a device that emulates bf16 products) the
+ * op is round_bf16 instead, and the product marks the operand as rounded. */
+kiln_status kiln_pass_cast_bf16(kiln_graph *g, bool as_f32, int *casts);
 kiln_status kiln_pass_fuse(kiln_graph *g, int *groups); /* groups of 2+ ops */
 /* Rematerialisation: forward values of the chosen blocks that backward reads
  * are recomputed just before their first backward use. */

@@ -128,6 +128,9 @@ static inline float kiln_bf16_to_f32(uint16_t h) {
     memcpy(&f, &u, sizeof f);
     return f;
 }
+/* f rounded to bf16 and held as f32 (round_bf16: the emulated products'
+ * operands) */
+static inline float kiln_round_bf16f(float f) { return kiln_bf16_to_f32(kiln_f32_to_bf16(f)); }
 
 /* Dropout's mask, counter-based: element i of the op instance `inst` under
  * the micro-batch key `key` (an integer in [0, 2^24) held exactly in a

@@ -38,7 +38,9 @@ extern "C" {
 #define KILN_OP_LIST(X)                                                                              \
     X(EMBEDDING, embedding)             /* (W[V,C], ids[...] i32) -> [..., C] */                     \
     X(EMBEDDING_BWD, embedding_bwd)     /* (g[...,C], ids[...]) i0=V -> [V, C] */                    \
-    X(MATMUL, matmul)                   /* see kiln_matmul modes; f0 = beta, kernels only */         \
+    X(MATMUL, matmul)                   /* see kiln_matmul modes; f0 = beta, kernels only; i3 bf16    \
+                                           product; i5 bit j: operand j is already rounded to bf16   \
+                                           and held as f32 (round_bf16: used as it is) */            \
     X(ADD, add)                         /* (a, b broadcast to a) -> a's shape */                     \
     X(MUL, mul)                         /* (a, b) same shape */                                      \
     X(SCALE, scale)                     /* (x) f0=c -> c*x */                                        \
@@ -79,6 +81,8 @@ extern "C" {
                                            f0=soft-cap of the logits (0 none)                        \
                                            -> loss sum [1]; aux dh, dW (of seed·loss; seed 1) */     \
     X(CAST_BF16, cast_bf16)             /* (x f32) -> bf16, round to nearest even; gradient passes */ \
+    X(ROUND_BF16, round_bf16)           /* (x f32) -> f32 holding x rounded to bf16 (the emulated     \
+                                           products' operand form); gradient passes */               \
     X(DROPOUT, dropout)                 /* (x, key[1]) f0=p i0=instance i5=index offset -> masked  */ \
     /* what preference objectives are built of (objective.c) */                                    \
     X(ROW_NLL, row_nll)                 /* (logits[R,T,V], targets[R,T] i32) i0=ignore -> [R] sums */ \
@@ -318,6 +322,7 @@ kiln_tensor *kiln_expand(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape);
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value);
 kiln_tensor *kiln_cast_bf16(kiln_tensor *x);
+kiln_tensor *kiln_round_bf16(kiln_tensor *x);
 /* Preference objectives' pieces: per-row sums of -log p(target) over
  * targets != ignore ([R] from logits [R, T, V]); 1 / the row's target
  * count (0 for a row without); chosen - rejected of rows (2i, 2i+1);

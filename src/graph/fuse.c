@@ -1,9 +1,9 @@
 /* Fusion of element-wise chains: ops with a C expression in the registry
- * (add, mul, scale, scale_by, silu, silu_backward, cast_bf16) over the same
+ * (add, mul, scale, scale_by, silu, silu_backward, cast_bf16, round_bf16) over the same
  * number of elements join their producers' group when the group can still
  * run at its last member without any outside reader seeing a value too
  * early; a row reduction with an epilogue (RMSNorm) may end a group, with a
- * bf16 cast of its result after it. Members read only inside the group
+ * bf16 cast or rounding of its result after it. Members read only inside the group
  * become `internal`: they never reach memory.
  *
  * Phases: the readers of every value; the choice of groups (greedy, in value
@@ -97,8 +97,9 @@ static void place_row_op(const kiln_graph *g, const users *u, int *grp, bool *ha
 /* An element-wise op joins a producer's group (pulling in a second one when
  * that stays legal) or starts a group of its own. */
 static void place_elementwise(const kiln_graph *g, const users *u, int *grp, const bool *has_row, int v, int *next) {
-    /* a bf16 cast of a row kernel's result joins it as its epilogue */
-    if (g->v[v].op == KILN_OP_CAST_BF16) {
+    /* a bf16 cast (or rounding) of a row kernel's result joins it as its
+     * epilogue */
+    if (g->v[v].op == KILN_OP_CAST_BF16 || g->v[v].op == KILN_OP_ROUND_BF16) {
         int p = g->v[v].in[0];
         if (grp[p] >= 0 && has_row[grp[p]] && row_op(g, p) && legal(u, grp, grp[p], -1, v)) {
             grp[v] = grp[p];

@@ -356,25 +356,35 @@ kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *done_out) {
     return KILN_OK;
 }
 
-static int cast_of(const kiln_graph *g, int p) {
+static int cast_of(const kiln_graph *g, int p, int op) {
     for (int i = p + 1; i < g->n; i++)
-        if (!g->v[i].dead && is_op(g, i, KILN_OP_CAST_BF16) && g->v[i].in[0] == p) return i;
+        if (!g->v[i].dead && is_op(g, i, op) && g->v[i].in[0] == p) return i;
     return -1;
 }
 
-kiln_status kiln_pass_cast_bf16(kiln_graph *g, int *inserted_out) {
+/* Each fp32 operand of a bf16 product is rounded once, by an op of its own
+ * that fusion puts into its producer's loop, and every product reading that
+ * value reads the rounded one. Where the CPU has bf16 products that op is
+ * cast_bf16 (bf16 storage, half the size: what the products take). Where
+ * bf16 is emulated the products are fp32 GEMMs of rounded operands, so the
+ * op is round_bf16 (the rounded values held in fp32) and the product marks
+ * the operand as rounded (i5) and uses it as it is: a bf16 copy would be
+ * widened again on every call. */
+kiln_status kiln_pass_cast_bf16(kiln_graph *g, bool as_f32, int *inserted_out) {
     int inserted = 0;
     kiln_status st = KILN_OK;
+    const bool native = !as_f32;
+    const int rop = native ? KILN_OP_CAST_BF16 : KILN_OP_ROUND_BF16;
     for (int i = 0; i < g->n && !st; i++) {
         if (!is_op(g, i, KILN_OP_MATMUL) || !g->v[i].attrs.i[3]) continue;
         for (int j = 0; j < 2; j++) {
             int p = g->v[i].in[j];
-            if (g->v[p].meta.dtype != KILN_F32) continue;
-            int c = cast_of(g, p);
+            if (g->v[p].meta.dtype != KILN_F32 || (g->v[i].attrs.i[5] >> j & 1)) continue;
+            int c = cast_of(g, p, rop);
             if (c < 0) {
-                kiln_value cv = {.kind = KILN_V_OP, .op = KILN_OP_CAST_BF16, .n_in = 1, .in = {p}, .meta = g->v[p].meta,
+                kiln_value cv = {.kind = KILN_V_OP, .op = rop, .n_in = 1, .in = {p}, .meta = g->v[p].meta,
                                  .requires_grad = g->v[p].requires_grad, .scope = g->v[p].scope};
-                cv.meta.dtype = KILN_BF16;
+                if (native) cv.meta.dtype = KILN_BF16;
                 if (kiln_graph_insert(g, p + 1, cv) < 0) {
                     st = kiln_last_status(); /* the graph is whole: the casts so far are complete */
                     break;
@@ -384,6 +394,7 @@ kiln_status kiln_pass_cast_bf16(kiln_graph *g, int *inserted_out) {
                 inserted++;
             }
             g->v[i].in[j] = c;
+            if (!native) g->v[i].attrs.i[5] |= 1 << j;
         }
     }
     if (inserted_out) *inserted_out = inserted;

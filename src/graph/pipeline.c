@@ -3,6 +3,7 @@
  * tracing and after every pass, so a broken invariant names the pass that
  * broke it. */
 #include "internal.h"
+#include "kiln/backend.h"
 
 #ifdef KILN_GRAPH_VERIFY
 #define VERIFY_DEFAULT true
@@ -11,8 +12,10 @@
 #endif
 
 void kiln_graph_options_default(kiln_graph_options *o) {
+    const kiln_backend *b = kiln_backend_current();
     *o = (kiln_graph_options){.backward = true, .rewrite_attention = true, .rewrite_linear_ce = true, .reuse_memory = true,
-                              .fuse = true, .verify = VERIFY_DEFAULT};
+                              .fuse = true, .verify = VERIFY_DEFAULT,
+                              .bf16_as_f32 = b && b->bf16_emulated && b->bf16_emulated()};
 }
 
 typedef kiln_status (*pass_fn)(kiln_graph *g, const kiln_graph_options *o);
@@ -35,8 +38,7 @@ static kiln_status seed_linear_ce(kiln_graph *g, const kiln_graph_options *o) {
     return o->rewrite_linear_ce ? kiln_pass_seed_linear_ce(g, NULL) : KILN_OK;
 }
 static kiln_status cast_bf16(kiln_graph *g, const kiln_graph_options *o) {
-    (void)o;
-    return kiln_pass_cast_bf16(g, NULL);
+    return kiln_pass_cast_bf16(g, o->bf16_as_f32, NULL);
 }
 static kiln_status cse(kiln_graph *g, const kiln_graph_options *o) {
     (void)o;

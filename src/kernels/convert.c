@@ -13,12 +13,31 @@
 #include "kiln/kernels.h"
 #include "kiln/simd.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
 
 static int g_force_emulation = 0;
+
+/* KILN_BF16=emulated takes the emulated path on a CPU that has AVX512-BF16
+ * (an AVX2 machine's bf16 numerics and speed, for benchmarks and
+ * comparisons); auto (the default) uses what the CPU has; any other value
+ * stops the program naming it. */
+__attribute__((constructor)) static void read_kiln_bf16(void) {
+    const char *v = getenv("KILN_BF16");
+    if (!v || !*v || !strcmp(v, "auto")) return;
+    if (!strcmp(v, "emulated")) {
+        g_force_emulation = 1;
+        return;
+    }
+    fprintf(stderr, "kiln: KILN_BF16=%s: not a bf16 path (auto or emulated)\n", v);
+    exit(2);
+}
 
 bool kiln_cpu_has_avx512bf16(void) { return kiln_cpu_features() & KILN_CPU_AVX512BF16; }
 

@@ -180,6 +180,19 @@ static kiln_status cast_bw(const kiln_bw_ctx *c, kiln_tensor *g, kiln_tensor **g
 const kiln_op_def kiln_opdef_cast_bf16 = {.name = "cast_bf16", .n_in = 1, .shape = cast_shape,
                                           .backward = cast_bw, .cexpr = "$0"};
 
+/* The same rounding held in fp32: where bf16 products are emulated (fp32
+ * GEMMs of rounded operands) the compiler inserts this instead of the cast,
+ * and marks the product's operand as rounded (MATMUL i5), so the product
+ * uses it as it is instead of widening a bf16 copy on every call. */
+static kiln_status round_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
+    (void)a;
+    if (in[0].dtype != KILN_F32) return kiln_op_shape_error("round_bf16", in, 1, "input must be f32");
+    *out = in[0];
+    return KILN_OK;
+}
+const kiln_op_def kiln_opdef_round_bf16 = {.name = "round_bf16", .n_in = 1, .shape = round_shape,
+                                           .backward = cast_bw, .cexpr = "kiln_round_bf16f($0)"};
+
 /* ---- reshape (a view) and transpose12 ------------------------------------ */
 static kiln_status reshape_shape(const kiln_meta *in, const kiln_attrs *a, kiln_meta *out) {
     if (a->i[0] < 0 || a->i[0] > KILN_MAX_DIMS) return kiln_op_shape_error("reshape", in, 1, "bad rank %lld", (long long)a->i[0]);
@@ -238,6 +251,7 @@ kiln_tensor *kiln_sum_to(kiln_tensor *g, int ndim, const int64_t *shape) {
     return call1(KILN_OP_SUM_TO, g, &a);
 }
 kiln_tensor *kiln_cast_bf16(kiln_tensor *x) { return call1(KILN_OP_CAST_BF16, x, NULL); }
+kiln_tensor *kiln_round_bf16(kiln_tensor *x) { return call1(KILN_OP_ROUND_BF16, x, NULL); }
 kiln_tensor *kiln_fill(int ndim, const int64_t *shape, double value) {
     kiln_attrs a = {.f = {value}};
     if (ndim < 0 || ndim > KILN_MAX_DIMS) {

@@ -4,10 +4,13 @@
  * build.c). exec is a plain call: the host may touch this memory anywhere. */
 #include "kiln/backend.h"
 #include "kiln/build.h"
+#include "kiln/kernels.h"
 #include "render_c.h"
 
 static kiln_status exec_call(kiln_status (*fn)(void *), void *ctx) { return fn(ctx); }
 static void sync_none(void) {}
+/* no AVX512-BF16 (or KILN_BF16=emulated): fp32 GEMMs of rounded operands */
+bool kiln_cpu_bf16_emulated(void) { return !kiln_bf16_native(); }
 static bool supports_all(int op, const kiln_meta *in, int n_in) {
     (void)in, (void)n_in;
     return op >= 0 && op < KILN_OP_COUNT && kiln_cpu_kernels[op];
@@ -34,6 +37,7 @@ const kiln_backend kiln_backend_cpu = {
     .supports_op = supports_all,
     .exec = exec_call,
     .synchronize = sync_none,
+    .bf16_emulated = kiln_cpu_bf16_emulated,
     .renderer = &kiln_cpu_renderer,
     .compiler = &kiln_cpu_compiler,
 };

@@ -28,7 +28,8 @@ kiln_status kiln_cpu_op_embedding_bwd(kiln_tensor *const *in, const kiln_attrs *
 
 /* C = A·B + beta·C per the descriptor; with i3 the operands are rounded to
  * bf16 in scratch (both tensors are contiguous, so the descriptor's strides
- * still hold) and the product accumulates in fp32. */
+ * still hold) and the product accumulates in fp32. Where bf16 is emulated,
+ * an operand i5 marks as rounded already (round_bf16) is used as it is. */
 static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const kiln_tensor *A, const kiln_tensor *B,
                           float *C) {
     kiln_qtype wt;
@@ -43,16 +44,18 @@ static kiln_status mm_run(const kiln_gemm_desc *d, const kiln_attrs *a, const ki
     const kiln_tensor *op[2] = {A, B};
     const void *ptr[2];
     size_t esz = native ? 2 : 4, off[3] = {0};
+    bool ready[2];
     for (int i = 0; i < 2; i++) {
-        bool need = op[i]->dtype == KILN_F32 || !native;
+        ready[i] = !native && op[i]->dtype == KILN_F32 && (a->i[5] >> i & 1);
+        bool need = !ready[i] && (op[i]->dtype == KILN_F32 || !native);
         off[i + 1] = off[i] + (need ? (((size_t)kiln_tensor_numel(op[i]) * esz + 63) & ~(size_t)63) : 0);
     }
     char *buf = off[2] ? kiln_alloc(off[2]) : NULL;
     if (off[2] && !buf) return kiln_last_status();
     for (int i = 0; i < 2; i++) {
         int64_t n = kiln_tensor_numel(op[i]);
-        char *dst = buf ? buf + off[i] : NULL; /* NULL: both operands bf16 on a native CPU, no scratch */
-        if (op[i]->dtype == KILN_BF16 && native) {
+        char *dst = buf ? buf + off[i] : NULL; /* NULL: no operand needs scratch */
+        if ((op[i]->dtype == KILN_BF16 && native) || ready[i]) {
             ptr[i] = op[i]->data;
         } else if (op[i]->dtype == KILN_BF16) { /* emulated: widen exactly */
             kiln_k_bf16_to_f32(op[i]->data, (float *)dst, n);

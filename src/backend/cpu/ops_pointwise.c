@@ -117,6 +117,12 @@ kiln_status kiln_cpu_op_cast_bf16(kiln_tensor *const *in, const kiln_attrs *a, k
     return KILN_OK;
 }
 
+kiln_status kiln_cpu_op_round_bf16(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {
+    (void)a, (void)aux;
+    kiln_k_round_bf16(kiln_f32(in[0]), kiln_f32(out), kiln_tensor_numel(out));
+    return KILN_OK;
+}
+
 /* reshape is a view (the registry and the interpreter share the input's
  * memory and never call this); run into a separate output it is a copy */
 kiln_status kiln_cpu_op_reshape(kiln_tensor *const *in, const kiln_attrs *a, kiln_tensor *out, kiln_tensor *const *aux) {

@@ -145,7 +145,7 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool 
     int na = kiln_graph_group_args(g, k, ids, 512);
     const int *mem = &g->group_members[g->group_start[k]];
     int nm = g->group_start[k + 1] - g->group_start[k], ni = 0;
-    while (!is_row_member(g, mem[ni])) ni++; /* members after it: bf16 casts of its result */
+    while (!is_row_member(g, mem[ni])) ni++; /* members after it: bf16 casts or roundings of its result */
     const kiln_value *norm = &g->v[mem[ni]];
     const kiln_row_epilogue *ep = kiln_op_get(norm->op)->row;
     int64_t N = kiln_meta_numel(&norm->meta), C = norm->meta.shape[norm->meta.ndim - 1];
@@ -180,8 +180,10 @@ static void row_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool 
         if (x->internal) continue;
         int q = 0;
         while (ids[q] != mem[s]) q++;
-        put(b, x->meta.dtype == KILN_BF16 ? "            a%d[r * %lldLL + j] = kiln_f32_to_bf16(y);\n" : "            a%d[r * %lldLL + j] = y;\n",
-            q, (long long)C);
+        const char *store = x->meta.dtype == KILN_BF16       ? "            a%d[r * %lldLL + j] = kiln_f32_to_bf16(y);\n"
+                            : x->op == KILN_OP_ROUND_BF16 ? "            a%d[r * %lldLL + j] = kiln_round_bf16f(y);\n"
+                                                          : "            a%d[r * %lldLL + j] = y;\n";
+        put(b, store, q, (long long)C);
     }
     put(b, "        }\n    }\n");
 }

@@ -280,6 +280,7 @@ const kiln_backend kiln_backend_cpu_isolated = {
     .supports_op = supports_all,
     .exec = iso_exec,
     .synchronize = sync_none,
+    .bf16_emulated = kiln_cpu_bf16_emulated,
     .renderer = &kiln_cpu_renderer, /* the same generated C, run inside exec */
     .compiler = &kiln_cpu_compiler,
 };

@@ -53,7 +53,7 @@ void kiln_k_round_bf16(const float *x, float *y, int64_t n) {
 #pragma omp parallel for schedule(static) if (chunks > 1)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t a = c * PAR_MIN, len = c == chunks - 1 ? n - a : PAR_MIN;
-        for (int64_t i = a; i < a + len; i++) y[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(x[i]));
+        for (int64_t i = a; i < a + len; i++) y[i] = kiln_round_bf16f(x[i]);
     }
 }
 
