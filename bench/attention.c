@@ -4,7 +4,8 @@
  * Prints median and best ms of each and GFLOP/s of the median, counting
  * causal work: forward 4·B·H·T·T·D/2, backward 2.5× that (whatever either path
  * actually computes). Also the max difference between the two outputs.
- * Where the CPU has AMX-BF16 the fused kernels also run with bf16 products
+ * Where the CPU has a native bf16 product (AMX-BF16 tiles, else AVX512-BF16's
+ * VDPBF16PS) the fused kernels also run with bf16 products
  * (kiln_k_flash_attn_ex), timed and compared against the fp32 ones.
  * Usage: attention [threads] [repeats] [BxHxT ...]
  * Shapes given on the command line replace the two defaults; above T = 2048
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 
 #include "kiln/kernels.h"
+#include "kiln/simd.h"
 
 typedef struct {
     int64_t B, H, T, D;
@@ -73,7 +75,7 @@ static void fused_bwd(bench_ctx *c) {
 }
 
 /* the same with bf16 products (kiln_k_flash_attn_ex: AMX tiles where the
- * CPU has them) */
+ * CPU has them, else VDPBF16PS) */
 static void fused_fwd_bf16(bench_ctx *c) {
     kiln_k_flash_attn_ex(c->q, c->k, c->v, NULL, NULL, c->o2, c->lse, c->B, c->H, c->H, c->T, c->T, c->D, c->scale, 0,
                          true);
@@ -109,7 +111,7 @@ static double maxdiff(const float *a, const float *b, int64_t n) {
 }
 
 static void report(const char *name, double med, double best, double flops) {
-    printf("  %-22s median %9.2f ms  best %9.2f ms  %7.1f GFLOP/s\n", name, med * 1e3, best * 1e3,
+    printf("  %-31s median %9.2f ms  best %9.2f ms  %7.1f GFLOP/s\n", name, med * 1e3, best * 1e3,
            flops / med / 1e9);
 }
 
@@ -159,14 +161,19 @@ int main(int argc, char **argv) {
         timeit(fused_bwd, &c, reps, &m, &b);
         report("fused backward", m, b, 2.5 * ff);
         double fbm = m;
-        if (kiln_bf16_amx()) { /* (o2 and the d*2 buffers are the decomposed path's, rewritten below) */
+        if (kiln_bf16_native() && kiln_form_active() == KILN_FORM_AVX512 && c.D % 32 == 0) {
+            /* (o2 and the d*2 buffers are the decomposed path's, rewritten below) */
+            const char *path = kiln_bf16_amx() ? "AMX" : "VDPBF16PS";
+            char label[64];
             timeit(fused_fwd_bf16, &c, reps, &m, &b);
-            report("fused forward, bf16 AMX", m, b, ff);
+            snprintf(label, sizeof label, "fused forward, bf16 %s", path);
+            report(label, m, b, ff);
             const double bfm = m;
             timeit(fused_bwd_bf16, &c, reps, &m, &b);
-            report("fused backward, bf16 AMX", m, b, 2.5 * ff);
-            printf("  bf16 on AMX against fp32: forward %.2fx, backward %.2fx; max |bf16 - fp32| out %.2g\n", ffm / bfm,
-                   fbm / m, maxdiff(c.out, c.o2, n));
+            snprintf(label, sizeof label, "fused backward, bf16 %s", path);
+            report(label, m, b, 2.5 * ff);
+            printf("  bf16 on %s against fp32: forward %.2fx, backward %.2fx; max |bf16 - fp32| out %.2g\n", path,
+                   ffm / bfm, fbm / m, maxdiff(c.out, c.o2, n));
         }
         if (!decomposed) {
             free_ctx(&c);

@@ -285,12 +285,15 @@ static void check_model(void) {
     CHECK(t_rel(cl16, cl32) < 1e-2, "compiled bf16 loss within 1e-2 of fp32 (%.3g)", t_rel(cl16, cl32));
     CHECK(wc < 5e-2, "compiled bf16 gradients within 5e-2 of fp32 (%s: %.3g)", wn, wc);
     /* flash attention rounds its unnormalised probabilities to bf16 (on
-     * AMX) or none of its operands (elsewhere) where eager rounds q, k, v
+     * AMX or VDPBF16PS) or none of its operands (where bf16 is emulated)
+     * where eager rounds q, k, v
      * and the normalised probabilities: the two agree to bf16's rounding,
      * not bit for bit */
     double we = worst_grad(&x, c16, g16, &wn);
     printf("  compiled bf16 vs eager bf16: loss rel %.2e, worst gradient rel L2 %.2e (%s; flash attention %s)\n",
-           t_rel(cl16, l16), we, wn, kiln_bf16_amx() ? "on AMX where head_dim % 32 == 0" : "in fp32");
+           t_rel(cl16, l16), we, wn, kiln_bf16_amx()      ? "on AMX where head_dim % 32 == 0"
+                             : kiln_bf16_native() ? "on VDPBF16PS where head_dim % 32 == 0 in the avx512 form"
+                                                  : "in fp32");
     CHECK(t_rel(cl16, l16) < 1e-4, "compiled bf16 loss equals eager bf16 to bf16 rounding (%.3g)", t_rel(cl16, l16));
     CHECK(we < 2e-2, "compiled bf16 gradients equal eager bf16 to bf16 rounding (%s: %.3g)", wn, we);
     free_grads(c16, np);

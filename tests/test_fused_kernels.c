@@ -5,8 +5,10 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kiln/kernels.h"
+#include "kiln/simd.h"
 #include "test.h"
 
 static uint64_t g_seed = 12345;
@@ -252,16 +254,24 @@ static void test_attn_determinism(void) {
 
 
 /* ---- bf16 products (kiln_k_flash_attn_ex with bf16) ------------------------
- * On AMX (kiln_bf16_amx) with D a multiple of 32: against the double
- * reference on q, k, v and dout rounded to bf16 (the operands' rounding),
- * within what rounding P and dS to bf16 costs (2^-9 relative per element);
- * bits independent of the thread count. Elsewhere (no AMX, or another D):
- * the fp32 kernel's bits exactly. */
+ * On AMX tiles (kiln_bf16_amx) or VDPBF16PS (AVX512-BF16 in the avx512
+ * form), with D a multiple of 32: against the double reference on q, k, v
+ * and dout rounded to bf16 (the operands' rounding), within what rounding P
+ * and dS to bf16 costs (2^-9 relative per element); bits independent of the
+ * thread count. Elsewhere (bf16 emulated, or another D): the fp32 kernel's
+ * bits exactly. */
 static float *round_bf(const float *x, int64_t n) {
     float *y = falloc(n);
     for (int64_t i = 0; i < n; i++) y[i] = kiln_bf16_to_f32(kiln_f32_to_bf16(x[i]));
     return y;
 }
+/* the product the kernels take for bf16 at head size D: "AMX",
+ * "VDPBF16PS", or NULL (the fp32 kernel) */
+static const char *attn_bf16_path(int64_t D) {
+    if (D % 32 || !kiln_bf16_native() || kiln_form_active() != KILN_FORM_AVX512) return NULL;
+    return kiln_bf16_amx() ? "AMX" : "VDPBF16PS";
+}
+
 static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases) {
     const int64_t nq = s->B * s->H * s->T * s->D, nk = s->B * s->Hkv * s->Tk * s->D, nl = s->B * s->H * s->T;
     float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
@@ -269,8 +279,8 @@ static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases
     kiln_k_flash_attn_ex(q, k, v, s->pad, NULL, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window, true);
     kiln_k_flash_attn_backward_ex(q, k, v, s->pad, NULL, out, lse, g, dq, dk, dv, s->B, s->H, s->Hkv, s->T, s->Tk, s->D,
                                   s->scale, s->window, true);
-    const bool amx = kiln_bf16_amx() && s->D % 32 == 0;
-    if (amx) {
+    const char *path = attn_bf16_path(s->D);
+    if (path) {
         float *qr = round_bf(q, nq), *kr = round_bf(k, nk), *vr = round_bf(v, nk), *gr = round_bf(g, nq);
         double *ro = dalloc(nq), *rl = dalloc(nl), *rdq = dalloc(nq), *rdk = dalloc(nk), *rdv = dalloc(nk);
         ref_attn(s, qr, kr, vr, gr, ro, rl, rdq, rdk, rdv);
@@ -279,10 +289,10 @@ static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases
         for (int64_t i = 0; i < nl; i++)
             if (rl[i] != -INFINITY) el = fmax(el, fabs(lse[i] - rl[i]) / fmax(1.0, fabs(rl[i])));
             else CHECK(lse[i] == -INFINITY, "%s (bf16): a row without visible keys has lse %g", name, lse[i]);
-        printf("  %-44s bf16 on AMX vs the reference on bf16 operands: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", name,
-               eo, el, e1, e2, e3);
+        printf("  %-44s bf16 on %s vs the reference on bf16 operands: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+               name, path, eo, el, e1, e2, e3);
         CHECK(eo < 5e-3 && el < 1e-5 && e1 < 1e-2 && e2 < 1e-2 && e3 < 1e-2,
-              "%s (bf16 on AMX): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", name, eo, el, e1, e2, e3);
+              "%s (bf16 on %s): out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", name, path, eo, el, e1, e2, e3);
         free(qr), free(kr), free(vr), free(gr), free(ro), free(rl), free(rdq), free(rdk), free(rdv);
         /* the same bits on 1 and 3 threads */
         float *o2 = falloc(nq), *l2 = falloc(nl), *q2 = falloc(nq), *k2 = falloc(nk), *v2 = falloc(nk);
@@ -294,7 +304,7 @@ static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases
                                           s->D, s->scale, s->window, true);
             CHECK(!memcmp(o2, out, (size_t)nq * 4) && !memcmp(l2, lse, (size_t)nl * 4) && !memcmp(q2, dq, (size_t)nq * 4) &&
                       !memcmp(k2, dk, (size_t)nk * 4) && !memcmp(v2, dv, (size_t)nk * 4),
-                  "%s (bf16 on AMX): %d threads differ in bits", name, th);
+                  "%s (bf16 on %s): %d threads differ in bits", name, path, th);
         }
         omp_set_num_threads(saved);
         free(o2), free(l2), free(q2), free(k2), free(v2);
@@ -306,10 +316,41 @@ static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases
                                        s->scale, s->window);
         CHECK(!memcmp(o2, out, (size_t)nq * 4) && !memcmp(l2, lse, (size_t)nl * 4) && !memcmp(q2, dq, (size_t)nq * 4) &&
                   !memcmp(k2, dk, (size_t)nk * 4) && !memcmp(v2, dv, (size_t)nk * 4),
-              "%s (bf16 without AMX or D %% 32 != 0): differs from the fp32 kernel", name);
+              "%s (bf16 emulated or D %% 32 != 0): differs from the fp32 kernel", name);
         free(o2), free(l2), free(q2), free(k2), free(v2);
     }
     free(q), free(k), free(v), free(g), free(out), free(lse), free(dq), free(dk), free(dv);
+}
+
+/* packed documents (segment ids, block-diagonal): the bf16 products
+ * against the fp32 kernel on the same inputs, within bf16's rounding */
+static void check_attn_bf16_segments(const char *path) {
+    const int64_t B = 2, H = 4, Hk = 2, T = 150, D = 64, nq = B * H * T * D, nk = B * Hk * T * D, nl = B * H * T;
+    int32_t seg[2 * 150], pd[2 * 150];
+    for (int64_t j = 0; j < 2 * T; j++) seg[j] = (int32_t)((j % T) / (j < T ? 40 : 23)), pd[j] = j < T || j % T < 140;
+    float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
+    float *o[2], *l[2], *dq[2], *dk[2], *dv[2];
+    for (int r = 0; r < 2; r++) {
+        o[r] = falloc(nq), l[r] = falloc(nl), dq[r] = falloc(nq), dk[r] = falloc(nk), dv[r] = falloc(nk);
+        kiln_k_flash_attn_ex(q, k, v, pd, seg, o[r], l[r], B, H, Hk, T, T, D, 0.125f, 0, r == 1);
+        kiln_k_flash_attn_backward_ex(q, k, v, pd, seg, o[r], l[r], g, dq[r], dk[r], dv[r], B, H, Hk, T, T, D, 0.125f, 0,
+                                      r == 1);
+    }
+    double e[5] = {0}, m[5] = {0};
+    const float *x[5][2] = {{o[0], o[1]}, {l[0], l[1]}, {dq[0], dq[1]}, {dk[0], dk[1]}, {dv[0], dv[1]}};
+    const int64_t len[5] = {nq, nl, nq, nk, nk};
+    for (int i = 0; i < 5; i++)
+        for (int64_t j = 0; j < len[i]; j++)
+            if (isfinite(x[i][0][j])) e[i] = fmax(e[i], fabs(x[i][1][j] - x[i][0][j])), m[i] = fmax(m[i], fabs(x[i][0][j]));
+            else CHECK(x[i][1][j] == x[i][0][j], "segments (bf16 on %s): output %d element %lld: %g where fp32 has %g", path, i,
+                       (long long)j, x[i][1][j], x[i][0][j]);
+    printf("  %-44s bf16 on %s vs fp32: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", "segments (packed documents), padded", path,
+           e[0] / m[0], e[1] / m[1], e[2] / m[2], e[3] / m[3], e[4] / m[4]);
+    CHECK(e[0] / m[0] < 1e-2 && e[1] / m[1] < 1e-3 && e[2] / m[2] < 2e-2 && e[3] / m[3] < 2e-2 && e[4] / m[4] < 2e-2,
+          "segments (bf16 on %s) vs fp32: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", path, e[0] / m[0], e[1] / m[1], e[2] / m[2],
+          e[3] / m[3], e[4] / m[4]);
+    for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
+    free(q), free(k), free(v), free(g);
 }
 
 static void test_attn_bf16(void) {
@@ -330,45 +371,29 @@ static void test_attn_bf16(void) {
         {"T=Tk=150 D=96 window 33", {1, 2, 1, 150, 150, 96, 0.1f, NULL, 33}},
         {"T=Tk=150 D=72 (not a multiple of 32)", {1, 2, 1, 150, 150, 72, 0.125f, NULL, 0}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
-    /* packed documents (segment ids, block-diagonal): the AMX kernels
-     * against the fp32 ones on the same inputs, within bf16's rounding */
-    if (kiln_bf16_amx()) {
-        const int64_t B = 2, H = 4, Hk = 2, T = 150, D = 64, nq = B * H * T * D, nk = B * Hk * T * D, nl = B * H * T;
-        int32_t seg[2 * 150], pd[2 * 150];
-        for (int64_t j = 0; j < 2 * T; j++) seg[j] = (int32_t)((j % T) / (j < T ? 40 : 23)), pd[j] = j < T || j % T < 140;
-        float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
-        float *o[2], *l[2], *dq[2], *dk[2], *dv[2];
-        for (int r = 0; r < 2; r++) {
-            o[r] = falloc(nq), l[r] = falloc(nl), dq[r] = falloc(nq), dk[r] = falloc(nk), dv[r] = falloc(nk);
-            kiln_k_flash_attn_ex(q, k, v, pd, seg, o[r], l[r], B, H, Hk, T, T, D, 0.125f, 0, r == 1);
-            kiln_k_flash_attn_backward_ex(q, k, v, pd, seg, o[r], l[r], g, dq[r], dk[r], dv[r], B, H, Hk, T, T, D, 0.125f, 0,
-                                          r == 1);
+    /* the default path (AMX where present), then with AMX off (VDPBF16PS
+     * where the CPU has AVX512-BF16), then with bf16 emulated (the fp32
+     * kernel's bits); a setting that gives a path already run is skipped */
+    const char *seen[3];
+    int nseen = 0;
+    for (int cfg = 0; cfg < 3; cfg++) {
+        kiln_bf16_amx_off(cfg == 1);
+        kiln_bf16_force_emulation(cfg == 2);
+        const char *path = attn_bf16_path(64), *label = path ? path : "fp32";
+        bool dup = false;
+        for (int i = 0; i < nseen; i++) dup |= !strcmp(seen[i], label);
+        if (!dup) {
+            seen[nseen++] = label;
+            for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
+            if (path) check_attn_bf16_segments(path), n++, amx++;
         }
-        double e[5] = {0}, m[5] = {0};
-        const float *x[5][2] = {{o[0], o[1]}, {l[0], l[1]}, {dq[0], dq[1]}, {dk[0], dk[1]}, {dv[0], dv[1]}};
-        const int64_t len[5] = {nq, nl, nq, nk, nk};
-        for (int i = 0; i < 5; i++)
-            for (int64_t j = 0; j < len[i]; j++)
-                if (isfinite(x[i][0][j])) e[i] = fmax(e[i], fabs(x[i][1][j] - x[i][0][j])), m[i] = fmax(m[i], fabs(x[i][0][j]));
-                else CHECK(x[i][1][j] == x[i][0][j], "segments (bf16 on AMX): output %d element %lld: %g where fp32 has %g", i,
-                           (long long)j, x[i][1][j], x[i][0][j]);
-        printf("  %-44s bf16 on AMX vs fp32: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n", "segments (packed documents), padded",
-               e[0] / m[0], e[1] / m[1], e[2] / m[2], e[3] / m[3], e[4] / m[4]);
-        CHECK(e[0] / m[0] < 1e-2 && e[1] / m[1] < 1e-3 && e[2] / m[2] < 2e-2 && e[3] / m[3] < 2e-2 && e[4] / m[4] < 2e-2,
-              "segments (bf16 on AMX) vs fp32: out %.3g lse %.3g dq %.3g dk %.3g dv %.3g", e[0] / m[0], e[1] / m[1], e[2] / m[2],
-              e[3] / m[3], e[4] / m[4]);
-        for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
-        free(q), free(k), free(v), free(g);
-        n++, amx++;
     }
-    /* and with AMX turned off: the fp32 kernel's bits */
-    kiln_bf16_amx_off(true);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++, n++) check_attn_bf16(cases[i].name, &cases[i].s, &amx);
     kiln_bf16_amx_off(false);
-    printf("  flash attention with bf16 products: %d cases, %d on AMX (%s)\n", n, amx,
-           kiln_bf16_amx() ? "this CPU has AMX-BF16"
-                           : "AMX not in use (the CPU, the OS or the active form): the fp32 kernel's bits checked instead");
+    kiln_bf16_force_emulation(false);
+    printf("  flash attention with bf16 products: %d cases, %d on bf16 products (paths run:", n, amx);
+    for (int i = 0; i < nseen; i++) printf(" %s", seen[i]);
+    printf("; AMX %s, AVX512-BF16 %s)\n", kiln_bf16_amx() ? "in use" : "not in use (the CPU, the OS or the active form)",
+           kiln_bf16_native() ? "present" : "absent");
     free(pm);
 }
 

@@ -404,14 +404,17 @@ static int seg_tile(const seg_info *si, int64_t b, int64_t Tk, int64_t nkb, int6
     return 1;
 }
 
-/* ---- bf16 products on AMX tiles ------------------------------------------ *
+/* ---- bf16 products on AMX tiles or VDPBF16PS ----------------------------- *
  * With bf16 set (the scores' and the output's products were bf16 ones under
- * autocast) and AMX present (kiln_bf16_amx), every product of a tile runs on
- * TDPBF16PS with fp32 accumulation, its operands rounded to bf16 as eager's
- * bf16 products round theirs: q, k, v and dout, and the probabilities P and
- * their gradient dS before the products that read them; the softmax and its
- * bookkeeping stay fp32 as in the fp32 kernel. Without AMX (or with D not a multiple of 32) the
- * fp32 kernel runs, with no rounding. The operand forms, built once per
+ * autocast) and a native bf16 product (AMX tiles where kiln_bf16_amx, else
+ * VDPBF16PS where the CPU has AVX512-BF16 and the avx512 form is active),
+ * every product of a tile runs on TDPBF16PS or VDPBF16PS with fp32
+ * accumulation, its operands rounded to bf16 as eager's bf16 products round
+ * theirs: q, k, v and dout, and the probabilities P and their gradient dS
+ * before the products that read them; the softmax and its bookkeeping stay
+ * fp32 as in the fp32 kernel. Both take the same operand forms; only the
+ * tile product differs (amx_mm, dp_mm). Without either (bf16 emulated, or D
+ * not a multiple of 32) the fp32 kernel runs, with no rounding. The operand forms, built once per
  * call, zero past T and Tk:
  *   rows   bf16 [BQ][D] per query block (q, dout: the A of S = q·kᵀ, dP)
  *   cols   bf16 [D][BQ] per query block (qᵀ, doutᵀ: the A of dkᵀ, dvᵀ)
@@ -552,6 +555,76 @@ static void amx_mm(float *C, int64_t ldc, bool acc, const uint16_t *A, int64_t l
         }
     }
 }
+
+/* The product of amx_mm on VDPBF16PS, for AVX512-BF16 CPUs without AMX:
+ * C rows below rv only (rows past it are left), 6 rows x 64 columns of
+ * accumulators at a time; each instruction adds to a lane the two products
+ * of a bf16 pair, the pair of A broadcast, B's words as they are. */
+BF_TARGET static inline __attribute__((always_inline)) void dp_rows(float *C, int64_t ldc, bool acc, const uint16_t *A,
+                                                                    int64_t lda, const uint32_t *B, int64_t ldb,
+                                                                    int64_t KP, const int R, const int NV) {
+    __m512 c[MR][4];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) c[r][v] = acc ? _mm512_loadu_ps(C + r * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int64_t p = 0; p < KP; p++) {
+        __m512i bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            bv[v] = _mm512_loadu_si512((const void *)(B + p * ldb + 16 * v));
+            __asm__("" : "+v"(bv[v])); /* loaded once, not an operand of every instruction */
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            uint32_t w;
+            memcpy(&w, A + r * lda + 2 * p, sizeof w);
+            const __m512i a = _mm512_set1_epi32((int)w);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], (__m512bh)a, (__m512bh)bv[v]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(C + r * ldc + 16 * v, c[r][v]);
+}
+
+#define DP_ROWS(NV)                                                                                  \
+    do {                                                                                             \
+        int64_t r = 0;                                                                               \
+        for (; r + MR <= rv; r += MR) dp_rows(c + r * ldc, ldc, acc, A + r * lda, lda, b, ldb, KP, MR, NV); \
+        switch (rv - r) {                                                                            \
+        case 5: dp_rows(c + r * ldc, ldc, acc, A + r * lda, lda, b, ldb, KP, 5, NV); break;          \
+        case 4: dp_rows(c + r * ldc, ldc, acc, A + r * lda, lda, b, ldb, KP, 4, NV); break;          \
+        case 3: dp_rows(c + r * ldc, ldc, acc, A + r * lda, lda, b, ldb, KP, 3, NV); break;          \
+        case 2: dp_rows(c + r * ldc, ldc, acc, A + r * lda, lda, b, ldb, KP, 2, NV); break;          \
+        case 1: dp_rows(c + r * ldc, ldc, acc, A + r * lda, lda, b, ldb, KP, 1, NV); break;          \
+        }                                                                                            \
+    } while (0)
+
+BF_TARGET static void dp_mm(float *C, int64_t ldc, bool acc, const uint16_t *A, int64_t lda, const uint32_t *B,
+                            int64_t ldb, int64_t rv, int64_t N, int64_t KD) {
+    const int64_t KP = KD / 2;
+    for (int64_t n0 = 0; n0 < N; n0 += 64) {
+        float *c = C + n0;
+        const uint32_t *b = B + n0;
+        if (N - n0 >= 64)
+            DP_ROWS(4);
+        else /* N is a multiple of 32 */
+            DP_ROWS(2);
+    }
+}
+#undef DP_ROWS
+
+/* a tile's product on AMX tiles or on VDPBF16PS */
+static void tile_mm(bool amx, float *C, int64_t ldc, bool acc, const uint16_t *A, int64_t lda, const uint32_t *B,
+                    int64_t ldb, int64_t rv, int64_t N, int64_t KD) {
+    if (amx)
+        amx_mm(C, ldc, acc, A, lda, B, ldb, rv, N, KD);
+    else
+        dp_mm(C, ldc, acc, A, lda, B, ldb, rv, N, KD);
+}
 #else
 #define ATT_AMX 0
 #endif
@@ -646,6 +719,7 @@ typedef struct {
     const uint16_t *qh;
     const uint32_t *kp, *vi;
     int64_t nqb;
+    bool amx; /* the bf16 products on AMX tiles (else VDPBF16PS) */
 } fwd_args;
 
 /* One (b, h, query block): online softmax over the visible key blocks,
@@ -658,12 +732,12 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
     const float *q = a->q + ((b * a->H + h) * T + i0) * D;
     float *const out = a->out + ((b * a->H + h) * T + i0) * D;
 #if ATT_AMX
-    /* AMX: the output accumulates in obuf (all BQ rows: the tiles' row
-     * groups), P in ph (rows past nr stay zero) */
-    const bool amx = a->qh != NULL;
-    float *o = amx ? obuf : out;
-    const uint16_t *qh = amx ? a->qh + ((b * a->H + h) * a->nqb + qb) * BQ * D : NULL;
-    if (amx) {
+    /* bf16: the output accumulates in obuf (all BQ rows: the AMX tiles'
+     * row groups), P in ph (rows past nr stay zero) */
+    const bool bf = a->qh != NULL;
+    float *o = bf ? obuf : out;
+    const uint16_t *qh = bf ? a->qh + ((b * a->H + h) * a->nqb + qb) * BQ * D : NULL;
+    if (bf) {
         memset(obuf, 0, (size_t)(BQ * D) * sizeof(float));
         memset(ph, 0, (size_t)(BQ * BK) * sizeof *ph);
     }
@@ -690,8 +764,8 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
          * vectorises where it does not a conditional load of the bias */
         for (int64_t c = 0; c < BK; c++) bias[c] = has_pad && c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
 #if ATT_AMX
-        if (amx)
-            amx_mm(S, BK, false, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, BK, nr, BK, D);
+        if (bf)
+            tile_mm(a->amx, S, BK, false, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, BK, nr, BK, D);
         else
 #endif
             mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
@@ -755,9 +829,9 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             }
         }
 #if ATT_AMX
-        if (amx) { /* P rounded to bf16, then o += P·v */
+        if (bf) { /* P rounded to bf16, then o += P·v */
             form_rows(S, nr, BQ, BK, ph); /* past nk: q·0 = 0 */
-            amx_mm(o, D, true, ph, BK, a->vi + ((b * a->Hkv + g) * a->nkb + kb) * (BK / 2) * D, D, nr, D, BK);
+            tile_mm(a->amx, o, D, true, ph, BK, a->vi + ((b * a->Hkv + g) * a->nkb + kb) * (BK / 2) * D, D, nr, D, BK);
             continue;
         }
 #endif
@@ -797,13 +871,15 @@ void kiln_k_flash_attn_win(const float *q, const float *k, const float *v, const
     kiln_k_flash_attn_ex(q, k, v, pad_mask, seg, out, lse, B, H, Hkv, T, Tk, D, scale, window, false);
 }
 
-/* whether this call's products run on AMX tiles */
-static bool use_amx(bool bf16, int64_t D) {
+/* this call's bf16 products: 2 on AMX tiles, 1 on VDPBF16PS, 0 none (the
+ * fp32 products) */
+static int bf16_path(bool bf16, int64_t D) {
 #if ATT_AMX
-    return bf16 && D % 32 == 0 && kiln_bf16_amx();
+    if (!bf16 || D % 32) return 0;
+    return kiln_bf16_amx() ? 2 : kiln_bf16_native() ? 1 : 0;
 #else
     (void)bf16, (void)D;
-    return false;
+    return 0;
 #endif
 }
 
@@ -812,8 +888,9 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
                           int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, bool bf16) {
     if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
-    const bool amx = use_amx(bf16, D);
-    /* the fp32 kernel's k blocks [D][BK], or the AMX forms: q's rows, k's
+    const int path = bf16_path(bf16, D);
+    const bool amx = path > 0; /* the bf16 forms (on AMX or VDPBF16PS) */
+    /* the fp32 kernel's k blocks [D][BK], or the bf16 forms: q's rows, k's
      * pairs, v's inter */
     const size_t fp32_kt = (size_t)(B * Hkv * nkb * D * BK) * sizeof(float);
     const size_t nq16 = (size_t)(B * H * nqb * BQ * D), nkv32 = (size_t)(B * Hkv * nkb * BK * D / 2);
@@ -827,7 +904,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
         free(si.kmin);
         return;
     }
-    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window, NULL, NULL, NULL, nqb};
+    fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window, NULL, NULL, NULL, nqb, path == 2};
 #if ATT_AMX
     if (amx && nkb) {
         uint32_t *kp = (uint32_t *)kt, *vi = kp + nkv32;
@@ -854,7 +931,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
         float *m = S + BQ * BK, *l = m + BQ, *bias = l + BQ, *obuf = amx ? bias + BK : NULL;
         uint16_t *ph = amx ? (uint16_t *)(obuf + BQ * D) : NULL;
 #if ATT_AMX
-        if (amx) kiln_amx_config();
+        if (path == 2) kiln_amx_config();
 #endif
         /* the heaviest (last, causal) query blocks first */
 #pragma omp for schedule(dynamic, 1)
@@ -863,7 +940,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
             fwd_task(&a, bh / H, bh % H, qb, S, m, l, bias, obuf, ph);
         }
 #if ATT_AMX
-        if (amx) kiln_amx_release();
+        if (path == 2) kiln_amx_release();
 #endif
         kiln_dealloc(S);
     }
@@ -885,6 +962,7 @@ typedef struct {
      * columns per query block, k's and v's pairs, k's inter per key block */
     const uint16_t *qh, *qc, *dh, *dc;
     const uint32_t *kp, *vp, *ki;
+    bool amx; /* the bf16 products on AMX tiles (else VDPBF16PS) */
 } bwd_args;
 
 /* a thread's scratch for the backward's tiles */
@@ -921,11 +999,11 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     const int64_t tblk = ((b * a->Hkv + g) * a->nkb + kb) * D * BK;
     const float *q = a->q + qrow * D, *dO = a->dout + qrow * D;
 #if ATT_AMX
-    const bool amx = a->qh != NULL;
+    const bool bf = a->qh != NULL;
     const int64_t qblk = ((b * a->H + h) * a->nqb + qb) * BQ * D, kblk = ((b * a->Hkv + g) * a->nkb + kb) * BK * D;
-    if (amx) {
-        amx_mm(S, BK, false, a->qh + qblk, D, a->kp + kblk / 2, BK, nr, BK, D);
-        amx_mm(dP, BK, false, a->dh + qblk, D, a->vp + kblk / 2, BK, nr, BK, D);
+    if (bf) {
+        tile_mm(a->amx, S, BK, false, a->qh + qblk, D, a->kp + kblk / 2, BK, nr, BK, D);
+        tile_mm(a->amx, dP, BK, false, a->dh + qblk, D, a->vp + kblk / 2, BK, nr, BK, D);
     } else
 #endif
     {
@@ -969,18 +1047,18 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         }
     }
 #if ATT_AMX
-    if (amx) {
+    if (bf) {
         /* P and dS rounded to bf16 (rows past nr zero): dvᵀ += doutᵀ·P,
          * dkᵀ += qᵀ·dS into the key block's buffers, dq += dS·k */
         if (want_kv) {
             form_inter(S, nr, BQ, BK, w->pi);
             form_inter(dP, nr, BQ, BK, w->dsi);
-            amx_mm(w->dvT, BK, true, a->dc + qblk, BQ, w->pi, BK, D, BK, BQ);
-            amx_mm(w->dkT, BK, true, a->qc + qblk, BQ, w->dsi, BK, D, BK, BQ);
+            tile_mm(a->amx, w->dvT, BK, true, a->dc + qblk, BQ, w->pi, BK, D, BK, BQ);
+            tile_mm(a->amx, w->dkT, BK, true, a->qc + qblk, BQ, w->dsi, BK, D, BK, BQ);
         }
         if (want_q) {
             form_rows(dP, nr, BQ, BK, w->dsh);
-            amx_mm(w->dq, D, false, w->dsh, BK, a->ki + kblk / 2, D, nr, D, BK);
+            tile_mm(a->amx, w->dq, D, false, w->dsh, BK, a->ki + kblk / 2, D, nr, D, BK);
             float *dq = a->dq + qrow * D;
             for (int64_t r = 0; r < nr; r++)
 #pragma omp simd
@@ -1060,8 +1138,9 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
     memset(dq, 0, (size_t)(B * H * T * D) * sizeof(float));
     if (T <= 0 || Tk <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ), nkv = B * Hkv * nkb * D * BK;
-    const bool amx = use_amx(bf16, D);
-    /* fp32: k's and v's blocks [D][BK], then delta; AMX: delta, the q/dout
+    const int path = bf16_path(bf16, D);
+    const bool amx = path > 0; /* the bf16 forms (on AMX or VDPBF16PS) */
+    /* fp32: k's and v's blocks [D][BK], then delta; bf16: delta, the q/dout
      * forms (4 x nq16 bf16), the k/v forms (3 x nkv / 2 words) */
     const int64_t nq16 = B * H * nqb * BQ * D;
     float *kt = kiln_alloc(amx ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
@@ -1088,7 +1167,7 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
         delta[i] = s;
     }
     bwd_args a = {q, k, v, amx ? NULL : kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
-                  H, Hkv, T, Tk, D, nkb, nqb, scale, si, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+                  H, Hkv, T, Tk, D, nkb, nqb, scale, si, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL, path == 2};
 #if ATT_AMX
     if (amx) {
         uint16_t *f16 = (uint16_t *)(delta + B * H * T);
@@ -1160,7 +1239,7 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
             w.pi = (uint32_t *)(w.dvT + D * BK), w.dsi = w.pi + BQ * BK / 2, w.dsh = (uint16_t *)(w.dsi + BQ * BK / 2);
         }
 #if ATT_AMX
-        if (amx) kiln_amx_config();
+        if (path == 2) kiln_amx_config();
 #endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < B * Hkv * P; t++) {
@@ -1177,7 +1256,7 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
             }
         }
 #if ATT_AMX
-        if (amx) kiln_amx_release();
+        if (path == 2) kiln_amx_release();
 #endif
         kiln_dealloc(S);
     }
