@@ -159,6 +159,16 @@ static void check_forced(void) {
     char out[4096];
     int rc = child("KILN_GEMM=blas", "product 2 2 2", out, sizeof out);
     CHECK(rc == 2 && strstr(out, "KILN_GEMM=blas: not a GEMM implementation"), "KILN_GEMM=blas: rc %d: %s", rc, out);
+    /* KILN_BF16: emulated takes the emulation, auto what the CPU has, any
+     * other value stops the program naming it */
+    rc = child("KILN_BF16=emulated", "product 3 3 3", out, sizeof out);
+    CHECK(rc == 0 && strstr(out, "bf16 native 0"), "KILN_BF16=emulated: rc %d: %s", rc, out);
+    char want[32];
+    snprintf(want, sizeof want, "bf16 native %d", (int)kiln_cpu_has_avx512bf16());
+    rc = child("KILN_BF16=auto", "product 3 3 3", out, sizeof out);
+    CHECK(rc == 0 && strstr(out, want), "KILN_BF16=auto: rc %d, want '%s': %s", rc, want, out);
+    rc = child("KILN_BF16=fast", "product 3 3 3", out, sizeof out);
+    CHECK(rc == 2 && strstr(out, "KILN_BF16=fast: not a bf16 path"), "KILN_BF16=fast: rc %d: %s", rc, out);
 }
 
 int main(int argc, char **argv) {
@@ -169,8 +179,8 @@ int main(int argc, char **argv) {
         uint64_t h = 1469598103934665603ull;
         const unsigned char *p = (const unsigned char *)C;
         for (size_t i = 0; i < (size_t)(M * N) * sizeof *C; i++) h = (h ^ p[i]) * 1099511628211ull;
-        printf("hash %llx\nerror %s (%.3g, %.3g of the bound)\n%s\n", (unsigned long long)h,
-               e0 <= 1 && e1 <= 1 && t_fail == 0 ? "ok" : "BAD", e0, e1, kiln_gemm_choices());
+        printf("hash %llx\nerror %s (%.3g, %.3g of the bound)\n%s\nbf16 native %d\n", (unsigned long long)h,
+               e0 <= 1 && e1 <= 1 && t_fail == 0 ? "ok" : "BAD", e0, e1, kiln_gemm_choices(), (int)kiln_bf16_native());
         free(C);
         return 0;
     }
