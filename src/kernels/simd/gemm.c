@@ -25,7 +25,11 @@
  *
  * Packing: op(A) stored transposed (K x M) and op(B) stored as is (K x N)
  * are row copies; the other two cases transpose 16 x 16 (avx512) or 8 x 8
- * (avx2) squares in registers; the portable form copies element-wise.
+ * (avx2) squares in registers; the portable form copies element-wise. In
+ * the avx512 form op(A) stored transposed is not packed at all where lda is
+ * at most GEMM_ADIRECT_LDA: the micro-kernel reads its full slivers in
+ * place (a stride of lda instead of MR; the same values in the same order,
+ * so the same bits), only a last partial sliver is packed.
  *
  * Forms (registers: the tile plus the B vectors plus a broadcast):
  *   avx512  MR x NR = 14 x 32: 28 zmm accumulators, 2 B vectors, FMA
@@ -83,6 +87,16 @@
 #define MR GEMM_MR
 #define NR GEMM_NR
 
+/* op(A) = Aᵀ is read in place up to this lda (floats); measured on a Zen 5
+ * (2 threads), the small and 124M models' weight-gradient shapes: avx512
+ * +4-10% at lda 512-2048, -1% at 8192; avx2 (6-row slivers, so three times
+ * the pages per multiply-add) up to 27% slower at lda 2048: never */
+#if defined(__AVX512F__)
+#define GEMM_ADIRECT_LDA 4096
+#else
+#define GEMM_ADIRECT_LDA 0
+#endif
+
 /* serial below this many multiply-adds */
 #define GEMM_PAR_MIN (1 << 19)
 
@@ -93,7 +107,7 @@ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* ---- micro-kernels: c[MR x NR] (row stride ldc) = alpha a.b (first) or
  * c + alpha a.b; a: kc x MR packed, b: kc x NR packed ------------------- */
 #if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a,
+static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a, int64_t as,
                                                           const float *restrict b, float *c, int64_t ldc,
                                                           float alpha, bool first) {
     __m512 acc[MR][2];
@@ -114,7 +128,7 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
             acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
             acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
         }
-        a += MR;
+        a += as;
         b += NR;
     }
     const __m512 al = _mm512_set1_ps(alpha);
@@ -130,7 +144,7 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
     }
 }
 #elif defined(__AVX2__)
-static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a,
+static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a, int64_t as,
                                                           const float *restrict b, float *c, int64_t ldc,
                                                           float alpha, bool first) {
     __m256 acc[MR][2];
@@ -148,7 +162,7 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
             acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
         }
-        a += MR;
+        a += as;
         b += NR;
     }
     const __m256 al = _mm256_set1_ps(alpha);
@@ -173,7 +187,7 @@ static inline v4f v4_load(const float *p) {
     return v;
 }
 static inline void v4_store(float *p, v4f v) { memcpy(p, &v, sizeof v); }
-static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a,
+static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a, int64_t as,
                                                           const float *restrict b, float *c, int64_t ldc,
                                                           float alpha, bool first) {
     v4f acc[MR][2];
@@ -188,7 +202,7 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
             acc[i][0] = acc[i][0] + ai * b0;
             acc[i][1] = acc[i][1] + ai * b1;
         }
-        a += MR;
+        a += as;
         b += NR;
     }
     const v4f al = {alpha, alpha, alpha, alpha};
@@ -207,10 +221,10 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
 
 /* A tile of mi x nj (< MR x NR) at c: the kernel into a scratch tile, then
  * the valid part, with the kernel's roundings (alpha acc, then the add). */
-static void edge_tile(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, float alpha, bool first,
-                      int64_t mi, int64_t nj) {
+static void edge_tile(int64_t kc, const float *a, int64_t as, const float *b, float *c, int64_t ldc, float alpha,
+                      bool first, int64_t mi, int64_t nj) {
     float t[MR * NR] __attribute__((aligned(64)));
-    ukernel(kc, a, b, t, NR, alpha, true);
+    ukernel(kc, a, as, b, t, NR, alpha, true);
     for (int64_t i = 0; i < mi; i++)
         for (int64_t j = 0; j < nj; j++) c[i * ldc + j] = first ? t[i * NR + j] : c[i * ldc + j] + t[i * NR + j];
 }
@@ -427,6 +441,10 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
     if (!buf) return false;
     float *const bpack = buf, *const apack0 = buf + bsz;
     const bool acc0 = beta != 0.0f;
+    /* op(A) = Aᵀ with A stored K x M: a full sliver (MR of A's columns) is
+     * read in place, stride lda, instead of packed (avx512 form, lda up to
+     * GEMM_ADIRECT_LDA: wider strides touch a page per k) */
+    const bool adirect = transA && lda <= GEMM_ADIRECT_LDA;
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -458,7 +476,8 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
                     const bool first = pc == 0 && !acc0;
                     float *const ab = apack + b * ablk;
                     for (int64_t r = 0; r < msl && !a_ready; r++)
-                        pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);
+                        if (!adirect || mc - r * MR < MR)
+                            pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);
                     const float *bpb = bpack + b * nsp * kcb * NR;
                     for (int64_t sl = ns0; sl < ns1; sl++) {
                         const float *bp = bpb + sl * kcb * NR;
@@ -466,10 +485,15 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
                         for (int64_t r = 0; r < msl; r++) {
                             const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
                             float *c = C + i * ldc + j;
-                            if (mi == MR && nj == NR)
-                                ukernel(kc, ab + r * MR * kc, bp, c, ldc, alpha, first);
-                            else
-                                edge_tile(kc, ab + r * MR * kc, bp, c, ldc, alpha, first, mi, nj);
+                            const bool direct = adirect && mi == MR; /* else packed */
+                            const float *ap = direct ? A + pc * lda + i : ab + r * MR * kc;
+                            if (mi == MR && nj == NR) {
+                                if (direct)
+                                    ukernel(kc, ap, lda, bp, c, ldc, alpha, first);
+                                else
+                                    ukernel(kc, ap, MR, bp, c, ldc, alpha, first);
+                            } else
+                                edge_tile(kc, ap, direct ? lda : MR, bp, c, ldc, alpha, first, mi, nj);
                         }
                     }
                 }
