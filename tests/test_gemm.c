@@ -371,7 +371,8 @@ static void test_kernel_shapes(void) {
     const char *names[KILN_FORM_COUNT];
     int nf = kforms(tabs, names);
     /* edges around every form's MR (14, 6, 4) and NR (32, 16, 8); K past
-     * KC (256) and balanced into blocks; M past MC; N past NC (4096) */
+     * KC (512 avx512, 256 otherwise) and balanced into blocks; M past MC;
+     * N past NC (4096) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {7, 13, 5},     {13, 31, 9},    {14, 32, 16},   {15, 33, 17},  {5, 17, 3},
         {6, 16, 7},    {7, 15, 2},     {3, 7, 4},      {4, 8, 5},      {5, 9, 6},     {29, 65, 257},
@@ -477,7 +478,7 @@ static void test_kernel_threads(void) {
 
 /* ---- kiln_k_gemm_bf16, every form, bit for bit ----------------------------
  * The reference: VDPBF16PS's sums in scalar C. Per element and K block (K
- * in blocks of at most 256, balanced, each an even count: the kernel's rule,
+ * in blocks of at most 1024, balanced, each an even count: the kernel's rule,
  * fixed by K alone), acc = +0, then per pair of k (an odd block's last pair
  * with a zero partner) acc = step(acc, a[2i+1], b[2i+1]), acc = step(acc,
  * a[2i], b[2i]); step is one fused multiply-add rounded to nearest even,
@@ -499,7 +500,7 @@ static float bf_step(float acc, float a, float b) {
     return (float)d;
 }
 static int64_t bf_kblock(int64_t K) {
-    int64_t nkb = (K + 255) / 256, kcb = (K + nkb - 1) / nkb;
+    int64_t nkb = (K + 1023) / 1024, kcb = (K + nkb - 1) / nkb;
     return (kcb + 1) / 2 * 2;
 }
 /* C (ldc) = alpha op(A) op(B) + beta C as VDPBF16PS sums it */
@@ -632,13 +633,14 @@ static void test_bf16_shapes(void) {
     bfrun runs[KILN_FORM_COUNT + 1];
     int nr = bf_runs(runs);
     /* odd K; MR (14, 6, 4) and NR (32, 16, 8) +- 1; K at and past the block
-     * (256) and balanced into even blocks (600: 2 x 300, 513: 2 x 258); a
+     * (1024) and balanced into even blocks (1025: 2 x 514, 2049: 3 x 684); a
      * long K whose packed B is more than one panel (50001) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {1, 1, 2},     {2, 3, 3},      {7, 13, 5},     {13, 31, 9},    {14, 32, 16},
         {15, 33, 17},  {5, 17, 3},    {6, 16, 7},     {7, 15, 2},     {3, 7, 4},      {4, 8, 5},
         {5, 9, 6},     {29, 65, 255}, {17, 40, 256},  {16, 33, 257},  {9, 70, 511},   {30, 20, 513},
         {1, 300, 40},  {300, 1, 41},  {100, 90, 600}, {20, 4200, 24}, {257, 515, 1031}, {3, 300, 50001},
+        {17, 40, 1024}, {16, 33, 1025}, {9, 21, 2049},
     };
     int64_t cases = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
