@@ -26,10 +26,11 @@
  * Packing: op(A) stored transposed (K x M) and op(B) stored as is (K x N)
  * are row copies; the other two cases transpose 16 x 16 (avx512) or 8 x 8
  * (avx2) squares in registers; the portable form copies element-wise. In
- * the avx512 form op(A) stored transposed is not packed at all where lda is
- * at most GEMM_ADIRECT_LDA: the micro-kernel reads its full slivers in
- * place (a stride of lda instead of MR; the same values in the same order,
- * so the same bits), only a last partial sliver is packed.
+ * the avx512 form op(A) is not packed at all (stored transposed: where lda
+ * is at most GEMM_ADIRECT_LDA): the micro-kernel reads its full slivers in
+ * place (element (i, k) at i + k lda, or i lda + k, instead of k MR + i; the
+ * same values in the same order, so the same bits), only a last partial
+ * sliver is packed.
  *
  * Forms (registers: the tile plus the B vectors plus a broadcast):
  *   avx512  MR x NR = 14 x 32: 28 zmm accumulators, 2 B vectors, FMA
@@ -93,8 +94,10 @@
  * the pages per multiply-add) up to 27% slower at lda 2048: never */
 #if defined(__AVX512F__)
 #define GEMM_ADIRECT_LDA 4096
+#define GEMM_AROW 1
 #else
 #define GEMM_ADIRECT_LDA 0
+#define GEMM_AROW 0
 #endif
 
 /* serial below this many multiply-adds */
@@ -105,11 +108,12 @@ static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* ---- micro-kernels: c[MR x NR] (row stride ldc) = alpha a.b (first) or
- * c + alpha a.b; a: kc x MR packed, b: kc x NR packed ------------------- */
+ * c + alpha a.b; a's element (i, k) at a[i ais + k as] (packed: ais 1, as
+ * MR; read in place: see the driver), b: kc x NR packed ----------------- */
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a, int64_t as,
-                                                          const float *restrict b, float *c, int64_t ldc,
-                                                          float alpha, bool first) {
+                                                          int64_t ais, const float *restrict b, float *c,
+                                                          int64_t ldc, float alpha, bool first) {
     __m512 acc[MR][2];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -124,7 +128,7 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
         __asm__("" : "+v"(b0), "+v"(b1));
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) {
-            __m512 ai = _mm512_set1_ps(a[i]);
+            __m512 ai = _mm512_set1_ps(a[i * ais]);
             acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
             acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
         }
@@ -145,8 +149,8 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
 }
 #elif defined(__AVX2__)
 static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a, int64_t as,
-                                                          const float *restrict b, float *c, int64_t ldc,
-                                                          float alpha, bool first) {
+                                                          int64_t ais, const float *restrict b, float *c,
+                                                          int64_t ldc, float alpha, bool first) {
     __m256 acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -158,7 +162,7 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
         __asm__("" : "+x"(b0), "+x"(b1));
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
-            __m256 ai = _mm256_broadcast_ss(a + i);
+            __m256 ai = _mm256_broadcast_ss(a + i * ais);
             acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
             acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
         }
@@ -188,8 +192,8 @@ static inline v4f v4_load(const float *p) {
 }
 static inline void v4_store(float *p, v4f v) { memcpy(p, &v, sizeof v); }
 static inline __attribute__((always_inline)) void ukernel(int64_t kc, const float *restrict a, int64_t as,
-                                                          const float *restrict b, float *c, int64_t ldc,
-                                                          float alpha, bool first) {
+                                                          int64_t ais, const float *restrict b, float *c,
+                                                          int64_t ldc, float alpha, bool first) {
     v4f acc[MR][2];
 #pragma GCC unroll 8
     for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = (v4f){0, 0, 0, 0};
@@ -198,7 +202,8 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
         v4f b0 = v4_load(b), b1 = v4_load(b + 4);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
-            v4f ai = (v4f){a[i], a[i], a[i], a[i]};
+            const float av = a[i * ais];
+            v4f ai = (v4f){av, av, av, av};
             acc[i][0] = acc[i][0] + ai * b0;
             acc[i][1] = acc[i][1] + ai * b1;
         }
@@ -221,10 +226,10 @@ static inline __attribute__((always_inline)) void ukernel(int64_t kc, const floa
 
 /* A tile of mi x nj (< MR x NR) at c: the kernel into a scratch tile, then
  * the valid part, with the kernel's roundings (alpha acc, then the add). */
-static void edge_tile(int64_t kc, const float *a, int64_t as, const float *b, float *c, int64_t ldc, float alpha,
-                      bool first, int64_t mi, int64_t nj) {
+static void edge_tile(int64_t kc, const float *a, int64_t as, int64_t ais, const float *b, float *c, int64_t ldc,
+                      float alpha, bool first, int64_t mi, int64_t nj) {
     float t[MR * NR] __attribute__((aligned(64)));
-    ukernel(kc, a, as, b, t, NR, alpha, true);
+    ukernel(kc, a, as, ais, b, t, NR, alpha, true);
     for (int64_t i = 0; i < mi; i++)
         for (int64_t j = 0; j < nj; j++) c[i * ldc + j] = first ? t[i * NR + j] : c[i * ldc + j] + t[i * NR + j];
 }
@@ -445,6 +450,10 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
      * read in place, stride lda, instead of packed (avx512 form, lda up to
      * GEMM_ADIRECT_LDA: wider strides touch a page per k) */
     const bool adirect = transA && lda <= GEMM_ADIRECT_LDA;
+    /* op(A) = A stored M x K (avx512 form): a full sliver is read in place
+     * too, its rows lda apart (no transposing pack; +2-3% on the forward
+     * and input-gradient shapes on a Zen 5) */
+    const bool arow = !transA && GEMM_AROW;
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
@@ -476,7 +485,7 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
                     const bool first = pc == 0 && !acc0;
                     float *const ab = apack + b * ablk;
                     for (int64_t r = 0; r < msl && !a_ready; r++)
-                        if (!adirect || mc - r * MR < MR)
+                        if (!(adirect || arow) || mc - r * MR < MR)
                             pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);
                     const float *bpb = bpack + b * nsp * kcb * NR;
                     for (int64_t sl = ns0; sl < ns1; sl++) {
@@ -485,15 +494,20 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
                         for (int64_t r = 0; r < msl; r++) {
                             const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
                             float *c = C + i * ldc + j;
-                            const bool direct = adirect && mi == MR; /* else packed */
-                            const float *ap = direct ? A + pc * lda + i : ab + r * MR * kc;
+                            /* the sliver: in place down A's columns (Aᵀ), in place
+                             * along A's rows, or packed (a partial one always) */
+                            const int how = mi < MR ? 0 : adirect ? 1 : arow ? 2 : 0;
+                            const float *ap = how == 1 ? A + pc * lda + i : how == 2 ? A + i * lda + pc : ab + r * MR * kc;
                             if (mi == MR && nj == NR) {
-                                if (direct)
-                                    ukernel(kc, ap, lda, bp, c, ldc, alpha, first);
+                                if (how == 1)
+                                    ukernel(kc, ap, lda, 1, bp, c, ldc, alpha, first);
+                                else if (how == 2)
+                                    ukernel(kc, ap, 1, lda, bp, c, ldc, alpha, first);
                                 else
-                                    ukernel(kc, ap, MR, bp, c, ldc, alpha, first);
+                                    ukernel(kc, ap, MR, 1, bp, c, ldc, alpha, first);
                             } else
-                                edge_tile(kc, ap, direct ? lda : MR, bp, c, ldc, alpha, first, mi, nj);
+                                edge_tile(kc, ap, how == 1 ? lda : how == 2 ? 1 : MR, how == 2 ? lda : 1, bp, c, ldc, alpha,
+                                          first, mi, nj);
                         }
                     }
                 }
