@@ -436,7 +436,7 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
  * choices measured against the old ones are measured again: fp32's and
  * bf16's apart (a new bf16 kernel leaves the fp32 choices standing). */
 #define KILN_GEMM_REV 5 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place */
-#define KILN_GEMM_REV_BF16 6 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024 */
+#define KILN_GEMM_REV_BF16 7 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the

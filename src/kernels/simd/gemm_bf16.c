@@ -47,7 +47,9 @@
  *     least; a task runs every K block itself:
  *       pc: K blocks; its rows of A packed into MR slivers (a thread keeps
  *           them over all of K when <= 2 MB, so its next task on the same
- *           rows packs nothing)
+ *           rows packs nothing); on the native path with A stored M x K
+ *           and an even block, full slivers are not packed: the micro-kernel
+ *           reads each row's pair words in place (the same words)
  *         jr: the task's NR slivers of B (the next one prefetched)
  *           ir: the MR slivers of A: the micro-kernel keeps its MR x NR
  *               tile in registers over the block.
@@ -377,7 +379,8 @@ static void task_emu(int64_t kc, const float *ap, int64_t msl, int64_t ic, int64
 /* ---- native micro-kernel (VDPBF16PS): kc2 pairs, a: kc2 x MR words,
  * b: kc2 x NR words ------------------------------------------------------- */
 #if BF_NATIVE
-static inline __attribute__((always_inline)) NATIVE_TARGET void ukernel_native(int64_t kc2, const uint32_t *restrict a,
+static inline __attribute__((always_inline)) NATIVE_TARGET void ukernel_native(int64_t kc2, const uint16_t *restrict a,
+                                                                                int64_t as, int64_t ais,
                                                                                 const uint32_t *restrict b, float *c,
                                                                                 int64_t ldc, float alpha, bool first,
                                                                                 bool full, const uint32_t *bnext) {
@@ -402,11 +405,13 @@ static inline __attribute__((always_inline)) NATIVE_TARGET void ukernel_native(i
         }
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) {
-            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i]);
+            uint32_t w;
+            memcpy(&w, a + i * ais, sizeof w);
+            __m512bh ai = (__m512bh)_mm512_set1_epi32((int)w);
             acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, (__m512bh)b0);
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, (__m512bh)b1);
         }
-        a += MR;
+        a += as;
         b += NR;
     }
     if (full) {
@@ -430,11 +435,15 @@ static inline __attribute__((always_inline)) NATIVE_TARGET void ukernel_native(i
     }
 }
 
-NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, const uint32_t *ap, int64_t msl,
-                                                                int64_t ic, int64_t mc, const uint32_t *bp,
-                                                                int64_t bstride, int64_t ns0, int64_t ns1, int64_t jc,
-                                                                int64_t nc,
-                                                                float *C, int64_t ldc, float alpha, bool first) {
+/* ain: A's rows at the block's first k (A stored M x K, the block's k
+ * count even), whose full slivers are read in place: the pair words of row
+ * i are contiguous there (VDPBF16PS takes denormal inputs as zeros itself,
+ * as the packing does); NULL: every sliver packed at ap */
+NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, const uint32_t *ap, const uint16_t *ain,
+                                                                int64_t lda, int64_t msl, int64_t ic, int64_t mc,
+                                                                const uint32_t *bp, int64_t bstride, int64_t ns0,
+                                                                int64_t ns1, int64_t jc, int64_t nc, float *C,
+                                                                int64_t ldc, float alpha, bool first) {
     const int64_t kc2 = cdiv(kc, 2);
     float t[MR * NR] __attribute__((aligned(64)));
     for (int64_t s = ns0; s < ns1; s++) {
@@ -443,10 +452,18 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
         for (int64_t r = 0; r < msl; r++) {
             const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
             const uint32_t *bn = r == msl - 1 && s + 1 < ns1 ? b + NR * bstride : NULL;
+            const bool in_place = ain && mi == MR;
+            const uint16_t *a = in_place ? ain + i * lda : (const uint16_t *)(const void *)(ap + r * MR * kc2);
             if (mi == MR && nj == NR) {
-                ukernel_native(kc2, ap + r * MR * kc2, b, C + i * ldc + j, ldc, alpha, first, true, bn);
+                if (in_place)
+                    ukernel_native(kc2, a, 2, lda, b, C + i * ldc + j, ldc, alpha, first, true, bn);
+                else
+                    ukernel_native(kc2, a, 2 * MR, 2, b, C + i * ldc + j, ldc, alpha, first, true, bn);
             } else {
-                ukernel_native(kc2, ap + r * MR * kc2, b, t, NR, alpha, first, false, bn);
+                if (in_place)
+                    ukernel_native(kc2, a, 2, lda, b, t, NR, alpha, first, false, bn);
+                else
+                    ukernel_native(kc2, a, 2 * MR, 2, b, t, NR, alpha, first, false, bn);
                 store_tile(t, C + i * ldc + j, ldc, alpha, first, mi, nj);
             }
         }
@@ -680,8 +697,11 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                     const int64_t ku = amx ? amx_pairs(kc) : cdiv(kc, 2) * upp;
                     const bool first = pc == 0 && !acc0;
                     uint32_t *const ab = apack + b * ablk;
+                    /* native, A stored M x K, an even block: full slivers read in place */
+                    const bool a_in = native && !amx && a_contig && kc % 2 == 0;
                     for (int64_t r = 0; r < msl && !a_ready; r++) {
                         const int64_t i0 = ic + r * mr, mi = imin(mr, mc - r * mr);
+                        if (a_in && mi == MR) continue;
 #if BF_AMX
                         if (amx) {
                             pack_a_amx(a_contig, A, lda, i0, mi, pc, kc, ku, ab + r * mr * ku);
@@ -702,7 +722,8 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
 #endif
 #if BF_NATIVE
                     if (native) {
-                        task_native(kc, ab, msl, ic, mc, bp, kcu, ns0, ns1, jc, nc, C, ldc, alpha, first);
+                        task_native(kc, ab, a_in ? A + pc : NULL, lda, msl, ic, mc, bp, kcu, ns0, ns1, jc, nc, C, ldc,
+                                    alpha, first);
                         continue;
                     }
 #endif
