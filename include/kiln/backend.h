@@ -116,6 +116,9 @@ const kiln_backend *kiln_backend_find(const char *name);
 const kiln_backend *kiln_backend_of(const kiln_tensor *t);
 /* The backend new tensors of this thread are made on (kiln_buft_current). */
 const kiln_backend *kiln_backend_current(void);
+/* whether b's bf16 products are emulated (its bf16_emulated entry; false
+ * without one or for NULL) */
+bool kiln_backend_bf16_emulated(const kiln_backend *b);
 /* Makes b this thread's device (new tensors on b->buft); returns the
  * previous one. */
 const kiln_backend *kiln_backend_use(const kiln_backend *b);

@@ -31,6 +31,8 @@ const kiln_backend *kiln_backend_of(const kiln_tensor *t) { return of_buft(kiln_
 
 const kiln_backend *kiln_backend_current(void) { return of_buft(kiln_buft_current()); }
 
+bool kiln_backend_bf16_emulated(const kiln_backend *b) { return b && b->bf16_emulated && b->bf16_emulated(); }
+
 const kiln_backend *kiln_backend_use(const kiln_backend *b) {
     return of_buft(kiln_buft_use(b ? b->buft : &kiln_buft_host));
 }

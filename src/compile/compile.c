@@ -298,8 +298,7 @@ static kiln_status build_variant(kiln_compiled *c, kiln_tensor *const *in, int *
     go.reuse_memory = c->o.reuse_memory;
     go.recompute = c->o.recompute;
     go.verify |= c->o.verify_graph;
-    const kiln_backend *sb = step_backend(c);
-    go.bf16_as_f32 = sb->bf16_emulated && sb->bf16_emulated();
+    go.bf16_as_f32 = kiln_backend_bf16_emulated(step_backend(c));
     kiln_status st = kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &v->g);
     if (!st) st = kiln_interp_new(v->g, &v->r);
     if (st) {
@@ -382,8 +381,7 @@ static int dynamic_instance(kiln_compiled *c, kiln_tensor *const *in) {
     go.reuse_memory = c->o.reuse_memory;
     go.recompute = c->o.recompute;
     go.verify |= c->o.verify_graph;
-    const kiln_backend *sb = step_backend(c);
-    go.bf16_as_f32 = sb->bf16_emulated && sb->bf16_emulated();
+    go.bf16_as_f32 = kiln_backend_bf16_emulated(step_backend(c));
     kiln_graph *g = NULL;
     if (kiln_graph_build(c->fn, c->user, c->params, c->n_params, in, c->n_inputs, &go, &g)) {
         kiln_clear_error();

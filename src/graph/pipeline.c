@@ -12,10 +12,9 @@
 #endif
 
 void kiln_graph_options_default(kiln_graph_options *o) {
-    const kiln_backend *b = kiln_backend_current();
     *o = (kiln_graph_options){.backward = true, .rewrite_attention = true, .rewrite_linear_ce = true, .reuse_memory = true,
                               .fuse = true, .verify = VERIFY_DEFAULT,
-                              .bf16_as_f32 = b && b->bf16_emulated && b->bf16_emulated()};
+                              .bf16_as_f32 = kiln_backend_bf16_emulated(kiln_backend_current())};
 }
 
 typedef kiln_status (*pass_fn)(kiln_graph *g, const kiln_graph_options *o);

@@ -889,12 +889,12 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
     if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
     const int path = bf16_path(bf16, D);
-    const bool amx = path > 0; /* the bf16 forms (on AMX or VDPBF16PS) */
+    const bool bf = path > 0; /* the bf16 forms (products on AMX or VDPBF16PS) */
     /* the fp32 kernel's k blocks [D][BK], or the bf16 forms: q's rows, k's
      * pairs, v's inter */
     const size_t fp32_kt = (size_t)(B * Hkv * nkb * D * BK) * sizeof(float);
     const size_t nq16 = (size_t)(B * H * nqb * BQ * D), nkv32 = (size_t)(B * Hkv * nkb * BK * D / 2);
-    void *kt = nkb ? kiln_alloc(amx ? nq16 * 2 + 2 * nkv32 * 4 : fp32_kt) : NULL;
+    void *kt = nkb ? kiln_alloc(bf ? nq16 * 2 + 2 * nkv32 * 4 : fp32_kt) : NULL;
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
     if ((nkb && !kt) || !seg_ok) { /* out of memory: nothing sensible to return but NaN */
@@ -906,7 +906,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
     }
     fwd_args a = {q, kt, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window, NULL, NULL, NULL, nqb, path == 2};
 #if ATT_AMX
-    if (amx && nkb) {
+    if (bf && nkb) {
         uint32_t *kp = (uint32_t *)kt, *vi = kp + nkv32;
         uint16_t *qh = (uint16_t *)(vi + nkv32);
 #pragma omp parallel for schedule(static) if (B * Hkv * Tk * D > (1 << 15))
@@ -927,9 +927,9 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
     const int64_t ntask = B * H * nqb;
 #pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
     {
-        float *S = kiln_alloc((BQ * BK + 2 * BQ + BK + (amx ? BQ * D + BQ * BK / 2 : 0)) * sizeof(float));
-        float *m = S + BQ * BK, *l = m + BQ, *bias = l + BQ, *obuf = amx ? bias + BK : NULL;
-        uint16_t *ph = amx ? (uint16_t *)(obuf + BQ * D) : NULL;
+        float *S = kiln_alloc((BQ * BK + 2 * BQ + BK + (bf ? BQ * D + BQ * BK / 2 : 0)) * sizeof(float));
+        float *m = S + BQ * BK, *l = m + BQ, *bias = l + BQ, *obuf = bf ? bias + BK : NULL;
+        uint16_t *ph = bf ? (uint16_t *)(obuf + BQ * D) : NULL;
 #if ATT_AMX
         if (path == 2) kiln_amx_config();
 #endif
@@ -1139,11 +1139,11 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
     if (T <= 0 || Tk <= 0) return;
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ), nkv = B * Hkv * nkb * D * BK;
     const int path = bf16_path(bf16, D);
-    const bool amx = path > 0; /* the bf16 forms (on AMX or VDPBF16PS) */
+    const bool bf = path > 0; /* the bf16 forms (products on AMX or VDPBF16PS) */
     /* fp32: k's and v's blocks [D][BK], then delta; bf16: delta, the q/dout
      * forms (4 x nq16 bf16), the k/v forms (3 x nkv / 2 words) */
     const int64_t nq16 = B * H * nqb * BQ * D;
-    float *kt = kiln_alloc(amx ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
+    float *kt = kiln_alloc(bf ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
                                : (size_t)(2 * nkv + B * H * T) * sizeof(float));
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
@@ -1153,8 +1153,8 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
         free(si.kmin);
         return;
     }
-    float *vt = amx ? NULL : kt + nkv, *delta = amx ? kt : vt + nkv;
-    if (!amx) {
+    float *vt = bf ? NULL : kt + nkv, *delta = bf ? kt : vt + nkv;
+    if (!bf) {
         transpose_blocks(k, kt, B * Hkv, Tk, D);
         transpose_blocks(v, vt, B * Hkv, Tk, D);
     }
@@ -1166,10 +1166,10 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
         for (int64_t d = 0; d < D; d++) s += o[d] * g[d];
         delta[i] = s;
     }
-    bwd_args a = {q, k, v, amx ? NULL : kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
+    bwd_args a = {q, k, v, bf ? NULL : kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
                   H, Hkv, T, Tk, D, nkb, nqb, scale, si, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL, path == 2};
 #if ATT_AMX
-    if (amx) {
+    if (bf) {
         uint16_t *f16 = (uint16_t *)(delta + B * H * T);
         uint32_t *f32 = (uint32_t *)(f16 + 4 * nq16);
         uint16_t *qh = f16, *qc = qh + nq16, *dh = qc + nq16, *dc = dh + nq16;
@@ -1231,10 +1231,10 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
 #pragma omp parallel if (!small && B * Hkv * P > 1)
     {
         /* S, dP; AMX: dq rows, dkᵀ, dvᵀ, P and dS pairs, dS rows */
-        const size_t nw = 2 * BQ * BK + (amx ? BQ * D + 2 * D * BK + BQ * BK + BQ * BK / 2 : 0);
+        const size_t nw = 2 * BQ * BK + (bf ? BQ * D + 2 * D * BK + BQ * BK + BQ * BK / 2 : 0);
         float *S = kiln_alloc(nw * sizeof(float));
         bwd_scratch w = {S, S ? S + BQ * BK : NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-        if (amx && S) {
+        if (bf && S) {
             w.dq = w.dP + BQ * BK, w.dkT = w.dq + BQ * D, w.dvT = w.dkT + D * BK;
             w.pi = (uint32_t *)(w.dvT + D * BK), w.dsi = w.pi + BQ * BK / 2, w.dsh = (uint16_t *)(w.dsi + BQ * BK / 2);
         }
