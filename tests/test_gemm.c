@@ -371,7 +371,7 @@ static void test_kernel_shapes(void) {
     const char *names[KILN_FORM_COUNT];
     int nf = kforms(tabs, names);
     /* edges around every form's MR (14, 6, 4) and NR (32, 16, 8); K past
-     * KC (512 avx512, 256 otherwise) and balanced into blocks; M past MC;
+     * KC (512 avx512 and avx2, 256 portable) and balanced into blocks; M past MC;
      * N past NC (4096) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {7, 13, 5},     {13, 31, 9},    {14, 32, 16},   {15, 33, 17},  {5, 17, 3},

@@ -435,7 +435,7 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
  * choices measured against the old ones are measured again: fp32's and
  * bf16's apart (a new bf16 kernel leaves the fp32 choices standing). */
-#define KILN_GEMM_REV 5 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place */
+#define KILN_GEMM_REV 6 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place) */
 #define KILN_GEMM_REV_BF16 7 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,

@@ -26,11 +26,15 @@
  * Packing: op(A) stored transposed (K x M) and op(B) stored as is (K x N)
  * are row copies; the other two cases transpose 16 x 16 (avx512) or 8 x 8
  * (avx2) squares in registers; the portable form copies element-wise. In
- * the avx512 form op(A) is not packed at all (stored transposed: where lda
- * is at most GEMM_ADIRECT_LDA): the micro-kernel reads its full slivers in
- * place (element (i, k) at i + k lda, or i lda + k, instead of k MR + i; the
- * same values in the same order, so the same bits), only a last partial
- * sliver is packed.
+ * the avx512 and avx2 forms op(A) = A stored M x K is not packed at all,
+ * nor, in the avx512 form, A stored transposed where lda is at most
+ * GEMM_ADIRECT_LDA: the micro-kernel reads its full slivers in place
+ * (element (i, k) at i lda + k, or i + k lda, instead of k MR + i; the same
+ * values in the same order, so the same bits), only a last partial sliver is
+ * packed. (avx2, Zen 3, the same 15 products in one process: +1.4-2.2% in
+ * geometric mean, +15-20% on the fused head's 256 x 512 x 8192, whose rows
+ * of A over all of K exceeded the packed-A cache and were packed again per
+ * panel of B.)
  *
  * Forms (registers: the tile plus the B vectors plus a broadcast):
  *   avx512  MR x NR = 14 x 32: 28 zmm accumulators, 2 B vectors, FMA
@@ -41,9 +45,10 @@
  * 4/5) L2, a panel of B (all of K) about 4 MB of L3. The avx512 form's KC
  * is 512 (a 64 KB sliver of B, streamed from L2): fewer passes over C, and
  * on a Zen 5 the step's products ran 5% faster than with 256 (384: the
- * same as 256; 768 and 1024: as 512); the avx2 form keeps 256 (512 gave
- * +2% there, on a Zen 5, whose L1 and L2 are larger than the AVX2-only
- * machines').
+ * same as 256; 768 and 1024: as 512); the avx2 form's KC is 512 too (a 32
+ * KB sliver): on a Zen 3 (AVX2, 512 KB L2) the small model's 12 products
+ * and the fused head's 3, both forms in one process, ran 1.3-3.5% faster
+ * in geometric mean than with 256 (+2% on a Zen 5).
  *
  * Threads: OpenMP on the caller's count (serial below 2^19 multiply-adds,
  * or when called inside a parallel region). Per panel the threads pack it
@@ -77,7 +82,7 @@
 #elif defined(__AVX2__)
 #define GEMM_MR 6
 #define GEMM_NR 16
-#define GEMM_KC 256
+#define GEMM_KC 512
 #define GEMM_MC 144
 #else
 #define GEMM_MR 4
@@ -94,9 +99,14 @@
  * the pages per multiply-add) up to 27% slower at lda 2048: never */
 #if defined(__AVX512F__)
 #define GEMM_ADIRECT_LDA 4096
-#define GEMM_AROW 1
 #else
 #define GEMM_ADIRECT_LDA 0
+#endif
+/* op(A) = A stored M x K: full slivers read in place along A's rows (avx512
+ * and avx2; the portable form packs) */
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define GEMM_AROW 1
+#else
 #define GEMM_AROW 0
 #endif
 
@@ -450,7 +460,7 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
      * read in place, stride lda, instead of packed (avx512 form, lda up to
      * GEMM_ADIRECT_LDA: wider strides touch a page per k) */
     const bool adirect = transA && lda <= GEMM_ADIRECT_LDA;
-    /* op(A) = A stored M x K (avx512 form): a full sliver is read in place
+    /* op(A) = A stored M x K (avx512, avx2): a full sliver is read in place
      * too, its rows lda apart (no transposing pack; +2-3% on the forward
      * and input-gradient shapes on a Zen 5) */
     const bool arow = !transA && GEMM_AROW;
