@@ -155,7 +155,9 @@ static void compare(const char *name, bool rewrites, bool freeze) {
 }
 
 /* With bf16 autocast, operands are cast once and the casts fuse into their
- * producers: the fp32 RMSNorm output and SwiGLU product never reach memory. */
+ * producers: the fp32 RMSNorm output and SwiGLU product never reach memory.
+ * The cast is cast_bf16 where the CPU multiplies bf16, round_bf16 (rounded,
+ * held fp32) where the products are emulated; the graph says which. */
 static void bf16_casts(void) {
     setup s = {0};
     CHECK(load(&s, "tiny_gqa", false), "load: %s", kiln_last_error());
@@ -174,7 +176,7 @@ static void bf16_casts(void) {
         bool has_cast = false, norm_internal = false, mul_internal = false;
         for (int m = g->group_start[k]; m < g->group_start[k + 1]; m++) {
             const kiln_value *x = &g->v[g->group_members[m]];
-            has_cast |= x->op == KILN_OP_CAST_BF16;
+            has_cast |= x->op == KILN_OP_CAST_BF16 || x->op == KILN_OP_ROUND_BF16;
             norm_internal |= x->op == KILN_OP_RMSNORM && x->internal;
             mul_internal |= x->op == KILN_OP_MUL && x->internal;
         }
@@ -182,7 +184,9 @@ static void bf16_casts(void) {
         mul_cast += has_cast && mul_internal;
     }
     for (int i = 0; i < g->n; i++) {
-        if (g->v[i].dead || g->v[i].kind != KILN_V_OP || g->v[i].op != KILN_OP_CAST_BF16) continue;
+        if (g->v[i].dead || g->v[i].kind != KILN_V_OP ||
+            (g->v[i].op != KILN_OP_CAST_BF16 && g->v[i].op != KILN_OP_ROUND_BF16))
+            continue;
         casts++;
         int readers = 0;
         for (int j = i + 1; j < g->n; j++)
