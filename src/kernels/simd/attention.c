@@ -43,44 +43,58 @@
 
 /* ---- micro-kernels ------------------------------------------------------ */
 
-/* C[r*BK + c] = sum_d A[r*lda + d] * Bt[d*BK + c] for r < nr, c < BK. */
+/* C[r*BK + c] = sum_d A[r*lda + d] * Bt[d*BK + c] for r < nr, c < nc (nc a
+ * multiple of 16, at most BK: a causal tile's rows need only their visible
+ * keys' columns; the others are left as they were). */
 #ifdef KILN_ATT_AVX512
 static inline __attribute__((always_inline)) void nt_rows(const float *A, int64_t lda,
                                                           const float *Bt, int64_t D, float *C,
-                                                          const int R) {
+                                                          const int R, const int NV) {
     __m512 acc[MR][4];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_ps();
+        for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
         const float *b = Bt + d * BK;
-        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-        __m512 b2 = _mm512_load_ps(b + 32), b3 = _mm512_load_ps(b + 48);
-        /* stop gcc from re-loading b as a memory operand of every FMA: that
-         * makes the kernel load-bound */
-        __asm__("" : "+v"(b0), "+v"(b1), "+v"(b2), "+v"(b3));
+        __m512 bv[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            bv[v] = _mm512_load_ps(b + 16 * v);
+            /* stop gcc from re-loading b as a memory operand of every FMA:
+             * that makes the kernel load-bound */
+            __asm__("" : "+v"(bv[v]));
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 a = _mm512_set1_ps(A[r * lda + d]);
-            acc[r][0] = _mm512_fmadd_ps(a, b0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(a, b1, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(a, b2, acc[r][2]);
-            acc[r][3] = _mm512_fmadd_ps(a, b3, acc[r][3]);
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(a, bv[v], acc[r][v]);
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int v = 0; v < 4; v++) _mm512_store_ps(C + r * BK + 16 * v, acc[r][v]);
+        for (int v = 0; v < NV; v++) _mm512_store_ps(C + r * BK + 16 * v, acc[r][v]);
 }
 
-static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
-    int64_t r = 0;
-    for (; r + MR <= nr; r += MR) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, MR);
-    if (r + 4 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 4), r += 4;
-    for (; r < nr; r++) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 1);
+#define NT_ROWS(NV)                                                                      \
+    do {                                                                                 \
+        int64_t r = 0;                                                                   \
+        for (; r + MR <= nr; r += MR) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, MR, NV); \
+        if (r + 4 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 4, NV), r += 4;       \
+        for (; r < nr; r++) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 1, NV);            \
+    } while (0)
+
+static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr, int64_t nc) {
+    switch (nc / 16) {
+    case 4: NT_ROWS(4); break;
+    case 3: NT_ROWS(3); break;
+    case 2: NT_ROWS(2); break;
+    case 1: NT_ROWS(1); break;
+    }
 }
+#undef NT_ROWS
 
 static inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1u) : 0;
@@ -163,8 +177,8 @@ static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int
  * accumulators, 2 loaded vectors and one broadcast. */
 static inline __attribute__((always_inline)) void nt_rows(const float *A, int64_t lda,
                                                           const float *Bt, int64_t D, float *C,
-                                                          const int R) {
-    for (int c0 = 0; c0 < BK; c0 += 16) {
+                                                          int64_t nc, const int R) {
+    for (int64_t c0 = 0; c0 < nc; c0 += 16) {
         __m256 acc[MR][2];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -187,12 +201,12 @@ static inline __attribute__((always_inline)) void nt_rows(const float *A, int64_
     }
 }
 
-static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
+static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr, int64_t nc) {
     int64_t r = 0;
-    for (; r + MR <= nr; r += MR) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, MR);
-    if (r + 4 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 4), r += 4;
-    if (r + 2 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 2), r += 2;
-    for (; r < nr; r++) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, 1);
+    for (; r + MR <= nr; r += MR) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, nc, MR);
+    if (r + 4 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, nc, 4), r += 4;
+    if (r + 2 <= nr) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, nc, 2), r += 2;
+    for (; r < nr; r++) nt_rows(A + r * lda, lda, Bt, D, C + r * BK, nc, 1);
 }
 
 /* C[r*ldc + c] += sum_k A[r*sar + k*sak] * B[k*ldb + c] for rows r < R and
@@ -270,15 +284,15 @@ static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int
 }
 #undef ACC_ROWS
 #else /* portable versions */
-static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr) {
+static void mk_nt(const float *A, int64_t lda, const float *Bt, int64_t D, float *C, int64_t nr, int64_t nc) {
     for (int64_t r = 0; r < nr; r++) {
         float *c = C + r * BK;
-        for (int64_t j = 0; j < BK; j++) c[j] = 0.0f;
+        for (int64_t j = 0; j < nc; j++) c[j] = 0.0f;
         for (int64_t d = 0; d < D; d++) {
             float a = A[r * lda + d];
             const float *b = Bt + d * BK;
 #pragma omp simd
-            for (int64_t j = 0; j < BK; j++) c[j] += a * b[j];
+            for (int64_t j = 0; j < nc; j++) c[j] += a * b[j];
         }
     }
 }
@@ -337,6 +351,61 @@ static bool block_has_pad(const int32_t *pad, int64_t j0, int64_t nk) {
 static int64_t causal_limit(int64_t qpos, int64_t j0, int64_t nk) {
     int64_t lim = qpos - j0 + 1;
     return lim < 0 ? 0 : lim > nk ? nk : lim;
+}
+
+/* A tile on the causal diagonal (its first query, at qpos0, does not see
+ * the whole key block) is done in groups of TRIM_ROWS rows, each over the
+ * keys its last row sees: the products skip the masked upper triangle but
+ * for a group's staircase (at T = 256, 4 of the 10 tiles per head are
+ * diagonal; a diagonal tile costs 40/64 of a full one). Only exact zeros
+ * are skipped (P and dS are 0 past a row's causal limit, and the softmax
+ * loops mask, by selection, whatever the skipped columns of S and dP hold). */
+#define TRIM_ROWS 16
+
+static bool tile_full(int64_t qpos0, int64_t j0, int64_t nk) { return causal_limit(qpos0, j0, nk) == nk; }
+
+/* S (BK-strided rows) = A·Bt for the tile's nr rows: every row's visible
+ * columns, rounded up to 16 */
+static void nt_tile(const float *A, int64_t lda, const float *Bt, int64_t D, float *S, int64_t nr, int64_t qpos0,
+                    int64_t j0, int64_t nk) {
+    if (tile_full(qpos0, j0, nk)) {
+        mk_nt(A, lda, Bt, D, S, nr, BK);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < nr; r0 += TRIM_ROWS) {
+        const int64_t rn = nr - r0 < TRIM_ROWS ? nr - r0 : TRIM_ROWS, need = causal_limit(qpos0 + r0 + rn - 1, j0, nk);
+        if (need > 0) mk_nt(A + r0 * lda, lda, Bt, D, S + r0 * BK, rn, (need + 15) & ~(int64_t)15);
+    }
+}
+
+/* C's nr query rows += P·B (P's rows BK apart), each over its visible keys */
+static void acc_tile_rows(const float *P, const float *B, int64_t ldb, float *C, int64_t ldc, int64_t nr, int64_t nk,
+                          int64_t D, int64_t qpos0, int64_t j0) {
+    if (tile_full(qpos0, j0, nk)) {
+        mk_acc(P, BK, 1, B, ldb, C, ldc, nr, nk, D);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < nr; r0 += TRIM_ROWS) {
+        const int64_t rn = nr - r0 < TRIM_ROWS ? nr - r0 : TRIM_ROWS, need = causal_limit(qpos0 + r0 + rn - 1, j0, nk);
+        if (need > 0) mk_acc(P + r0 * BK, BK, 1, B, ldb, C + r0 * ldc, ldc, rn, need, D);
+    }
+}
+
+/* C's nk key rows += Pᵀ·B (B's rows are the tile's queries), each key over
+ * the queries that see it: a group of keys from the first query that sees
+ * its first key */
+static void acc_tile_keys(const float *P, const float *B, int64_t ldb, float *C, int64_t ldc, int64_t nr, int64_t nk,
+                          int64_t D, int64_t qpos0, int64_t j0) {
+    if (tile_full(qpos0, j0, nk)) {
+        mk_acc(P, 1, BK, B, ldb, C, ldc, nk, nr, D);
+        return;
+    }
+    for (int64_t c0 = 0; c0 < nk; c0 += TRIM_ROWS) {
+        const int64_t cn = nk - c0 < TRIM_ROWS ? nk - c0 : TRIM_ROWS;
+        int64_t rs = c0 + j0 - qpos0; /* the first row with causal_limit > c0 */
+        rs = rs < 0 ? 0 : rs;
+        if (rs < nr) mk_acc(P + rs * BK + c0, 1, BK, B + rs * ldb, ldb, C + c0 * ldc, ldc, cn, nr - rs, D);
+    }
 }
 
 /* Sliding window W (0: none): a query at qpos sees keys j > qpos - W. The
@@ -768,7 +837,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             tile_mm(a->amx, S, BK, false, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, BK, nr, BK, D);
         else
 #endif
-            mk_nt(q, D, ktb + kb * D * BK, D, S, nr);
+            nt_tile(q, D, ktb + kb * D * BK, D, S, nr, off + i0, j0, nk);
         for (int64_t r = 0; r < nr; r++) {
             float *s = S + r * BK;
             const int64_t lim = causal_limit(off + i0 + r, j0, nk), lo = window_start(a->window, off + i0 + r, j0, nk);
@@ -835,7 +904,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             continue;
         }
 #endif
-        mk_acc(S, BK, 1, vb + j0 * D, D, o, D, nr, nk, D);
+        acc_tile_rows(S, vb + j0 * D, D, o, D, nr, nk, D, off + i0, j0);
     }
     float *lse = a->lse + (b * a->H + h) * T + i0;
     for (int64_t r = 0; r < nr; r++) {
@@ -1007,8 +1076,8 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     } else
 #endif
     {
-        mk_nt(q, D, a->kt + tblk, D, S, nr);
-        mk_nt(dO, D, a->vt + tblk, D, dP, nr);
+        nt_tile(q, D, a->kt + tblk, D, S, nr, off + i0, j0, nk);
+        nt_tile(dO, D, a->vt + tblk, D, dP, nr, off + i0, j0, nk);
     }
     const float sc = a->scale;
     /* the padding bias (zeros without padding: one branch-free loop, which
@@ -1025,9 +1094,9 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L + bias[c]);
-                p = c < lim && c >= lo && sk[c] == sq ? p : 0.0f;
-                s[c] = p;
-                dp[c] = p * (dp[c] - dl);
+                const bool vis = c < lim && c >= lo && sk[c] == sq;
+                s[c] = vis ? p : 0.0f;
+                dp[c] = vis ? p * (dp[c] - dl) : 0.0f; /* a skipped column of dP holds anything */
             }
         } else if (lim == nk && !has_pad && !lo) {
 #pragma omp simd
@@ -1040,9 +1109,9 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
 #pragma omp simd
             for (int64_t c = 0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L + bias[c]);
-                p = c < lim && c >= lo ? p : 0.0f;
-                s[c] = p;
-                dp[c] = p * (dp[c] - dl);
+                const bool vis = c < lim && c >= lo;
+                s[c] = vis ? p : 0.0f;
+                dp[c] = vis ? p * (dp[c] - dl) : 0.0f; /* a skipped column of dP holds anything */
             }
         }
     }
@@ -1068,10 +1137,10 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     }
 #endif
     if (want_kv) {
-        mk_acc(S, 1, BK, dO, D, a->dv + krow * D, D, nk, nr, D);
-        mk_acc(dP, 1, BK, q, D, a->dk + krow * D, D, nk, nr, D);
+        acc_tile_keys(S, dO, D, a->dv + krow * D, D, nr, nk, D, off + i0, j0);
+        acc_tile_keys(dP, q, D, a->dk + krow * D, D, nr, nk, D, off + i0, j0);
     }
-    if (want_q) mk_acc(dP, BK, 1, a->k + krow * D, D, a->dq + qrow * D, D, nr, nk, D);
+    if (want_q) acc_tile_rows(dP, a->k + krow * D, D, a->dq + qrow * D, D, nr, nk, D, off + i0, j0);
 }
 
 static void scale_rows(float *x, int64_t n, float s) {
