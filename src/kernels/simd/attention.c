@@ -716,6 +716,56 @@ static inline __attribute__((unused)) float hsum8(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
+/* Lanes c .. c+7 of a row whose visible keys are lo <= c < lim (and, with
+ * segments sk, those of the query's segment sq): all ones where visible */
+static inline __m256 vis8(int64_t c, int64_t lim, int64_t lo, const int32_t *sk, int32_t sq) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)lo), idx),
+                                     _mm256_cmpgt_epi32(_mm256_set1_epi32((int)lim), idx));
+    if (sk)
+        in = _mm256_and_si256(in, _mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)(sk + c)), _mm256_set1_epi32(sq)));
+    return _mm256_castsi256_ps(in);
+}
+
+/* A partly visible row of the forward (a tile on the causal diagonal, a
+ * window's edge, padding), 8 keys at a time while 8 remain: s ← s·sc + bias
+ * where visible, −inf elsewhere, and *mx the running max (a NaN skipped, as
+ * the scalar loop skips it); returns the keys done. gcc leaves the scalar
+ * loop with its selection scalar. */
+static inline int64_t masked_scores8(float *s, const float *bias, int64_t nk, int64_t lim, int64_t lo,
+                                     const int32_t *sk, int32_t sq, float sc, float *mx) {
+    const __m256 vs = _mm256_set1_ps(sc), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m = ninf;
+    int64_t c = 0;
+    for (; c + 8 <= nk; c += 8) {
+        __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(s + c), vs), _mm256_loadu_ps(bias + c));
+        x = _mm256_blendv_ps(ninf, x, vis8(c, lim, lo, sk, sq));
+        _mm256_storeu_ps(s + c, x);
+        m = _mm256_max_ps(x, m);
+    }
+    const float hm = hmax8(m);
+    *mx = hm > *mx ? hm : *mx;
+    return c;
+}
+
+/* The backward's partly visible row, 8 keys at a time while 8 remain:
+ * p = exp(s·sc − L + bias), s ← p and dp ← p·(dp − dl) where visible, 0
+ * elsewhere (whatever s and dp held there); the scalar loop's operations,
+ * so its bits; returns the keys done. */
+static inline int64_t masked_probs8(float *s, float *dp, const float *bias, int64_t nk, int64_t lim, int64_t lo,
+                                    const int32_t *sk, int32_t sq, float sc, float L, float dl) {
+    const __m256 vs = _mm256_set1_ps(sc), vL = _mm256_set1_ps(L), vdl = _mm256_set1_ps(dl);
+    int64_t c = 0;
+    for (; c + 8 <= nk; c += 8) {
+        const __m256 x = _mm256_add_ps(_mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(s + c), vs), vL), _mm256_loadu_ps(bias + c));
+        const __m256 p = kiln_exp8(x), vis = vis8(c, lim, lo, sk, sq);
+        const __m256 pd = _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + c), vdl));
+        _mm256_storeu_ps(s + c, _mm256_and_ps(p, vis));
+        _mm256_storeu_ps(dp + c, _mm256_and_ps(pd, vis));
+    }
+    return c;
+}
+
 /* One row of BK scores with every key visible: s ← exp(s·sc − m_new),
  * updating the running max *m and sum *l; returns the factor that rescales
  * the row's output so far. The generic loops below do the same with
@@ -852,10 +902,14 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             float mx = -INFINITY;
             if (mixed) { /* block-diagonal: keys of the query's own segment only */
                 const int32_t sq = sg[off + i0 + r], *sk = sg + j0;
+                int64_t c0 = 0;
+#ifdef KILN_ATT_ROW8
+                c0 = masked_scores8(s, bias, nk, lim, lo, sk, sq, sc, &mx);
+#endif
 #pragma omp simd reduction(max : mx)
-                for (int64_t c = 0; c < nk; c++) {
+                for (int64_t c = c0; c < nk; c++) {
                     float x = s[c] * sc + bias[c];
-                    x = c < lim && c >= lo && sk[c] == sq ? x : -INFINITY;
+                    x = (c < lim) & (c >= lo) & (sk[c] == sq) ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
                 }
@@ -867,10 +921,14 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
                     mx = x > mx ? x : mx;
                 }
             } else {
+                int64_t c0 = 0;
+#ifdef KILN_ATT_ROW8
+                c0 = masked_scores8(s, bias, nk, lim, lo, NULL, 0, sc, &mx);
+#endif
 #pragma omp simd reduction(max : mx)
-                for (int64_t c = 0; c < nk; c++) {
+                for (int64_t c = c0; c < nk; c++) {
                     float x = s[c] * sc + bias[c];
-                    x = c < lim && c >= lo ? x : -INFINITY;
+                    x = (c < lim) & (c >= lo) ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
                 }
@@ -1091,10 +1149,14 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         const int64_t lo = window_start(a->window, off + i0 + r, j0, nk);
         if (mixed) { /* block-diagonal: keys of the query's own segment only */
             const int32_t *sg = a->si.seg + b * Tk, sq = sg[off + i0 + r], *sk = sg + j0;
+            int64_t c0 = 0;
+#ifdef KILN_ATT_ROW8
+            c0 = masked_probs8(s, dp, bias, nk, lim, lo, sk, sq, sc, L, dl);
+#endif
 #pragma omp simd
-            for (int64_t c = 0; c < nk; c++) {
+            for (int64_t c = c0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L + bias[c]);
-                const bool vis = c < lim && c >= lo && sk[c] == sq;
+                const bool vis = (c < lim) & (c >= lo) & (sk[c] == sq);
                 s[c] = vis ? p : 0.0f;
                 dp[c] = vis ? p * (dp[c] - dl) : 0.0f; /* a skipped column of dP holds anything */
             }
@@ -1106,10 +1168,14 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
                 dp[c] = p * (dp[c] - dl);
             }
         } else { /* a padding key adds -inf, whose exp is 0 */
+            int64_t c0 = 0;
+#ifdef KILN_ATT_ROW8
+            c0 = masked_probs8(s, dp, bias, nk, lim, lo, NULL, 0, sc, L, dl);
+#endif
 #pragma omp simd
-            for (int64_t c = 0; c < nk; c++) {
+            for (int64_t c = c0; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] * sc - L + bias[c]);
-                const bool vis = c < lim && c >= lo;
+                const bool vis = (c < lim) & (c >= lo);
                 s[c] = vis ? p : 0.0f;
                 dp[c] = vis ? p * (dp[c] - dl) : 0.0f; /* a skipped column of dP holds anything */
             }
