@@ -26,6 +26,7 @@
 
 #include "kiln/kernels.h"
 #include "amx.h"
+#include "simd_tr.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -323,6 +324,18 @@ static void transpose_blocks(const float *src, float *dst, int64_t BH, int64_t T
         int64_t nk = Tk - j0 < BK ? Tk - j0 : BK;
         const float *s = src + (bh * Tk + j0) * D;
         float *o = dst + t * D * BK;
+#if defined(__AVX2__)
+        if (nk == BK && D % 8 == 0) { /* 8 x 8 blocks in registers */
+            for (int64_t c0 = 0; c0 < BK; c0 += 8)
+                for (int64_t d0 = 0; d0 < D; d0 += 8) {
+                    __m256 r[8];
+                    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(s + (c0 + i) * D + d0);
+                    kiln_tr8(r);
+                    for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + (d0 + j) * BK + c0, r[j]);
+                }
+            continue;
+        }
+#endif
         for (int64_t d = 0; d < D; d++) {
             float *od = o + d * BK;
             for (int64_t c = 0; c < nk; c++) od[c] = s[c * D + d];
@@ -748,6 +761,22 @@ static inline int64_t masked_scores8(float *s, const float *bias, int64_t nk, in
     return c;
 }
 
+/* The forward's partly visible row after masked_scores8: s ← exp(s − mu)
+ * 8 keys at a time while 8 remain, their sum in *sum (lanes, then the
+ * fixed tree of hsum8; the scalar loop adds the rest); returns the keys done */
+static inline int64_t exp_sum8(float *s, int64_t nk, float mu, float *sum) {
+    const __m256 vmu = _mm256_set1_ps(mu);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 8 <= nk; c += 8) {
+        const __m256 p = kiln_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + c), vmu));
+        _mm256_storeu_ps(s + c, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    *sum = hsum8(acc);
+    return c;
+}
+
 /* The backward's partly visible row, 8 keys at a time while 8 remain:
  * p = exp(s·sc − L + bias), s ← p and dp ← p·(dp − dl) where visible, 0
  * elsewhere (whatever s and dp held there); the scalar loop's operations,
@@ -938,8 +967,12 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
             const float mu = mnew == -INFINITY ? 0.0f : mnew;
             alpha = kiln_expf_fast(m[r] - mu);
             float sum = 0.0f;
+            int64_t c1 = 0;
+#ifdef KILN_ATT_ROW8
+            c1 = exp_sum8(s, nk, mu, &sum);
+#endif
 #pragma omp simd reduction(+ : sum)
-            for (int64_t c = 0; c < nk; c++) {
+            for (int64_t c = c1; c < nk; c++) {
                 float p = kiln_expf_fast(s[c] - mu);
                 s[c] = p;
                 sum += p;

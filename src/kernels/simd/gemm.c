@@ -68,6 +68,7 @@
 #include <string.h>
 
 #include "gemm_grid.h"
+#include "simd_tr.h"
 #include "kiln/kernels.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -289,25 +290,6 @@ static inline __attribute__((always_inline)) void tr_block(const float *src, int
 }
 #define GEMM_TR 16
 #elif defined(__AVX2__)
-static inline __attribute__((always_inline)) void tr8(__m256 r[8]) {
-    __m256 u[8];
-#pragma GCC unroll 2
-    for (int g = 0; g < 2; g++) {
-        __m256 lo01 = _mm256_unpacklo_ps(r[4 * g], r[4 * g + 1]), hi01 = _mm256_unpackhi_ps(r[4 * g], r[4 * g + 1]);
-        __m256 lo23 = _mm256_unpacklo_ps(r[4 * g + 2], r[4 * g + 3]),
-               hi23 = _mm256_unpackhi_ps(r[4 * g + 2], r[4 * g + 3]);
-        /* u[4g + q]: in 128-bit lane j, rows 4g..4g+3 of column 4j + q */
-        u[4 * g + 0] = _mm256_shuffle_ps(lo01, lo23, 0x44);
-        u[4 * g + 1] = _mm256_shuffle_ps(lo01, lo23, 0xEE);
-        u[4 * g + 2] = _mm256_shuffle_ps(hi01, hi23, 0x44);
-        u[4 * g + 3] = _mm256_shuffle_ps(hi01, hi23, 0xEE);
-    }
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; q++) {
-        r[q] = _mm256_permute2f128_ps(u[q], u[4 + q], 0x20);
-        r[4 + q] = _mm256_permute2f128_ps(u[q], u[4 + q], 0x31);
-    }
-}
 /* dst[k*ds + i] = src[i*ld + k] for i < ni (<= 8), k < nk (<= 8); the
  * first w (6 or 8) lanes stored, rows past ni as zeros */
 static inline __attribute__((always_inline)) void tr_block(const float *src, int64_t ld, int64_t ni, int64_t nk,
@@ -322,7 +304,7 @@ static inline __attribute__((always_inline)) void tr_block(const float *src, int
             for (int k = 0; k < 8; k++) tmp[i][k] = i < ni && k < nk ? src[i * ld + k] : 0.0f;
         for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(tmp[i]);
     }
-    tr8(r);
+    kiln_tr8(r);
     for (int64_t k = 0; k < nk; k++) {
         if (w == 8) {
             _mm256_storeu_ps(dst + k * ds, r[k]);
