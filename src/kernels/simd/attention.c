@@ -938,7 +938,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = c0; c < nk; c++) {
                     float x = s[c] * sc + bias[c];
-                    x = (c < lim) & (c >= lo) & (sk[c] == sq) ? x : -INFINITY;
+                    x = ((c < lim) & (c >= lo) & (sk[c] == sq)) ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
                 }
@@ -957,7 +957,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
 #pragma omp simd reduction(max : mx)
                 for (int64_t c = c0; c < nk; c++) {
                     float x = s[c] * sc + bias[c];
-                    x = (c < lim) & (c >= lo) ? x : -INFINITY;
+                    x = ((c < lim) & (c >= lo)) ? x : -INFINITY;
                     s[c] = x;
                     mx = x > mx ? x : mx;
                 }
