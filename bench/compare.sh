@@ -16,25 +16,27 @@
 # bench/llamacpp_train are missing). Run it on a quiet machine; it takes long (see README).
 #
 #   (kiln runs with --profile: the table is followed by its step split by op class)
-#   bash bench/compare.sh [--reps 3] [--steps 3] [--configs "124m:4x1024 small:8x256"]
+#   bash bench/compare.sh [--reps 3] [--steps 3] [--configs "124m:4x1024 small:8x256"] [--precisions "fp32 bf16"]
 #                         [--kiln build/kiln] [--python /usr/bin/python3] [--out DIR] [--quick]
 #                         [--llamacpp BUILD/bench/llamacpp_train | --no-llamacpp]
 # --quick: tiny:2x64, 1 repetition, 1 step (checks that the script works).
+# --precisions fp32: skip the bf16 rows (PyTorch's bf16 autocast takes minutes a step where bf16 is emulated).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reps=3 steps=3 configs="124m:4x1024 small:8x256" kiln=build/kiln py=/usr/bin/python3 out="" llt="" no_llt=0
+reps=3 steps=3 configs="124m:4x1024 small:8x256" precs="fp32 bf16" kiln=build/kiln py=/usr/bin/python3 out="" llt="" no_llt=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --reps) reps=$2; shift 2;;
     --steps) steps=$2; shift 2;;
     --configs) configs=$2; shift 2;;
+    --precisions) precs=$2; shift 2;;
     --kiln) kiln=$2; shift 2;;
     --python) py=$2; shift 2;;
     --out) out=$2; shift 2;;
     --llamacpp) llt=$2; shift 2;;
     --no-llamacpp) no_llt=1; shift;;
     --quick) configs="tiny:2x64" reps=1 steps=1; shift;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0;;
     *) echo "compare.sh: unknown argument '$1' (see --help)" >&2; exit 2;;
   esac
 done
@@ -45,6 +47,10 @@ done
 "$py" -c 'import torch' 2>/dev/null || { echo "compare.sh: $py cannot import torch (scripts/deps.sh installs python3-torch)" >&2; exit 1; }
 for c in $configs; do
   case "$c" in *:*x*) ;; *) echo "compare.sh: config '$c' is not MODEL:BATCHxSEQ" >&2; exit 2;; esac
+done
+[ -n "$precs" ] || { echo "compare.sh: --precisions needs fp32, bf16 or both" >&2; exit 2; }
+for p in $precs; do
+  case "$p" in fp32|bf16) ;; *) echo "compare.sh: precision '$p' is not fp32 or bf16" >&2; exit 2;; esac
 done
 [ -n "$out" ] || out=$(mktemp -d /tmp/kiln-compare.XXXXXX)
 mkdir -p "$out"
@@ -109,7 +115,7 @@ if [ -z "$llt_skip" ]; then echo "llama.cpp's trainer: $llt"; else echo "llama.c
 for r in $(seq 1 "$reps"); do
   for c in $configs; do
     model=${c%%:*} bt=${c#*:} B=${bt%x*} T=${bt#*x}
-    for prec in fp32 bf16; do
+    for prec in $precs; do
       log="$out/kiln-$model-${B}x$T-$prec-$r.txt"
       echo "rep $r: kiln $model ${B}x$T $prec (eager, compiled)"
       if nice "$kiln" bench --model "$model" --batch "$B" --seq "$T" --steps "$steps" --modes eager,default \
