@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "kiln/eager.h"
+#include "kiln/kernels.h"
 #include "kiln/safetensors.h"
 #include "kiln/train.h"
 #include "test.h"
@@ -313,8 +314,22 @@ static void estimate(void) {
           "LoRA: gradients and moments for the adapters only");
     CHECK(e[2].params == all + adapters - linears_bytes / 2 && e[2].grads == adapters,
           "bf16 base: the base linears count 2 bytes a weight");
-    CHECK(e[1].total < e[0].total && e[2].total < e[1].total, "the estimate shrinks: %lld > %lld > %lld", (long long)e[0].total,
-          (long long)e[1].total, (long long)e[2].total);
+    /* the held state shrinks everywhere; the whole estimate too where the
+     * CPU multiplies bf16: where bf16 is emulated the plan holds rounded
+     * activations in fp32 (twice bf16), which at this tiny model's size
+     * outweighs the base's saving */
+    int64_t held[3];
+    for (int k = 0; k < 3; k++) held[k] = e[k].params + e[k].grads + e[k].optim;
+    CHECK(held[1] < held[0] && held[2] < held[1], "the held state shrinks: %lld > %lld > %lld", (long long)held[0],
+          (long long)held[1], (long long)held[2]);
+    if (kiln_bf16_native())
+        CHECK(e[1].total < e[0].total && e[2].total < e[1].total, "the estimate shrinks: %lld > %lld > %lld",
+              (long long)e[0].total, (long long)e[1].total, (long long)e[2].total);
+    else
+        CHECK(e[1].total < e[0].total && e[2].arena_train > e[1].arena_train,
+              "emulated bf16: the estimate shrinks to LoRA, and the bf16 base's plan holds its rounded operands in fp32: "
+              "%lld > %lld, arena %lld > %lld", (long long)e[0].total, (long long)e[1].total, (long long)e[2].arena_train,
+              (long long)e[1].arena_train);
     for (int k = 0; k < 3; k++) kiln_llama_free(m[k]);
 }
 
