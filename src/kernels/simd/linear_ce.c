@@ -23,13 +23,16 @@
 
 #include "kiln/kernels.h"
 
-/* Logits scratch aimed at about this, in chunks of 256 to 1024 rows. 32 MB:
- * at vocab 8192 chunks of 1024 rows instead of 256 (8 MB); on a Zen 3
- * (AVX2, 2 threads) the small model's head + loss took 298-305 ms per step
- * instead of 331-334 (two alternating pairs, `kiln bench --profile`), the
- * peak RSS +40 MB; the input-gradient product (chunk x C x V) is the one a
- * short chunk slows most. Vocabularies of 32768 and more keep 256 rows. */
-#define LCE_TARGET_BYTES (32u << 20)
+/* Logits scratch aimed at about this, in chunks of 256 to 1024 rows; the
+ * input-gradient product (chunk x C x V) is the one a short chunk slows
+ * most. Measured on a Zen 3 (AVX2, 2 threads): at vocab 8192 (the small
+ * model) 1024 rows instead of 256 took head + loss from 331-334 to 298-305
+ * ms per step (two alternating pairs, `kiln bench --profile`), peak RSS +40
+ * MB; at vocab 32000 (124M, 4096 rows of 768) the kernel alone, five
+ * alternating pairs, 256 rows median 3943 ms, 512 rows 3559 (1.11x), 1024
+ * no better. 64 MB gives 1024 rows up to vocab 16384, 512 at 32000, 256
+ * from 65536 on. */
+#define LCE_TARGET_BYTES (64u << 20)
 
 static int64_t choose_chunk(int64_t V) {
     int64_t c = (int64_t)LCE_TARGET_BYTES / ((int64_t)sizeof(float) * (V > 0 ? V : 1));
