@@ -40,7 +40,7 @@
  *   avx512  MR x NR = 14 x 32: 28 zmm accumulators, 2 B vectors, FMA
  *   avx2    6 x 16: 12 ymm accumulators, 2 B vectors, FMA
  *   portable 4 x 8: 8 xmm-sized (GCC vector extension) accumulators, mul+add
- * Block sizes: a KC x NR sliver of B of 32 KB (avx2: 16 KB; L1 is 32-48
+ * Block sizes: a KC x NR sliver of B of 64 KB (avx512) or 32 KB (avx2; L1 is 32-48
  * KB), an MC x KC block of A well inside a 512 KB (Zen 2/3) to 1 MB (Zen
  * 4/5) L2, a panel of B (all of K) about 4 MB of L3. The avx512 form's KC
  * is 512 (a 64 KB sliver of B, streamed from L2): fewer passes over C, and
