@@ -917,8 +917,18 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, float 
         else
 #endif
             nt_tile(q, D, ktb + kb * D * BK, D, S, nr, off + i0, j0, nk);
+        /* the next key block's kᵀ and v (fp32 products), fetched while this
+         * one's rows go through the softmax, a share of the lines per row */
+        const int64_t nkn = (kb + 1) * BK < jend ? (Tk - j0 - BK < BK ? Tk - j0 - BK : BK) : 0;
+        const char *const pk = ktb && nkn ? (const char *)(ktb + (kb + 1) * D * BK) : NULL;
+        const char *const pv = pk ? (const char *)(vb + (j0 + BK) * D) : NULL;
+        const int64_t lk = pk ? D * BK * (int64_t)sizeof(float) / 64 : 0, lv = pk ? nkn * D * (int64_t)sizeof(float) / 64 : 0;
         for (int64_t r = 0; r < nr; r++) {
             float *s = S + r * BK;
+            if (pk) {
+                for (int64_t z = r * lk / nr; z < (r + 1) * lk / nr; z++) __builtin_prefetch(pk + 64 * z, 0, 2);
+                for (int64_t z = r * lv / nr; z < (r + 1) * lv / nr; z++) __builtin_prefetch(pv + 64 * z, 0, 2);
+            }
             const int64_t lim = causal_limit(off + i0 + r, j0, nk), lo = window_start(a->window, off + i0 + r, j0, nk);
             const float sc = a->scale;
             float alpha;
