@@ -315,32 +315,34 @@ static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+/* One key block: s [nk][D] (rows D apart) -> o [D][BK], zero past nk. */
+static void transpose_block(const float *s, int64_t nk, int64_t D, float *o) {
+#if defined(__AVX2__)
+    if (nk == BK && D % 8 == 0) { /* 8 x 8 blocks in registers */
+        for (int64_t c0 = 0; c0 < BK; c0 += 8)
+            for (int64_t d0 = 0; d0 < D; d0 += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(s + (c0 + i) * D + d0);
+                kiln_tr8(r);
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + (d0 + j) * BK + c0, r[j]);
+            }
+        return;
+    }
+#endif
+    for (int64_t d = 0; d < D; d++) {
+        float *od = o + d * BK;
+        for (int64_t c = 0; c < nk; c++) od[c] = s[c * D + d];
+        for (int64_t c = nk; c < BK; c++) od[c] = 0.0f;
+    }
+}
+
 /* src [B*Hkv][Tk][D] -> dst [B*Hkv][nkb][D][BK], zero past Tk. */
 static void transpose_blocks(const float *src, float *dst, int64_t BH, int64_t Tk, int64_t D) {
     int64_t nkb = cdiv(Tk, BK);
 #pragma omp parallel for schedule(static) if (BH * Tk * D > (1 << 15))
     for (int64_t t = 0; t < BH * nkb; t++) {
         int64_t bh = t / nkb, kb = t % nkb, j0 = kb * BK;
-        int64_t nk = Tk - j0 < BK ? Tk - j0 : BK;
-        const float *s = src + (bh * Tk + j0) * D;
-        float *o = dst + t * D * BK;
-#if defined(__AVX2__)
-        if (nk == BK && D % 8 == 0) { /* 8 x 8 blocks in registers */
-            for (int64_t c0 = 0; c0 < BK; c0 += 8)
-                for (int64_t d0 = 0; d0 < D; d0 += 8) {
-                    __m256 r[8];
-                    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(s + (c0 + i) * D + d0);
-                    kiln_tr8(r);
-                    for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + (d0 + j) * BK + c0, r[j]);
-                }
-            continue;
-        }
-#endif
-        for (int64_t d = 0; d < D; d++) {
-            float *od = o + d * BK;
-            for (int64_t c = 0; c < nk; c++) od[c] = s[c * D + d];
-            for (int64_t c = nk; c < BK; c++) od[c] = 0.0f;
-        }
+        transpose_block(src + (bh * Tk + j0) * D, Tk - j0 < BK ? Tk - j0 : BK, D, dst + t * D * BK);
     }
 }
 
@@ -1121,7 +1123,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
 /* ---- backward ----------------------------------------------------------- */
 
 typedef struct {
-    const float *q, *k, *v, *kt, *vt, *dout, *lse, *delta;
+    const float *q, *k, *v, *dout, *lse, *delta;
     const int32_t *pad;
     float *dq, *dk, *dv;
     int64_t H, Hkv, T, Tk, D, nkb, nqb;
@@ -1138,6 +1140,7 @@ typedef struct {
 /* a thread's scratch for the backward's tiles */
 typedef struct {
     float *S, *dP;
+    float *kt, *vt;        /* fp32: the key block's kᵀ and vᵀ [D][BK] */
     float *dq, *dkT, *dvT; /* AMX: a tile's dq rows, the key block's dkᵀ and dvᵀ */
     uint32_t *pi, *dsi;    /* AMX: P and dS as interleaved pairs of rows */
     uint16_t *dsh;         /* AMX: dS as bf16 rows */
@@ -1166,7 +1169,6 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     const int32_t *pad = a->pad ? a->pad + b * Tk : NULL;
     const bool has_pad = block_has_pad(pad, j0, nk);
     const int64_t qrow = (b * a->H + h) * T + i0, krow = (b * a->Hkv + g) * Tk + j0;
-    const int64_t tblk = ((b * a->Hkv + g) * a->nkb + kb) * D * BK;
     const float *q = a->q + qrow * D, *dO = a->dout + qrow * D;
 #if ATT_AMX
     const bool bf = a->qh != NULL;
@@ -1177,8 +1179,8 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     } else
 #endif
     {
-        nt_tile(q, D, a->kt + tblk, D, S, nr, off + i0, j0, nk);
-        nt_tile(dO, D, a->vt + tblk, D, dP, nr, off + i0, j0, nk);
+        nt_tile(q, D, w->kt, D, S, nr, off + i0, j0, nk);
+        nt_tile(dO, D, w->vt, D, dP, nr, off + i0, j0, nk);
     }
     const float sc = a->scale;
     /* the padding bias (zeros without padding: one branch-free loop, which
@@ -1261,14 +1263,21 @@ static void scale_rows(float *x, int64_t n, float s) {
  * query blocks in order; also dq when want_q (single-task schedule). */
 static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, const bwd_scratch *w) {
     const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
+    memset(a->dk + ((b * a->Hkv + g) * a->Tk + j0) * a->D, 0, (size_t)(nk * a->D) * sizeof(float));
+    memset(a->dv + ((b * a->Hkv + g) * a->Tk + j0) * a->D, 0, (size_t)(nk * a->D) * sizeof(float));
     if (block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk)) return;
     const int64_t grp = a->H / a->Hkv;
 #if ATT_AMX
     if (a->qh) {
         memset(w->dkT, 0, (size_t)(a->D * BK) * sizeof(float));
         memset(w->dvT, 0, (size_t)(a->D * BK) * sizeof(float));
-    }
+    } else
 #endif
+    { /* fp32: the block's kᵀ and vᵀ, made here (in cache) for all its tiles */
+        const int64_t row = ((b * a->Hkv + g) * a->Tk + j0) * a->D;
+        transpose_block(a->k + row, nk, a->D, w->kt);
+        transpose_block(a->v + row, nk, a->D, w->vt);
+    }
     for (int64_t h = g * grp; h < (g + 1) * grp; h++)
         for (int64_t qb = 0; qb < a->nqb; qb++) {
             int vis = tile_visible(a, b, qb, kb);
@@ -1311,31 +1320,35 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                                    int64_t Tk, int64_t D, float scale, int64_t window, bool bf16) {
     if (B <= 0 || H <= 0 || D <= 0) return;
-    memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
-    memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
-    memset(dq, 0, (size_t)(B * H * T * D) * sizeof(float));
-    if (T <= 0 || Tk <= 0) return;
+    /* dk, dv and dq are zeroed by the tasks that own their rows, just before
+     * they accumulate there (in parallel, in cache) */
+    if (T <= 0 || Tk <= 0) {
+        memset(dk, 0, (size_t)(B * Hkv * (Tk > 0 ? Tk : 0) * D) * sizeof(float));
+        memset(dv, 0, (size_t)(B * Hkv * (Tk > 0 ? Tk : 0) * D) * sizeof(float));
+        memset(dq, 0, (size_t)(B * H * (T > 0 ? T : 0) * D) * sizeof(float));
+        return;
+    }
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ), nkv = B * Hkv * nkb * D * BK;
     const int path = bf16_path(bf16, D);
     const bool bf = path > 0; /* the bf16 forms (products on AMX or VDPBF16PS) */
-    /* fp32: k's and v's blocks [D][BK], then delta; bf16: delta, the q/dout
-     * forms (4 x nq16 bf16), the k/v forms (3 x nkv / 2 words) */
+    /* delta; bf16: then the q/dout forms (4 x nq16 bf16), the k/v forms
+     * (3 x nkv / 2 words). (fp32: each key block's kᵀ and vᵀ are made by
+     * the task that owns the block, in its scratch: a pass over k and v
+     * into memory and back saved, 5% of the backward at 8 x 8 x 256) */
     const int64_t nq16 = B * H * nqb * BQ * D;
     float *kt = kiln_alloc(bf ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
-                               : (size_t)(2 * nkv + B * H * T) * sizeof(float));
+                              : (size_t)(B * H * T) * sizeof(float));
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
     if (!kt || !seg_ok) {
+        memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
+        memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
         for (int64_t i = 0; i < B * H * T * D; i++) dq[i] = NAN;
         kiln_dealloc(kt);
         free(si.kmin);
         return;
     }
-    float *vt = bf ? NULL : kt + nkv, *delta = bf ? kt : vt + nkv;
-    if (!bf) {
-        transpose_blocks(k, kt, B * Hkv, Tk, D);
-        transpose_blocks(v, vt, B * Hkv, Tk, D);
-    }
+    float *delta = kt;
 #pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
     for (int64_t i = 0; i < B * H * T; i++) {
         const float *o = out + i * D, *g = dout + i * D;
@@ -1344,7 +1357,7 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
         for (int64_t d = 0; d < D; d++) s += o[d] * g[d];
         delta[i] = s;
     }
-    bwd_args a = {q, k, v, bf ? NULL : kt, vt, dout, lse, delta, pad_mask, dq, dk, dv,
+    bwd_args a = {q, k, v, dout, lse, delta, pad_mask, dq, dk, dv,
                   H, Hkv, T, Tk, D, nkb, nqb, scale, si, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL, path == 2};
 #if ATT_AMX
     if (bf) {
@@ -1408,10 +1421,11 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
     }
 #pragma omp parallel if (!small && B * Hkv * P > 1)
     {
-        /* S, dP; AMX: dq rows, dkᵀ, dvᵀ, P and dS pairs, dS rows */
-        const size_t nw = 2 * BQ * BK + (bf ? BQ * D + 2 * D * BK + BQ * BK + BQ * BK / 2 : 0);
+        /* S, dP; fp32: kᵀ, vᵀ; AMX: dq rows, dkᵀ, dvᵀ, P and dS pairs, dS rows */
+        const size_t nw = 2 * BQ * BK + (bf ? BQ * D + 2 * D * BK + BQ * BK + BQ * BK / 2 : 2 * D * BK);
         float *S = kiln_alloc(nw * sizeof(float));
-        bwd_scratch w = {S, S ? S + BQ * BK : NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        bwd_scratch w = {S, S ? S + BQ * BK : NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        if (!bf && S) w.kt = w.dP + BQ * BK, w.vt = w.kt + D * BK;
         if (bf && S) {
             w.dq = w.dP + BQ * BK, w.dkT = w.dq + BQ * D, w.dvT = w.dkT + D * BK;
             w.pi = (uint32_t *)(w.dvT + D * BK), w.dsi = w.pi + BQ * BK / 2, w.dsh = (uint16_t *)(w.dsi + BQ * BK / 2);
@@ -1423,10 +1437,9 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
         for (int64_t t = 0; t < B * Hkv * P; t++) {
             const int64_t bg = t / P, p = t % P, b = bg / Hkv, g = bg % Hkv;
             bwd_args ap = a;
-            if (P > 1) {
-                ap.dq = dqp + p * nq;
-                memset(ap.dq + (b * H + g * grp) * T * D, 0, (size_t)(grp * T * D) * sizeof(float));
-            }
+            if (P > 1) ap.dq = dqp + p * nq;
+            /* the task's rows of dq (P = 1) or of its copy */
+            memset(ap.dq + (b * H + g * grp) * T * D, 0, (size_t)(grp * T * D) * sizeof(float));
             for (int64_t kb = bound[p]; kb < bound[p + 1]; kb++) {
                 bwd_kblock(&ap, b, g, kb, true, &w);
                 int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
