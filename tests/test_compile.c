@@ -151,7 +151,7 @@ static void profile_positions(void) {
 static void recompute(void) {
     int64_t n;
     float *g0 = grads_with(KILN_RECOMPUTE_NONE, &n);
-    for (int r = 1; r <= 2; r++) {
+    for (int r = 1; r <= 3; r++) {
         float *g1 = grads_with(r, &n);
         double d = 0, s = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -166,22 +166,25 @@ static void recompute(void) {
     /* the same with bf16 autocast (casts are recomputed with their block) */
     kiln_dtype old = kiln_autocast_set(KILN_BF16);
     g0 = grads_with(KILN_RECOMPUTE_NONE, &n);
-    float *g2 = grads_with(KILN_RECOMPUTE_LAYER, &n);
-    kiln_autocast_set(old);
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)g2[i] - g0[i]));
-        s = fmax(s, fabs((double)g0[i]));
+    const int bf_modes[] = {KILN_RECOMPUTE_LAYER, KILN_RECOMPUTE_POINTWISE};
+    for (int r = 0; r < 2; r++) {
+        float *g2 = grads_with(bf_modes[r], &n);
+        double d = 0, s = 0;
+        for (int64_t i = 0; i < n; i++) {
+            d = fmax(d, fabs((double)g2[i] - g0[i]));
+            s = fmax(s, fabs((double)g0[i]));
+        }
+        printf("  recompute %s, bf16: gradients max rel diff %.2e\n", r ? "pointwise" : "layer", d / s);
+        CHECK(d / s < 1e-4, "bf16 + recompute %s gives the same gradients (%.3g)", r ? "pointwise" : "layer", d / s);
+        free(g2);
     }
-    printf("  recompute layer, bf16: gradients max rel diff %.2e\n", d / s);
-    CHECK(d / s < 1e-4, "bf16 + recompute layer gives the same gradients (%.3g)", d / s);
+    kiln_autocast_set(old);
     free(g0);
-    free(g2);
     double l0[20], l1[20];
     kiln_llama *base = train20_ex("default", true, KILN_RECOMPUTE_NONE, l0);
     int64_t arena0 = last_arena;
-    const char *names[] = {"attention", "layer"};
-    for (int r = 1; r <= 2; r++) {
+    const char *names[] = {"attention", "layer", "pointwise"};
+    for (int r = 1; r <= 3; r++) {
         kiln_llama *m = train20_ex("default", true, r, l1);
         printf("  recompute %-9s arena %lld B vs %lld B without; weights max rel diff %.2e\n", names[r - 1],
                (long long)last_arena, (long long)arena0, test_weights_diff(m, base));

@@ -216,8 +216,8 @@ static void vocabulary(void) {
     CHECK(kiln_compile_mode_parse("eager", &o) == KILN_OK && o.mode == KILN_COMPILE_OFF, "alias eager = off");
     CHECK(kiln_compile_mode_parse("fast", &o) != KILN_OK && strstr(kiln_last_error(), "reduce-overhead"),
           "an unknown mode lists the modes: %s", kiln_last_error());
-    const char *rn[] = {"none", "attention", "layer"};
-    for (int i = 0; i < 3; i++) {
+    const char *rn[] = {"none", "attention", "layer", "pointwise"};
+    for (int i = 0; i < 4; i++) {
         int v = -1;
         CHECK(kiln_parse_choice(rn[i], sr->choices, &v) == KILN_OK && v == i, "--recompute %s", rn[i]);
         CHECK(kiln_recompute_parse(rn[i], &o) == KILN_OK && o.recompute == i, "recompute_parse %s", rn[i]);

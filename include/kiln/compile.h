@@ -41,7 +41,7 @@ typedef struct {
     bool rewrites;      /* attention and linear + cross-entropy rewrites */
     bool backward;      /* joint forward + backward graph */
     int max_variants;   /* shape variants before falling back to eager (default 8) */
-    int recompute;      /* KILN_RECOMPUTE_NONE / _ATTENTION / _LAYER (kiln/graph.h) */
+    int recompute;      /* KILN_RECOMPUTE_* (kiln/graph.h; default _POINTWISE) */
     bool verify_graph;  /* kiln_graph_verify after every pass (tests; always in the sanitizer build) */
     kiln_build_options build;
 } kiln_compile_options;

@@ -89,11 +89,13 @@ typedef struct kiln_graph {
 typedef kiln_status (*kiln_trace_fn)(void *user, kiln_tensor *const *inputs, kiln_tensor **out_report, int *n_report,
                                      kiln_tensor **out_diff);
 
-/* Activation recomputation: which blocks' activations backward recomputes
- * from the block's input instead of keeping them from forward. */
+/* Activation recomputation: which activations backward recomputes instead
+ * of keeping them from forward: none; a block's (attention, layer), from
+ * the block's input; or (pointwise, the compiler's default) the element-wise
+ * values whose inputs are kept anyway, from those inputs. */
 /* The recompute settings, each spelled once: X(IDENT, "name"); the enum,
  * the run setting's choices and kiln_recompute_parse come from this list. */
-#define KILN_RECOMPUTE_MODES(X) X(NONE, "none") X(ATTENTION, "attention") X(LAYER, "layer")
+#define KILN_RECOMPUTE_MODES(X) X(NONE, "none") X(ATTENTION, "attention") X(LAYER, "layer") X(POINTWISE, "pointwise")
 #define KILN_RECOMPUTE_ENUM_(id, name) KILN_RECOMPUTE_##id,
 enum { KILN_RECOMPUTE_MODES(KILN_RECOMPUTE_ENUM_) KILN_RECOMPUTE_N };
 
@@ -137,8 +139,9 @@ kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *gemms); /* GEMMs that ac
  * op is round_bf16 instead, and the product marks the operand as rounded. */
 kiln_status kiln_pass_cast_bf16(kiln_graph *g, bool as_f32, int *casts);
 kiln_status kiln_pass_fuse(kiln_graph *g, int *groups); /* groups of 2+ ops */
-/* Rematerialisation: forward values of the chosen blocks that backward reads
- * are recomputed just before their first backward use. */
+/* Rematerialisation: forward values of the chosen blocks (or the pointwise
+ * ones) that backward reads are recomputed just before their first backward
+ * use. */
 kiln_status kiln_pass_recompute(kiln_graph *g, int mode, int *copies);
 /* Schedule position of value v: a fused member runs with its group's last. */
 int kiln_graph_exec_pos(const kiln_graph *g, int v);

@@ -87,7 +87,7 @@ enum { KILN_MICRO_BATCH_AUTO = -1 };
     X(device, ENUM, device, KILN_DEVICE_CPU, "NAME", "where tensors live and kernels run: one of" KILN_DEVICE_NAMES) \
     X(compile, ENUM, compile, KILN_RUN_EAGER, "MODE", "one of" KILN_COMPILE_MODE_NAMES " (off: eager)") \
     X(precision, ENUM, precision, KILN_F32, "fp32|bf16", "bf16: matrix products take bf16 operands, fp32 accumulate (autocast)") \
-    X(recompute, ENUM, recompute, KILN_RECOMPUTE_NONE, "none|attention|layer", "recompute activations in backward (with --compile)") \
+    X(recompute, ENUM, recompute, KILN_RECOMPUTE_POINTWISE, "none|attention|layer|pointwise", "recompute activations in backward (with --compile; pointwise: element-wise values)") \
     X(compile_dynamic, FLAG, 1, false, "", "compiled sizes as runtime values: smaller batches reuse the code")              \
     X(global_batch, INT, 0, 0, "N", "sequences per optimiser step: sets --batch and --accum (0: off)")                     \
     X(micro_batch, AUTO, 0, 0, "auto|N", "with --global-batch: auto = the largest divisor of N that fits")                 \

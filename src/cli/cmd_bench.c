@@ -38,7 +38,8 @@ static const char *bench_help =
     "  --device NAME       where the model, its inputs and the work live: one of" KILN_DEVICE_NAMES "\n"
     "                      (default: cpu; `kiln devices`)\n"
     "  --profile           print time per op (eager) and the step's time by op class (every mode)\n"
-    "  --recompute R       none (default), attention or layer: compiled modes recompute activations\n"
+    "  --recompute R       pointwise (default: element-wise values), none, attention or layer: compiled\n"
+    "                      modes recompute these activations in backward instead of keeping them\n"
     "  --precision P       fp32 (default) or bf16 (autocast: bf16 matrix products, fp32 accumulate;\n"
     "                      MFU then against the bf16 peak: 2x the fp32 FMA peak with AVX512-BF16, the fp32\n"
     "                      peak itself where bf16 products are emulated in fp32)\n"
@@ -411,7 +412,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
     const kiln_backend *dev = NULL;
     const char *model = "small", *modes = "eager,default,reduce-overhead,max-autotune";
     int64_t B = 8, T = 256;
-    bench_ctx b = {.steps = 5, .warmup = 1};
+    bench_ctx b = {.steps = 5, .warmup = 1, .recompute = KILN_RECOMPUTE_POINTWISE};
     double peak = 0;
     kiln_dtype prec = KILN_F32;
     bool no_optim = false, results = false;

@@ -16,7 +16,7 @@ static const char *compile_help =
     "  --seq N             sequence length (default 32)\n"
     "  --mode MODE         one of" KILN_COMPILE_MODE_NAMES " (default: default)\n"
     "  --precision P       fp32 (default) or bf16 (autocast)\n"
-    "  --recompute R       none (default), attention or layer\n"
+    "  --recompute R       pointwise (default), none, attention or layer\n"
     "  --graph             also list every node before and after the passes\n";
 
 static void print_line(const char *text, void *user) {
@@ -56,7 +56,7 @@ static void groups(const kiln_graph *g) {
 }
 
 int kiln_cmd_compile(int argc, char **argv) {
-    const char *model = "tiny", *mode = "default", *precision = "fp32", *recompute = "none";
+    const char *model = "tiny", *mode = "default", *precision = "fp32", *recompute = "pointwise";
     int64_t B = 2, T = 32;
     bool explain = false, list = false;
     const kiln_cli_opt opts[] = {

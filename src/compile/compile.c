@@ -37,7 +37,7 @@ struct kiln_compiled {
 
 void kiln_compile_options_default(kiln_compile_options *o) {
     *o = (kiln_compile_options){.mode = KILN_COMPILE_DEFAULT, .reuse_memory = true, .rewrites = true, .backward = true,
-                                .max_variants = 8};
+                                .max_variants = 8, .recompute = KILN_RECOMPUTE_POINTWISE};
 }
 
 #define MODE_DEF(id, name, mode, interp, strict, help) {name, mode, interp, strict, help},

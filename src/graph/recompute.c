@@ -1,4 +1,6 @@
-/* Activation recomputation (rematerialisation). The model labels its blocks
+/* Activation recomputation (rematerialisation). Pointwise (the compiler's
+ * default): see pointwise_units below; the same copying does the rest. The
+ * model labels its blocks
  * with scopes (attention of layer l: 2l+1, MLP: 2l+2). A recompute unit is a
  * layer (both scopes) or only the attention block. Forward values of a unit
  * that backward reads are not kept: just before the first backward node that
@@ -69,6 +71,55 @@ static bool clone_unit(rebuild *r, int u) {
     return true;
 }
 
+static int uf_root(int *p, int v) {
+    while (p[v] != v) v = p[v] = p[p[v]];
+    return v;
+}
+
+/* Pointwise units: a forward element-wise value whose inputs are all kept
+ * anyway (parameters, graph inputs, values backward reads) or are such
+ * values themselves is recomputed where backward first needs it, instead
+ * of kept; a chain of them (the MLP's silu(gate) · up) is one unit, copied
+ * together. The values' readers in forward read the originals, which die
+ * there. Returns false when out of memory. */
+static bool pointwise_units(const kiln_graph *g, int nf, int *unit) {
+    bool *kept = calloc((size_t)g->n, sizeof *kept);
+    int *parent = malloc(sizeof(int) * (size_t)g->n);
+    if (!kept || !parent) {
+        free(kept);
+        free(parent);
+        return false;
+    }
+    for (int b = nf; b < g->n; b++) {
+        const kiln_value *x = &g->v[b];
+        if (x->dead || x->kind == KILN_V_AUX) continue;
+        for (int j = 0; j < x->n_in; j++)
+            if (x->in[j] < nf) kept[x->in[j]] = true;
+    }
+    for (int v = 0; v < g->n; v++) parent[v] = v, unit[v] = -1;
+    for (int v = 0; v < nf; v++) {
+        const kiln_value *x = &g->v[v];
+        if (x->dead || x->kind != KILN_V_OP) continue;
+        const kiln_op_def *d = kiln_op_get(x->op);
+        if (!d->cexpr || d->indexed || d->n_aux || d->is_view) continue;
+        bool ok = true;
+        for (int j = 0; j < x->n_in && ok; j++) {
+            const int in = x->in[j];
+            const int k = g->v[in].kind;
+            ok = k == KILN_V_PARAM || k == KILN_V_INPUT || (in < nf && (unit[in] >= 0 || kept[in]));
+        }
+        if (!ok) continue;
+        unit[v] = v;
+        for (int j = 0; j < x->n_in; j++)
+            if (x->in[j] < nf && unit[x->in[j]] >= 0) parent[uf_root(parent, x->in[j])] = uf_root(parent, v);
+    }
+    for (int v = 0; v < nf; v++)
+        if (unit[v] >= 0) unit[v] = uf_root(parent, v);
+    free(kept);
+    free(parent);
+    return true;
+}
+
 kiln_status kiln_pass_recompute(kiln_graph *g, int mode, int *copies_out) {
     int nf = g->n_forward;
     if (copies_out) *copies_out = 0;
@@ -84,8 +135,11 @@ kiln_status kiln_pass_recompute(kiln_graph *g, int mode, int *copies_out) {
         unit[v] = v < nf && !x->dead && (x->kind == KILN_V_OP || x->kind == KILN_V_AUX) ? unit_of_scope(x->scope, mode) : -1;
         r.clone[v] = -1;
     }
-    /* checkpoints: read across units in forward, or results of the graph */
-    for (int v = 0; v < nf; v++) {
+    if (mode == KILN_RECOMPUTE_POINTWISE && !pointwise_units(g, nf, unit)) goto oom;
+    /* checkpoints: read across units in forward, or results of the graph
+     * (a pointwise unit's inputs are kept anyway, and its readers outside
+     * it are never copied) */
+    for (int v = 0; v < nf && mode != KILN_RECOMPUTE_POINTWISE; v++) {
         const kiln_value *x = &g->v[v];
         if (x->dead || x->kind == KILN_V_AUX) continue;
         for (int j = 0; j < x->n_in; j++) {

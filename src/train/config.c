@@ -374,7 +374,9 @@ kiln_status kiln_train_compile_options(const kiln_train_config *c, kiln_compile_
     kiln_compile_mode_apply(c->compile, co);
     co->recompute = c->recompute;
     co->dynamic = c->compile_dynamic;
-    if (co->recompute && co->mode == KILN_COMPILE_OFF)
+    /* pointwise, the default, is what the compiler does unless told
+     * otherwise; the block modes are asked for, and eager has no graph */
+    if ((co->recompute == KILN_RECOMPUTE_ATTENTION || co->recompute == KILN_RECOMPUTE_LAYER) && co->mode == KILN_COMPILE_OFF)
         return kiln_error(KILN_ERR_INVALID, "recompute: --recompute %s needs --compile (it is a compiler pass)",
                           kiln_choice_name(choices_recompute, c->recompute));
     return KILN_OK;

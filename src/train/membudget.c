@@ -32,6 +32,7 @@ static kiln_status graph_arena(kiln_llama *m, int b, int T, const kiln_compile_o
     go.backward = backward;
     go.rewrite_attention = go.rewrite_linear_ce = o->rewrites;
     go.reuse_memory = o->reuse_memory;
+    go.recompute = o->recompute; /* the plan the compiled step makes */
     kiln_graph *g = NULL;
     kiln_status st = KILN_OK;
     for (int i = 0; i < 5; i++)
