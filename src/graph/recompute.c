@@ -139,14 +139,15 @@ kiln_status kiln_pass_recompute(kiln_graph *g, int mode, int *copies_out) {
     /* checkpoints: read across units in forward, or results of the graph
      * (a pointwise unit's inputs are kept anyway, and its readers outside
      * it are never copied) */
-    for (int v = 0; v < nf && mode != KILN_RECOMPUTE_POINTWISE; v++) {
-        const kiln_value *x = &g->v[v];
-        if (x->dead || x->kind == KILN_V_AUX) continue;
-        for (int j = 0; j < x->n_in; j++) {
-            int in = x->in[j];
-            if (unit[in] >= 0 && unit[in] != unit[v]) unit[in] = -1;
+    if (mode != KILN_RECOMPUTE_POINTWISE)
+        for (int v = 0; v < nf; v++) {
+            const kiln_value *x = &g->v[v];
+            if (x->dead || x->kind == KILN_V_AUX) continue;
+            for (int j = 0; j < x->n_in; j++) {
+                int in = x->in[j];
+                if (unit[in] >= 0 && unit[in] != unit[v]) unit[in] = -1;
+            }
         }
-    }
     for (int i = 0; i < g->n_outputs; i++) unit[g->outputs[i]] = -1;
     if (g->diff >= 0) unit[g->diff] = -1;
     for (int v = 0; v < nf; v++) /* an op and its extra outputs go together */

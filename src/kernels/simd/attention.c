@@ -872,6 +872,13 @@ typedef struct {
     bool amx; /* the bf16 products on AMX tiles (else VDPBF16PS) */
 } fwd_args;
 
+/* Out of memory: nothing sensible to return but NaN (rows of D outputs and
+ * their lse). */
+static void fwd_nan(float *out, float *lse, int64_t rows, int64_t D) {
+    for (int64_t i = 0; i < rows * D; i++) out[i] = NAN;
+    for (int64_t i = 0; i < rows; i++) lse[i] = NAN;
+}
+
 /* One (b, h, query block): online softmax over the visible key blocks,
  * accumulating into the task's own rows of out. */
 static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const float *ktb, float *S, float *m,
@@ -1069,8 +1076,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
     if ((nkb && !kt) || !seg_ok) { /* out of memory: nothing sensible to return but NaN */
-        for (int64_t i = 0; i < B * H * T * D; i++) out[i] = NAN;
-        for (int64_t i = 0; i < B * H * T; i++) lse[i] = NAN;
+        fwd_nan(out, lse, B * H * T, D);
         kiln_dealloc(kt);
         free(si.kmin);
         return;
@@ -1129,8 +1135,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
         kiln_dealloc(S);
     }
     if (failed) { /* a thread's scratch: out of memory */
-        for (int64_t i = 0; i < B * H * T * D; i++) out[i] = NAN;
-        for (int64_t i = 0; i < B * H * T; i++) lse[i] = NAN;
+        fwd_nan(out, lse, B * H * T, D);
     }
     kiln_dealloc(kt);
     free(si.kmin);
@@ -1352,19 +1357,19 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
      * the task that owns the block, in its scratch: a pass over k and v
      * into memory and back saved, 5% of the backward at 8 x 8 x 256) */
     const int64_t nq16 = B * H * nqb * BQ * D;
-    float *kt = kiln_alloc(bf ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
-                              : (size_t)(B * H * T) * sizeof(float));
+    float *buf = kiln_alloc(bf ? (size_t)(B * H * T) * sizeof(float) + (size_t)nq16 * 8 + (size_t)nkv / 2 * 12
+                               : (size_t)(B * H * T) * sizeof(float));
     seg_info si;
     bool seg_ok = seg_ranges(&si, seg, pad_mask, B, Tk, nkb);
-    if (!kt || !seg_ok) {
+    if (!buf || !seg_ok) {
         memset(dk, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
         memset(dv, 0, (size_t)(B * Hkv * Tk * D) * sizeof(float));
         for (int64_t i = 0; i < B * H * T * D; i++) dq[i] = NAN;
-        kiln_dealloc(kt);
+        kiln_dealloc(buf);
         free(si.kmin);
         return;
     }
-    float *delta = kt;
+    float *delta = buf;
 #pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
     for (int64_t i = 0; i < B * H * T; i++) {
         const float *o = out + i * D, *g = dout + i * D;
@@ -1493,6 +1498,6 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
         for (int64_t i = 0; i < B * Hkv * Tk * D; i++) dk[i] = dv[i] = NAN;
     }
     kiln_dealloc(dqp);
-    kiln_dealloc(kt);
+    kiln_dealloc(buf);
     free(si.kmin);
 }

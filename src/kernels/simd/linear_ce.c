@@ -31,8 +31,8 @@
  * MB; at vocab 32000 (124M, 4096 rows of 768) the kernel alone, five
  * alternating pairs, 256 rows median 3943 ms, 512 rows 3559 (1.11x), 1024
  * no better; in the 124M step head + loss went from 21.0-22.8% of it to
- * 19.7-20.2%, peak RSS 4987 -> 5111 MB. 64 MB gives 1024 rows up to vocab 16384, 512 at 32000, 256
- * from 65536 on. */
+ * 19.7-20.2%, peak RSS 4987 -> 5111 MB. 64 MB gives 1024 rows up to vocab
+ * 16384, 512 at 32000, 256 from 65536 on. */
 #define LCE_TARGET_BYTES (64u << 20)
 
 static int64_t choose_chunk(int64_t V) {
