@@ -100,6 +100,15 @@ static void help_and_usage(void) {
               cli_output_has("2 rounds, every mode in each (the first rounds one step more); fp32 FMA peak before each round:") &&
               cli_output_has("RESULT mode=eager ") && cli_output_has("RESULT mode=default ") && cli_output_has("(median of 3 steps per mode"),
           "bench --rounds 2 runs both modes over 3 steps");
+    { /* and each round's ratio to eager, from that round's steps: two positive ratios */
+        char *text = cli_output();
+        const char *line = text ? strstr(text, "default vs eager in each round (median steps):") : NULL;
+        double r1 = 0, r2 = 0;
+        CHECK(line && sscanf(line, "default vs eager in each round (median steps): %lfx %lfx", &r1, &r2) == 2 && r1 > 0 &&
+                  r2 > 0,
+              "bench --rounds 2 prints default's ratio to eager in each round: %s", line ? line : "(no line)");
+        free(text);
+    }
     CHECK(cli_kiln_run((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}) == 1 &&
               cli_output_has("/nonexistent/data"),
           "missing data dir named");

@@ -161,6 +161,7 @@ typedef struct {
     double ms, opt_ms, tokens_s, gflops, peak_mb, alloc_mb, build_s, warm_s, arena_mb;
     bool ok, interpreted;
     double *step_ms, *step_opt_ms; /* every timed step so far, over the rounds */
+    double *round_ms;              /* each round's median step (--rounds) */
     int n_steps;
 } result;
 
@@ -368,15 +369,25 @@ static void finish(const bench_ctx *b, result *r) {
 static bool run_modes(bench_ctx *b, const char *const *names, int n, int rounds, result *res, double *peaks) {
     for (int i = 0; i < n; i++) {
         res[i] = (result){.name = names[i], .ok = true};
-        res[i].step_ms = calloc(2 * (size_t)b->steps, sizeof(double));
+        res[i].step_ms = calloc(2 * (size_t)b->steps + (size_t)rounds, sizeof(double));
         if (!res[i].step_ms) return false;
         res[i].step_opt_ms = res[i].step_ms + b->steps;
+        res[i].round_ms = res[i].step_opt_ms + b->steps;
     }
     for (int k = 0; k < rounds; k++) {
         int steps = b->steps / rounds + (k < b->steps % rounds); /* the first rounds take the remainder */
         if (peaks) peaks[k] = kiln_fma_peak_gflops(0.1);
-        for (int i = 0; i < n; i++)
-            if (res[i].ok) run_round(b, names[i], &res[i], steps, k == 0);
+        for (int i = 0; i < n; i++) {
+            if (!res[i].ok) continue;
+            run_round(b, names[i], &res[i], steps, k == 0);
+            if (!res[i].ok) continue;
+            double *tmp = malloc((size_t)steps * sizeof *tmp); /* the round's median step */
+            if (!tmp) return false;
+            memcpy(tmp, res[i].step_ms + res[i].n_steps - steps, (size_t)steps * sizeof *tmp);
+            qsort(tmp, (size_t)steps, sizeof *tmp, cmp_d);
+            res[i].round_ms[k] = steps % 2 ? tmp[steps / 2] : 0.5 * (tmp[steps / 2 - 1] + tmp[steps / 2]);
+            free(tmp);
+        }
     }
     for (int i = 0; i < n; i++) finish(b, &res[i]);
     return true;
@@ -638,6 +649,18 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
                b.steps % rounds ? "the first rounds one step more" : "the same steps in each");
         for (int k = 0; k < rounds; k++) printf(" %.0f", peaks[k]);
         printf(" GFLOP/s (spread %.0f%%)\n", lo > 0 ? 100 * (hi - lo) / lo : 0);
+        /* each round's ratio to eager, its modes back to back: on a shared
+         * host a neighbour slows the compute-bound modes more than eager */
+        int e = -1;
+        for (int i = 0; i < n; i++)
+            if (res[i].ok && !strcmp(res[i].name, "eager")) e = i;
+        for (int i = 0; i < n && e >= 0; i++) {
+            if (i == e || !res[i].ok) continue;
+            printf("%s vs eager in each round (median steps):", res[i].name);
+            for (int k = 0; k < rounds; k++)
+                printf(" %.2fx", res[i].round_ms[k] > 0 ? res[e].round_ms[k] / res[i].round_ms[k] : 0);
+            printf("\n");
+        }
     }
     /* a compiled mode slower than eager is said, not left to the ratio
      * column: kiln train --compile with it would lose time on this machine */
