@@ -84,10 +84,6 @@ $(BUILD)/kiln: $(CLI_OBJ) $(BUILD)/libkiln.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# bench/gemm also measures OpenBLAS as a candidate.
-$(BUILD)/bench/gemm: $(BUILD)/bench/gemm.o $(BUILD)/libkiln.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lopenblas
-
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libkiln.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

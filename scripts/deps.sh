@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what kiln needs on Debian (run as root). Idempotent: when every
 # package is present it does nothing.
-#   (no flag)  what building and running kiln needs
+#   (no flag)  what building and running kiln needs (OpenBLAS's and BLIS's
+#              OpenMP builds are candidates of kiln's per-shape GEMM choice,
+#              opened at run time: libopenblas0-openmp, libblis4-openmp)
 #   --test     adds what the tests use as references: python3-torch,
 #              python3-jinja2 and python3-protobuf (PyTorch models, Jinja2 chat
 #              templates, TensorBoard event files), clang
@@ -10,16 +12,15 @@
 #              `tokenizers`, real tokenizer.json / tokenizer_config.json files,
 #              node-llama-cpp for GGUF)
 #   --torch    the PyTorch fixtures' generator only (python3-torch, numpy)
-#   --bench    adds the benchmarks' peers: BLIS (libblis4-openmp, which
-#              bench/gemm opens beside OpenBLAS) and python3-torch
+#   --bench    adds the benchmarks' peers: python3-torch
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libopenblas-dev libpcre2-dev libutf8proc-dev
-      bible-kjv openmpi-bin libopenmpi-dev)
+pkgs=(build-essential pkg-config libdnnl-dev libjansson-dev libpcre2-dev libutf8proc-dev
+      libopenblas0-openmp libblis4-openmp bible-kjv openmpi-bin libopenmpi-dev)
 mode=${1:-}
 case "$mode" in
   --torch) pkgs+=(python3-torch python3-numpy) ;;
-  --bench) pkgs+=(libblis4-openmp python3-torch python3-numpy) ;;
+  --bench) pkgs+=(python3-torch python3-numpy) ;;
   --test)  pkgs+=(python3-torch python3-numpy python3-jinja2 python3-protobuf clang libclang-rt-dev libomp-dev)
            # a Node.js that ships its own npm (as some images have) conflicts with Debian's npm
            command -v npm >/dev/null 2>&1 || pkgs+=(nodejs npm) ;;

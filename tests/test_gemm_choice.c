@@ -10,7 +10,9 @@
  * - KILN_GEMM forces an implementation; a wrong value stops the program
  *   naming it;
  * - every implementation (forced in a child) gives the product within the
- *   fp32 bound, beta 1 accumulating. */
+ *   fp32 bound, beta 1 accumulating; OpenBLAS's and BLIS's OpenMP builds
+ *   are among them wherever scripts/deps.sh ran (a sanitizer build cannot
+ *   open them: there forcing one stops the program naming it). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,28 @@
 #include "test.h"
 
 static char g_cache[256], g_self[1024];
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ASAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ASAN_BUILD 1
+#endif
+#endif
+#ifndef ASAN_BUILD
+#define ASAN_BUILD 0
+#endif
+
+static const char *const g_impl[5] = {"onednn", "sgemm", "kiln", "openblas", "blis"};
+/* whether implementation i is a candidate in this build (the BLAS
+ * libraries: where opened; kiln_gemm_f32_impl says) */
+static bool impl_here(int i) {
+    float a = 1, b = 2, c = 0;
+    kiln_gemm_desc d = {.M = 1, .N = 1, .K = 1, .lda = 1, .ldb = 1, .ldc = 1, .batch = 1, .alpha = 1, .beta = 0};
+    bool ok = kiln_gemm_f32_impl(g_impl[i], &d, &a, &b, &c) == KILN_OK && c == 2;
+    kiln_clear_error();
+    return ok;
+}
 
 static void fill(float *x, int64_t n, uint64_t seed) {
     for (int64_t i = 0; i < n; i++) {
@@ -86,7 +110,12 @@ static void check_measured_and_recorded(void) {
     CHECK(t != NULL, "no %s/gemm-choices after a product", g_cache);
     CHECK(t && count_lines_with(t, "M96 N80 K72") == 1, "one line for the product: %s", t ? t : "");
     const char *line = t ? strstr(t, "M96 N80 K72") : NULL;
-    bool known = line && (strstr(line, "\tonednn\tus ") || strstr(line, "\tsgemm\tus ") || strstr(line, "\tkiln\tus "));
+    bool known = false;
+    for (int i = 0; i < 5 && line; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "\t%s\tus ", g_impl[i]);
+        known |= strstr(line, want) != NULL && impl_here(i);
+    }
     CHECK(known, "the line names an implementation and its timings: %s", line ? line : "");
     CHECK(strstr(kiln_gemm_choices(), "1 measured now") != NULL, "choices: %s", kiln_gemm_choices());
     /* the same product again: no new measurement, no new line */
@@ -104,8 +133,9 @@ static void check_recorded_choice_followed(void) {
     char *t = choices_text();
     if (!t) return;
     size_t tag_len = strcspn(t, "\t"); /* this machine's tag, from the line above */
-    static const char *impl[3] = {"onednn", "sgemm", "kiln"};
-    for (int i = 0; i < 3; i++) {
+    const char *const *impl = g_impl;
+    for (int i = 0; i < 5; i++) {
+        if (!impl_here(i)) continue; /* check_forced covers its absence */
         int64_t M = 50 + i, N = 40, K = 30;
         char path[512], line[1024];
         snprintf(path, sizeof path, "%s/gemm-choices", g_cache);
@@ -148,13 +178,30 @@ static void check_processes_agree(void) {
 }
 
 static void check_forced(void) {
-    static const char *impl[3] = {"onednn", "sgemm", "kiln"};
-    for (int i = 0; i < 3; i++) {
-        char env[64], out[4096], want[64];
-        snprintf(env, sizeof env, "KILN_GEMM=%s", impl[i]);
+    for (int i = 0; i < 5; i++) {
+        const bool here = impl_here(i);
+        /* the BLAS libraries: installed by scripts/deps.sh, so candidates
+         * in every build but a sanitizer one */
+        CHECK(here == (i < 3 || !ASAN_BUILD), "%s is %sa candidate in this build: %s", g_impl[i], here ? "" : "not ",
+              kiln_gemm_backend());
+        char env[64], out[4096], want[96];
+        snprintf(env, sizeof env, "KILN_GEMM=%s", g_impl[i]);
         int rc = child(env, "product 67 45 301", out, sizeof out);
-        snprintf(want, sizeof want, "KILN_GEMM=%s: 2 fp32 products", impl[i]);
-        CHECK(rc == 0 && strstr(out, want) && strstr(out, "error ok"), "forced %s: rc %d: %s", impl[i], rc, out);
+        if (here) {
+            snprintf(want, sizeof want, "KILN_GEMM=%s: 2 fp32 products", g_impl[i]);
+            CHECK(rc == 0 && strstr(out, want) && strstr(out, "error ok"), "forced %s: rc %d: %s", g_impl[i], rc, out);
+        } else {
+            snprintf(want, sizeof want, "KILN_GEMM=%s: %s's OpenMP build is not installed here", g_impl[i],
+                     i == 3 ? "OpenBLAS" : "BLIS");
+            CHECK(rc == 2 && strstr(out, want), "forced %s where absent: rc %d: %s", g_impl[i], rc, out);
+        }
+    }
+    { /* the named implementation, and a name that is none */
+        float a = 1, b = 2, c = 0;
+        kiln_gemm_desc d = {.M = 1, .N = 1, .K = 1, .lda = 1, .ldb = 1, .ldc = 1, .batch = 1, .alpha = 1, .beta = 0};
+        CHECK(kiln_gemm_f32_impl("mkl", &d, &a, &b, &c) == KILN_ERR_INVALID && strstr(kiln_last_error(), "'mkl'"),
+              "an unknown implementation named: %s", kiln_last_error());
+        kiln_clear_error();
     }
     char out[4096];
     int rc = child("KILN_GEMM=blas", "product 2 2 2", out, sizeof out);

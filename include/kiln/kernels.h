@@ -84,10 +84,12 @@ extern "C" {
  * lda/ldb/ldc are row strides of the matrices as stored; strideA/B/C the
  * element distance between consecutive batch matrices (0 = broadcast).
  * beta must be 0 or 1 (1 accumulates into C, used for gradients).
- * fp32: oneDNN's matmul primitive, dnnl_sgemm or kiln_k_gemm_f32, whichever
- * measured fastest on this problem (the first time it is met; the choice is
- * kept in kiln's cache directory so every process makes the same one;
- * KILN_GEMM=auto|onednn|sgemm|kiln); bf16: the matmul primitive. */
+ * fp32: oneDNN's matmul primitive, dnnl_sgemm, kiln_k_gemm_f32, or
+ * OpenBLAS's or BLIS's cblas_sgemm (their OpenMP builds, where installed),
+ * whichever measured fastest on this problem (the first time it is met;
+ * the choice is kept in kiln's cache directory so every process makes the
+ * same one; KILN_GEMM=auto|onednn|sgemm|kiln|openblas|blis); bf16: the
+ * matmul primitive or kiln's bf16 kernel. */
 typedef struct {
     bool transA, transB;
     int64_t M, N, K;
@@ -128,6 +130,12 @@ kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K
  * attribute i4 = KILN_GEMM_SGEMM asks for it; KILN_GEMM_MEASURED, 0, is
  * kiln_gemm_f32's choice). */
 kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const float *B, float *C);
+/* The same product through the named implementation, whatever the choice
+ * would be (bench/gemm, tests): onednn, sgemm, kiln, openblas or blis;
+ * KILN_ERR_INVALID naming an unknown one, KILN_ERR_UNSUPPORTED for openblas
+ * or blis where their OpenMP builds are not installed (or in a sanitizer
+ * build). */
+kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const float *A, const float *B, float *C);
 enum { KILN_GEMM_MEASURED = 0, KILN_GEMM_SGEMM = 1 };
 /* The fp32 choices so far in words ("12 fp32 products: onednn 3, sgemm 5,
  * kiln 4 (2 measured now, the rest from the cache)"), for kiln bench. */

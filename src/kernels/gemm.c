@@ -1,8 +1,10 @@
 /* kiln_gemm: every matrix product of kiln goes through here. An fp32
- * product runs one of three implementations, chosen per problem by
+ * product runs one of five implementations, chosen per problem by
  * measurement (see "The choice" below): oneDNN's matmul primitive, oneDNN's
- * BLAS-style dnnl_sgemm, or kiln's own packed GEMM (kiln_k_gemm_f32, one
- * form per instruction set). bf16 products run the matmul primitive.
+ * BLAS-style dnnl_sgemm, kiln's own packed GEMM (kiln_k_gemm_f32, one form
+ * per instruction set), or OpenBLAS's or BLIS's cblas_sgemm where their
+ * OpenMP builds are installed (blas_peers.c). bf16 products run the matmul
+ * primitive or kiln's bf16 kernel.
  *
  * Creating a matmul primitive JIT-compiles code (tens to hundreds of µs), so
  * each distinct problem (shape, strides, transposes, alpha, beta, dtype) gets
@@ -38,6 +40,8 @@
 
 #include "kiln/kernels.h"
 #include "kiln/simd.h"
+
+#include "blas_peers.h"
 
 size_t kiln_gemm_cache_entries(void); /* for tests; not in the public header */
 
@@ -361,12 +365,19 @@ static kiln_status gemm(int dtype, const kiln_gemm_desc *d, const void *A, const
 }
 
 /* ---- the implementations of an fp32 product -------------------------- */
-enum { IMPL_ONEDNN = 0, IMPL_SGEMM = 1, IMPL_KILN = 2, IMPL_COUNT = 3 };
-static const char *const impl_names[IMPL_COUNT] = {"onednn", "sgemm", "kiln"};
+enum { IMPL_ONEDNN = 0, IMPL_SGEMM = 1, IMPL_KILN = 2, IMPL_OPENBLAS = 3, IMPL_BLIS = 4, IMPL_COUNT = 5 };
+static const char *const impl_names[IMPL_COUNT] = {"onednn", "sgemm", "kiln", "openblas", "blis"};
 
-/* whether impl computes problems of this dtype (bf16: the primitive and
- * kiln's VDPBF16PS kernel) */
-static bool impl_serves(int impl, int dtype) { return dtype == DT_F32 || impl != IMPL_SGEMM; }
+/* the BLAS library behind impl (KILN_BLAS_*), or -1 */
+static int impl_peer(int impl) { return impl == IMPL_OPENBLAS ? KILN_BLAS_OPENBLAS : impl == IMPL_BLIS ? KILN_BLAS_BLIS : -1; }
+
+/* whether impl computes problems of this dtype here (bf16: the primitive
+ * and kiln's VDPBF16PS/AMX kernel; the BLAS libraries fp32 only, where
+ * installed) */
+static bool impl_serves(int impl, int dtype) {
+    if (impl_peer(impl) >= 0) return dtype == DT_F32 && kiln_blas_peer_version(impl_peer(impl)) != NULL;
+    return dtype == DT_F32 || impl != IMPL_SGEMM;
+}
 
 static kiln_status run_impl(const gemm_entry *e, int impl, const void *A, const void *B, float *C) {
     const gemm_key *k = &e->key;
@@ -374,6 +385,14 @@ static kiln_status run_impl(const gemm_entry *e, int impl, const void *A, const 
     const bool bf = k->dtype == DT_BF16;
     for (int64_t b = 0; b < k->batch; b++) {
         float *c = C + b * k->strideC;
+        if (impl_peer(impl) >= 0) {
+            if (bf) return kiln_error(KILN_ERR_INVALID, "gemm: %s has no bf16 form", impl_names[impl]);
+            kiln_status st = kiln_blas_peer_sgemm(impl_peer(impl), k->transA, k->transB, k->M, k->N, k->K, k->alpha,
+                                                  (const float *)A + b * k->strideA, k->lda,
+                                                  (const float *)B + b * k->strideB, k->ldb, k->beta, c, k->ldc);
+            if (st) return st;
+            continue;
+        }
         if (impl == IMPL_KILN) {
             bool ok = bf ? kiln_k_gemm_bf16(k->transA, k->transB, k->M, k->N, k->K, k->alpha,
                                             (const uint16_t *)A + b * k->strideA, k->lda,
@@ -410,9 +429,10 @@ static kiln_status run_impl(const gemm_entry *e, int impl, const void *A, const 
  * under an exclusive lock, and read back from there first: every process
  * on the machine that shares the cache makes the same choice for the same
  * problem, so runs (resumed or not, eager or compiled, on any rank) compute
- * the same bits. KILN_GEMM=onednn|sgemm|kiln forces one implementation,
- * KILN_GEMM=auto (the default) measures; any other value stops the program
- * naming it. */
+ * the same bits. KILN_GEMM=onednn|sgemm|kiln|openblas|blis forces one
+ * implementation (openblas or blis where not installed stops the program
+ * at the first product, naming it), KILN_GEMM=auto (the default) measures;
+ * any other value stops the program naming it. */
 static int g_forced = -1; /* KILN_GEMM, or -1: measure */
 static char g_forced_text[32];
 static pthread_mutex_t g_choice_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -428,15 +448,15 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
             snprintf(g_forced_text, sizeof g_forced_text, "%s", v);
             return;
         }
-    fprintf(stderr, "kiln: KILN_GEMM=%s: not a GEMM implementation (auto, onednn, sgemm or kiln)\n", v);
+    fprintf(stderr, "kiln: KILN_GEMM=%s: not a GEMM implementation (auto, onednn, sgemm, kiln, openblas or blis)\n", v);
     exit(2);
 }
 
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
  * choices measured against the old ones are measured again: fp32's and
  * bf16's apart (a new bf16 kernel leaves the fp32 choices standing). */
-#define KILN_GEMM_REV 6 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place) */
-#define KILN_GEMM_REV_BF16 7 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place */
+#define KILN_GEMM_REV 7 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place); 7: close calls measured over more rounds */
+#define KILN_GEMM_REV_BF16 8 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place; 8: close calls measured over more rounds */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the
@@ -468,10 +488,13 @@ static void machine_tag(char *out, size_t n, bool bf16) {
 #endif
 #endif
     const dnnl_version_t *dv = dnnl_version();
+    char peers[128];
+    kiln_blas_peers_tag(peers, sizeof peers); /* which BLAS libraries are candidates, and their versions */
     /* bf16: whether kiln's kernel runs on AMX tiles, and its revision */
-    snprintf(out, n, "%s/%s/%s/%s/%s%s%s/k%d/dnnl%d.%d.%d", name, fam, model, kiln_cpu_features_text(),
+    snprintf(out, n, "%s/%s/%s/%s/%s%s%s/k%d/dnnl%d.%d.%d%s%s", name, fam, model, kiln_cpu_features_text(),
              kiln_form_name(kiln_form_active()), bf16 && kiln_bf16_amx() ? "/amx" : "", build,
-             bf16 ? KILN_GEMM_REV_BF16 : KILN_GEMM_REV, dv->major, dv->minor, dv->patch);
+             bf16 ? KILN_GEMM_REV_BF16 : KILN_GEMM_REV, dv->major, dv->minor, dv->patch, bf16 ? "" : "/",
+             bf16 ? "" : peers);
     for (char *p = out; *p; p++)
         if (*p == ' ' || *p == '\t' || *p == '\n') *p = '_';
 }
@@ -599,9 +622,23 @@ static int recorded_choice(int fd, const char *prefix) {
     return seen_get(h);
 }
 
+/* the two fastest of us[] (second -1 with one candidate) */
+static void two_best(const double us[IMPL_COUNT], int *first, int *second) {
+    *first = 0, *second = -1;
+    for (int i = 1; i < IMPL_COUNT; i++)
+        if (us[i] < us[*first]) *second = *first, *first = i;
+        else if (*second < 0 || us[i] < us[*second]) *second = i;
+}
+
 /* times every implementation on the problem into scratch; us[i] the best
- * microseconds (1e30 where it failed); returns the fastest, or -1 when no
- * scratch could be had */
+ * microseconds (1e30 where it is not a candidate or failed); returns the
+ * fastest, or -1 when no scratch could be had. A warm-up round, then at
+ * least two timed rounds, the implementations interleaved in each and each
+ * one's best time kept; small problems get up to 10 rounds within ~20 ms,
+ * and while the two fastest are within 3% of each other (five candidates
+ * are often that close) a problem whose round takes under a quarter of a
+ * second gets more, up to 8 timed rounds and about a second, so that one
+ * slow call on a shared machine does not decide between them. */
 static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
@@ -609,6 +646,7 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
     if (!scratch) return -1;
     for (int i = 0; i < IMPL_COUNT; i++) us[i] = 1e30;
     int rounds = 3;
+    const double start = kiln_time_now();
     for (int r = 0; r < rounds; r++) {
         double round_time = 0;
         for (int i = 0; i < IMPL_COUNT; i++) {
@@ -625,11 +663,15 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
                 us[i] = dt * 1e6;
             }
         }
-        /* the first round warms up; small problems get more rounds (up to
-         * 10 in all) within ~20 ms */
-        if (r == 0 && round_time < 0.02 / 3) rounds = round_time > 0 ? (int)(0.02 / round_time) : 10;
-        if (rounds > 10) rounds = 10;
-        if (rounds < 3) rounds = 3;
+        if (r == 0) { /* the first round warms up; small problems get more rounds (up to 10 in all) within ~20 ms */
+            if (round_time < 0.02 / 3) rounds = round_time > 0 ? (int)(0.02 / round_time) : 10;
+            if (rounds > 10) rounds = 10;
+            if (rounds < 3) rounds = 3;
+        } else if (r == rounds - 1 && rounds < 9 && round_time < 0.25 && kiln_time_now() - start < 1.0) {
+            int a, b;
+            two_best(us, &a, &b);
+            if (b >= 0 && us[b] < 1e29 && us[b] < us[a] * 1.03) rounds++; /* too close to call yet */
+        }
     }
     free(scratch);
     int best = IMPL_ONEDNN;
@@ -645,7 +687,14 @@ static void choose(gemm_entry *e, const void *A, const void *B) {
         return;
     }
     if (g_forced >= 0) {
-        e->choice = impl_serves(g_forced, e->key.dtype) ? g_forced : IMPL_ONEDNN; /* sgemm: bf16 on the primitive */
+        if (impl_peer(g_forced) >= 0 && !kiln_blas_peer_version(impl_peer(g_forced))) {
+            fprintf(stderr, "kiln: KILN_GEMM=%s: %s's OpenMP build is not installed here (%s), or this is a sanitizer build\n",
+                    g_forced_text, g_forced == IMPL_OPENBLAS ? "OpenBLAS" : "BLIS",
+                    g_forced == IMPL_OPENBLAS ? "libopenblas0-openmp" : "libblis4-openmp");
+            exit(2);
+        }
+        /* sgemm, openblas, blis: bf16 on the primitive */
+        e->choice = impl_serves(g_forced, e->key.dtype) ? g_forced : IMPL_ONEDNN;
         g_chosen[e->key.dtype][e->choice]++;
         pthread_mutex_unlock(&g_choice_lock);
         return;
@@ -663,19 +712,22 @@ static void choose(gemm_entry *e, const void *A, const void *B) {
     key_text(&e->key, key, sizeof key);
     snprintf(prefix, sizeof prefix, "%s\t%s\t", tag, key);
     int c = fd >= 0 ? recorded_choice(fd, prefix) : -1;
+    if (c >= 0 && !impl_serves(c, e->key.dtype)) c = -1; /* a line written by hand naming what is not here */
     if (c < 0) {
         double us[IMPL_COUNT];
         c = measure(e, A, B, us);
         if (c >= 0) {
             g_measured++;
             char line[1400];
-            int n = snprintf(line, sizeof line, "%s%s\tus %.1f %.1f %.1f\n", prefix, impl_names[c], us[0] < 1e29 ? us[0] : -1,
-                             us[1] < 1e29 ? us[1] : -1, us[2] < 1e29 ? us[2] : -1);
+            int n = snprintf(line, sizeof line, "%s%s\tus", prefix, impl_names[c]);
+            for (int i = 0; i < IMPL_COUNT && n > 0 && n < (int)sizeof line; i++) /* -1: not a candidate here */
+                n += snprintf(line + n, sizeof line - (size_t)n, " %.1f", us[i] < 1e29 ? us[i] : -1);
+            if (n > 0 && n < (int)sizeof line - 1) line[n++] = '\n', line[n] = '\0';
             struct stat st;
             if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size > CHOICES_MAX_BYTES && ftruncate(fd, 0) != 0) {}
             if (fd >= 0 && n > 0 && n < (int)sizeof line && write(fd, line, (size_t)n) != n) {}
-            kiln_log(KILN_LOG_DEBUG, "gemm: chose %s for %s (us: onednn %.1f, sgemm %.1f, kiln %.1f)", impl_names[c], key,
-                     us[0], us[1], us[2]);
+            kiln_log(KILN_LOG_DEBUG, "gemm: chose %s for %s (us: onednn %.1f, sgemm %.1f, kiln %.1f, openblas %.1f, blis %.1f)",
+                     impl_names[c], key, us[0], us[1], us[2], us[3], us[4]);
         } else {
             c = IMPL_ONEDNN; /* no scratch to measure in: not recorded */
         }
@@ -692,6 +744,19 @@ kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const f
     return st || !e ? st : run_impl(e, IMPL_SGEMM, A, B, C);
 }
 
+kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+    int i = 0;
+    while (i < IMPL_COUNT && strcmp(impl, impl_names[i])) i++;
+    if (i == IMPL_COUNT)
+        return kiln_error(KILN_ERR_INVALID, "gemm: '%s' is not an implementation (onednn, sgemm, kiln, openblas or blis)", impl);
+    if (!impl_serves(i, DT_F32))
+        return kiln_error(KILN_ERR_UNSUPPORTED, "gemm: %s is not installed here (its OpenMP build), or this is a sanitizer build",
+                          impl);
+    gemm_entry *e;
+    kiln_status st = prepare(DT_F32, d, A, B, C, &e);
+    return st || !e ? st : run_impl(e, i, A, B, C);
+}
+
 kiln_status kiln_gemm_f32(const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
     gemm_entry *e;
     kiln_status st = prepare(DT_F32, d, A, B, C, &e);
@@ -705,8 +770,9 @@ const char *kiln_gemm_choices(void) {
     pthread_mutex_lock(&g_choice_lock);
     const int *f = g_chosen[DT_F32], *h = g_chosen[DT_BF16];
     int n = g_forced >= 0 ? snprintf(buf, sizeof buf, "KILN_GEMM=%s: %d fp32 products", g_forced_text, f[g_forced])
-                          : snprintf(buf, sizeof buf, "%d fp32 products: onednn %d, sgemm %d, kiln %d (%d measured now, the rest from the cache)",
-                                     f[0] + f[1] + f[2], f[0], f[1], f[2], g_measured);
+                          : snprintf(buf, sizeof buf,
+                                     "%d fp32 products: onednn %d, sgemm %d, kiln %d, openblas %d, blis %d (%d measured now, the rest from the cache)",
+                                     f[0] + f[1] + f[2] + f[3] + f[4], f[0], f[1], f[2], f[3], f[4], g_measured);
     if (h[0] + h[2] && n > 0 && (size_t)n < sizeof buf)
         snprintf(buf + n, sizeof buf - (size_t)n, "; %d bf16 products: onednn %d, kiln %d", h[0] + h[2], h[0], h[2]);
     pthread_mutex_unlock(&g_choice_lock);
@@ -763,13 +829,17 @@ kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K
 }
 
 static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
-static char g_backend[192];
+static char g_backend[640];
 
 static void init_backend_name(void) {
     const dnnl_version_t *v = dnnl_version();
+    const char *ob = kiln_blas_peer_version(KILN_BLAS_OPENBLAS), *bl = kiln_blas_peer_version(KILN_BLAS_BLIS);
+    char peers[256];
+    snprintf(peers, sizeof peers, "%s%s%s%s", ob ? ob : "", ob ? ", " : "", bl ? bl : "", bl ? ", " : "");
     snprintf(g_backend, sizeof g_backend,
-             "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm and kiln (%s); bf16: %s",
-             v->major, v->minor, v->patch, kiln_form_name(kiln_form_active()),
+             "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm, %skiln (%s)%s; bf16: %s",
+             v->major, v->minor, v->patch, peers, kiln_form_name(kiln_form_active()),
+             ob && bl ? "" : ob ? " (BLIS: not installed)" : bl ? " (OpenBLAS's OpenMP build: not installed)" : " (OpenBLAS, BLIS: not installed)",
              kiln_bf16_amx()             ? "by measurement between oneDNN's bf16 matmul and kiln's AMX (TDPBF16PS) kernel"
              : kiln_cpu_has_avx512bf16() ? "by measurement between oneDNN's bf16 matmul and kiln's VDPBF16PS kernel"
                                        : "operands widened, then the fp32 choice");
