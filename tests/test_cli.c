@@ -45,6 +45,7 @@ static void help_and_usage(void) {
     CHECK(cli_kiln_run((const char *[]){"train", "--lr", "abc", NULL}) == 2 && cli_output_has("--lr"), "bad flag value named");
     /* the devices, listed; an unknown --device names the known ones */
     CHECK(cli_kiln_run((const char *[]){"devices", NULL}) == 0 && cli_output_has("cpu\n") && cli_output_has("cpu-isolated\n") &&
+              cli_output_has("CPU GEMM: fp32: by measurement per shape among oneDNN ") &&
               cli_output_has("not host-mappable") && cli_output_has("kernels:"),
           "kiln devices lists cpu and cpu-isolated");
     const char *devcmd[][3] = {{"generate", "run", NULL}, {"eval", "run", NULL}, {"bench", NULL, NULL}};

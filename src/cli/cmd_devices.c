@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include "cli.h"
 #include "kiln/backend.h"
+#include "kiln/kernels.h"
 #include "kiln/simd.h"
 
 static const char *devices_usage =
@@ -16,7 +17,9 @@ static const char *devices_usage =
     "memory), its capabilities (compiled graphs: the renderer's language and the\n"
     "compiler; bf16; MPI data parallel) and how many ops it has kernels for;\n"
     "then the CPU's instruction sets and which form of the CPU kernels runs\n"
-    "(portable, avx2 or avx512: the best this CPU runs, or KILN_ISA's).\n"
+    "(portable, avx2 or avx512: the best this CPU runs, or KILN_ISA's), and the\n"
+    "GEMM implementations its per-shape choice measures (oneDNN, kiln's own,\n"
+    "and OpenBLAS and BLIS where their OpenMP builds are installed).\n"
     "\n"
     "options:\n"
     "  -h, --help      this text\n";
@@ -45,5 +48,6 @@ int kiln_cmd_devices(int argc, char **argv) {
     }
     /* both CPU devices run the kernels of src/kernels/simd/ in one form */
     printf("\nCPU kernels: form %s; KILN_ISA=portable|avx2|avx512 chooses another\n", kiln_form_describe());
+    printf("CPU GEMM: %s\n", kiln_gemm_backend());
     return 0;
 }

@@ -638,19 +638,23 @@ static void two_best(const double us[IMPL_COUNT], int *first, int *second) {
  * and while the two fastest are within 3% of each other (five candidates
  * are often that close) a problem whose round takes under a quarter of a
  * second gets more, up to 8 timed rounds and about a second, so that one
- * slow call on a shared machine does not decide between them. */
+ * slow call on a shared machine does not decide between them. One that
+ * took over 3x the fastest in the first timed round (and over a
+ * millisecond) is not timed again nor chosen (a library without kernels
+ * for the CPU). */
 static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
     float *scratch = calloc(span, sizeof(float));
     if (!scratch) return -1;
+    bool out[IMPL_COUNT] = {false}; /* out of the running: failed, or far slower */
     for (int i = 0; i < IMPL_COUNT; i++) us[i] = 1e30;
     int rounds = 3;
     const double start = kiln_time_now();
     for (int r = 0; r < rounds; r++) {
         double round_time = 0;
         for (int i = 0; i < IMPL_COUNT; i++) {
-            if (!impl_serves(i, k->dtype)) continue;
+            if (!impl_serves(i, k->dtype) || out[i]) continue;
             if (k->beta != 0.0f) memset(scratch, 0, span * sizeof(float));
             double t0 = kiln_time_now();
             kiln_status st = run_impl(e, i, A, B, scratch);
@@ -659,9 +663,16 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
             if (st) {
                 kiln_clear_error();
                 us[i] = 2e30; /* never chosen */
+                out[i] = true;
             } else if (r > 0 && dt * 1e6 < us[i]) {
                 us[i] = dt * 1e6;
             }
+        }
+        if (r == 1) { /* over 3x the fastest in the first timed round (and over a ms): not timed again, not chosen */
+            double fastest = 1e30;
+            for (int i = 0; i < IMPL_COUNT; i++) fastest = us[i] < fastest ? us[i] : fastest;
+            for (int i = 0; i < IMPL_COUNT; i++)
+                if (us[i] < 1e29 && us[i] > 3 * fastest && us[i] > 1e3) out[i] = true, us[i] = 1e30;
         }
         if (r == 0) { /* the first round warms up; small problems get more rounds (up to 10 in all) within ~20 ms */
             if (round_time < 0.02 / 3) rounds = round_time > 0 ? (int)(0.02 / round_time) : 10;

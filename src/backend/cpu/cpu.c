@@ -30,7 +30,7 @@ const kiln_compiler_desc kiln_cpu_compiler = {.name = "cc", .target = "host", .b
 
 const kiln_backend kiln_backend_cpu = {
     .name = "cpu",
-    .description = "the host: oneDNN GEMM, kiln's kernels, generated OpenMP C built with cc",
+    .description = "the host: GEMM chosen by measurement, kiln's kernels, generated OpenMP C built with cc",
     .caps = KILN_BACKEND_HOST_MAPPABLE | KILN_BACKEND_COMPILE | KILN_BACKEND_BF16 | KILN_BACKEND_MPI,
     .buft = &kiln_buft_host,
     .kernels = kiln_cpu_kernels,
