@@ -30,6 +30,7 @@ typedef struct {
     int sA, sB; /* 1: own matrix per batch element, 0: broadcast */
     float alpha, beta;
     bool bf16;
+    const char *impl; /* fp32 through this implementation (kiln_gemm_f32_impl), NULL: the choice */
 } gcase;
 
 /* Rows and columns of an operand as stored. */
@@ -70,7 +71,9 @@ static double run_case(const gcase *g, bool *pad_ok) {
         if (g->bf16) B[i] = kiln_bf16_to_f32(Bh[i] = kiln_f32_to_bf16(B[i]));
     }
     for (int64_t i = 0; i < nC; i++) C0[i] = C[i] = frand();
-    kiln_status st = g->bf16 ? kiln_gemm_bf16(&d, Ah, Bh, C) : kiln_gemm_f32(&d, A, B, C);
+    kiln_status st = g->bf16 ? kiln_gemm_bf16(&d, Ah, Bh, C)
+                     : g->impl ? kiln_gemm_f32_impl(g->impl, &d, A, B, C)
+                               : kiln_gemm_f32(&d, A, B, C);
     CHECK(st == KILN_OK, "status %d: %s", (int)st, kiln_last_error());
     double maxerr = 0, maxref = 0;
     *pad_ok = true;
@@ -100,9 +103,9 @@ static double run_case(const gcase *g, bool *pad_ok) {
         bool pad_ok_;                                                                   \
         double e_ = run_case(&g_, &pad_ok_);                                            \
         CHECK(e_ < (tol) && pad_ok_,                                                    \
-              "tA=%d tB=%d M=%lld N=%lld K=%lld batch=%lld bf16=%d: rel err %.3g, pad %s", \
-              g_.tA, g_.tB, (long long)g_.M, (long long)g_.N, (long long)g_.K,          \
-              (long long)g_.batch, g_.bf16, e_, pad_ok_ ? "ok" : "CLOBBERED");          \
+              "%s tA=%d tB=%d M=%lld N=%lld K=%lld batch=%lld bf16=%d: rel err %.3g, pad %s", \
+              g_.impl ? g_.impl : "chosen", g_.tA, g_.tB, (long long)g_.M, (long long)g_.N,     \
+              (long long)g_.K, (long long)g_.batch, g_.bf16, e_, pad_ok_ ? "ok" : "CLOBBERED"); \
     } while (0)
 
 static void test_shapes(void) {
@@ -127,6 +130,36 @@ static void test_shapes(void) {
         RUN(1e-3, .tA = tA, .tB = tB, .M = 37, .N = 24, .K = 13, .batch = 1, .alpha = 1, .bf16 = true);
         RUN(1e-3, .tA = tA, .tB = tB, .M = 64, .N = 80, .K = 96, .padA = 2, .padC = 1, .batch = 3,
             .sA = 1, .sB = 1, .alpha = 0.25f, .beta = 1, .bf16 = true);
+    }
+}
+
+/* Every implementation the choice may pick, each forced: the four
+ * transposes with padded rows, alpha and accumulation, and batches with
+ * their own, broadcast A and broadcast B operands at unpacked strides.
+ * OpenBLAS and BLIS where this build opens them (test_gemm_choice checks
+ * which builds do). */
+static void test_every_impl(void) {
+    static const char *const impl[] = {"onednn", "sgemm", "kiln", "openblas", "blis"};
+    for (size_t i = 0; i < sizeof impl / sizeof *impl; i++) {
+        float a = 1, b = 1, c = 0;
+        kiln_gemm_desc d = {.M = 1, .N = 1, .K = 1, .lda = 1, .ldb = 1, .ldc = 1, .batch = 1, .alpha = 1, .beta = 0};
+        if (kiln_gemm_f32_impl(impl[i], &d, &a, &b, &c) != KILN_OK) {
+            CHECK(i >= 3, "%s: %s", impl[i], kiln_last_error());
+            printf("test_gemm: %s is not a candidate in this build: %s\n", impl[i], kiln_last_error());
+            kiln_clear_error();
+            continue;
+        }
+        for (int t = 0; t < 4; t++) {
+            bool tA = t & 1, tB = t & 2;
+            RUN(1e-5, .tA = tA, .tB = tB, .M = 37, .N = 24, .K = 130, .padA = 3, .padB = 7, .padC = 2, .batch = 1,
+                .alpha = -0.5f, .beta = 1, .impl = impl[i]);
+            RUN(1e-5, .tA = tA, .tB = tB, .M = 9, .N = 11, .K = 7, .padA = 1, .padC = 4, .batch = 3, .sA = 1, .sB = 1,
+                .alpha = 1, .impl = impl[i]);
+            RUN(1e-5, .tA = tA, .tB = tB, .M = 9, .N = 11, .K = 7, .padB = 2, .batch = 4, .sA = 0, .sB = 1, .alpha = 2,
+                .beta = 1, .impl = impl[i]);
+            RUN(1e-5, .tA = tA, .tB = tB, .M = 16, .N = 5, .K = 33, .batch = 2, .sA = 1, .sB = 0, .alpha = 1, .beta = 1,
+                .impl = impl[i]);
+        }
     }
 }
 
@@ -857,6 +890,7 @@ int main(void) {
     test_kernel_specials();
     test_kernel_threads();
     test_shapes();
+    test_every_impl();
     test_interleaved_heads();
     test_sgemm_and_edges();
     test_errors();
