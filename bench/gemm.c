@@ -247,26 +247,22 @@ static void plain_gemm(const shape *s) {
 static int run_chosen(const shape *s) {
     return kiln_sgemm(s->tA, s->tB, s->M, s->N, s->K, 1.0f, s->A, s->B, 0.0f, s->C) != KILN_OK;
 }
-/* oneDNN's matmul primitive, cached as kiln_gemm_f32 caches it */
-static int run_kiln(const shape *s) {
-    kiln_gemm_desc d = {.transA = s->tA, .transB = s->tB, .M = s->M, .N = s->N, .K = s->K, .lda = lda_of(s),
-                        .ldb = ldb_of(s), .ldc = s->N, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
-    return kiln_gemm_f32_impl("onednn", &d, s->A, s->B, s->C) != KILN_OK;
-}
 static int run_dnnl_sgemm(const shape *s) {
     return dnnl_sgemm(s->tA ? 'T' : 'N', s->tB ? 'T' : 'N', s->M, s->N, s->K, 1.0f, s->A,
                       lda_of(s), s->B, ldb_of(s), 0.0f, s->C, s->N) != dnnl_success;
 }
-/* OpenBLAS's and BLIS's OpenMP builds, as kiln_gemm_f32 runs them when it
- * chooses them (src/kernels/blas_peers.c: opened at run time, on kiln's
- * OpenMP threads); left out where not installed */
-static int run_peer(const shape *s, const char *impl) {
+/* one of kiln_gemm_f32's implementations, forced, as it runs them when it
+ * chooses them: oneDNN's matmul primitive (cached), OpenBLAS's and BLIS's
+ * OpenMP builds (src/kernels/blas_peers.c: opened at run time, on kiln's
+ * OpenMP threads; left out where not installed) */
+static int run_named(const shape *s, const char *impl) {
     kiln_gemm_desc d = {.transA = s->tA, .transB = s->tB, .M = s->M, .N = s->N, .K = s->K, .lda = lda_of(s),
                         .ldb = ldb_of(s), .ldc = s->N, .batch = 1, .alpha = 1.0f, .beta = 0.0f};
     return kiln_gemm_f32_impl(impl, &d, s->A, s->B, s->C) != KILN_OK;
 }
-static int run_openblas(const shape *s) { return run_peer(s, "openblas"); }
-static int run_blis(const shape *s) { return run_peer(s, "blis"); }
+static int run_kiln(const shape *s) { return run_named(s, "onednn"); }
+static int run_openblas(const shape *s) { return run_named(s, "openblas"); }
+static int run_blis(const shape *s) { return run_named(s, "blis"); }
 /* kiln's own kernel (src/kernels/simd/gemm.c): the active form's, and the
  * AVX2 form's where that is not the active one (what an AVX2-only machine
  * runs), one call per matrix as dnnl_sgemm's candidate */
@@ -472,11 +468,8 @@ int main(int argc, char **argv) {
     printf("kiln GEMM benchmark: the training step's products (classes: %s)\n", classes);
     printf("kiln_gemm backend: %s\n", kiln_gemm_backend());
     { /* the BLAS libraries kiln opens (their OpenMP builds); a missing one's column is left out */
-        float a1 = 1, b1 = 1, c1 = 0;
-        kiln_gemm_desc d1 = {.M = 1, .N = 1, .K = 1, .lda = 1, .ldb = 1, .ldc = 1, .batch = 1, .alpha = 1, .beta = 0};
-        g_skip[OPENBLAS] = kiln_gemm_f32_impl("openblas", &d1, &a1, &b1, &c1) != KILN_OK;
-        g_skip[BLIS] = kiln_gemm_f32_impl("blis", &d1, &a1, &b1, &c1) != KILN_OK;
-        kiln_clear_error();
+        g_skip[OPENBLAS] = !kiln_gemm_f32_impl_available("openblas");
+        g_skip[BLIS] = !kiln_gemm_f32_impl_available("blis");
         if (g_skip[OPENBLAS] || g_skip[BLIS])
             printf("%s%s not installed (libopenblas0-openmp, libblis4-openmp; scripts/deps.sh installs them): left out\n",
                    g_skip[OPENBLAS] ? "OpenBLAS's OpenMP build" : "", g_skip[OPENBLAS] && g_skip[BLIS] ? " and BLIS's" : g_skip[BLIS] ? "BLIS's OpenMP build" : "");

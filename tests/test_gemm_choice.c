@@ -36,11 +36,14 @@ static char g_cache[256], g_self[1024];
 
 static const char *const g_impl[5] = {"onednn", "sgemm", "kiln", "openblas", "blis"};
 /* whether implementation i is a candidate in this build (the BLAS
- * libraries: where opened; kiln_gemm_f32_impl says) */
+ * libraries: where opened), and runs a 1 x 1 x 1 product right */
 static bool impl_here(int i) {
     float a = 1, b = 2, c = 0;
     kiln_gemm_desc d = {.M = 1, .N = 1, .K = 1, .lda = 1, .ldb = 1, .ldc = 1, .batch = 1, .alpha = 1, .beta = 0};
+    bool avail = kiln_gemm_f32_impl_available(g_impl[i]);
     bool ok = kiln_gemm_f32_impl(g_impl[i], &d, &a, &b, &c) == KILN_OK && c == 2;
+    CHECK(ok == avail, "%s: available %d, but the product %s: %s", g_impl[i], (int)avail, ok ? "ran" : "did not run",
+          kiln_last_error());
     kiln_clear_error();
     return ok;
 }

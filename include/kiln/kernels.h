@@ -136,6 +136,9 @@ kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const f
  * or blis where their OpenMP builds are not installed (or in a sanitizer
  * build). */
 kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const float *A, const float *B, float *C);
+/* Whether kiln_gemm_f32_impl can run impl here (a known name, and for
+ * openblas and blis their OpenMP builds opened). */
+bool kiln_gemm_f32_impl_available(const char *impl);
 enum { KILN_GEMM_MEASURED = 0, KILN_GEMM_SGEMM = 1 };
 /* The fp32 choices so far in words ("12 fp32 products: onednn 3, sgemm 5,
  * kiln 4 (2 measured now, the rest from the cache)"), for kiln bench. */

@@ -36,14 +36,6 @@
 #define MULTIARCH ""
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KILN_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KILN_ASAN 1
-#endif
-#endif
-
 typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *,
                                int);
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 }; /* CBLAS's enumerations */

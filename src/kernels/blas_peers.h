@@ -9,6 +9,16 @@
 
 #include "kiln/core.h"
 
+/* KILN_ASAN: an AddressSanitizer build (gcc's or clang's), which cannot
+ * open a library RTLD_DEEPBIND and tags its GEMM choices apart */
+#if defined(__SANITIZE_ADDRESS__)
+#define KILN_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KILN_ASAN 1
+#endif
+#endif
+
 enum { KILN_BLAS_OPENBLAS = 0, KILN_BLAS_BLIS = 1, KILN_BLAS_PEERS = 2 };
 
 /* "OpenBLAS 0.3.21", "BLIS 0.9.0 (zen3)", or NULL when that library is not

@@ -480,12 +480,8 @@ static void machine_tag(char *out, size_t n, bool bf16) {
         fclose(f);
     }
     const char *build = "";
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef KILN_ASAN
     build = "/asan";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-    build = "/asan";
-#endif
 #endif
     const dnnl_version_t *dv = dnnl_version();
     char peers[128];
@@ -755,9 +751,20 @@ kiln_status kiln_gemm_f32_sgemm(const kiln_gemm_desc *d, const float *A, const f
     return st || !e ? st : run_impl(e, IMPL_SGEMM, A, B, C);
 }
 
-kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+/* impl's index, IMPL_COUNT when it names none */
+static int impl_index(const char *impl) {
     int i = 0;
     while (i < IMPL_COUNT && strcmp(impl, impl_names[i])) i++;
+    return i;
+}
+
+bool kiln_gemm_f32_impl_available(const char *impl) {
+    int i = impl_index(impl);
+    return i < IMPL_COUNT && impl_serves(i, DT_F32);
+}
+
+kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const float *A, const float *B, float *C) {
+    const int i = impl_index(impl);
     if (i == IMPL_COUNT)
         return kiln_error(KILN_ERR_INVALID, "gemm: '%s' is not an implementation (onednn, sgemm, kiln, openblas or blis)", impl);
     if (!impl_serves(i, DT_F32))
