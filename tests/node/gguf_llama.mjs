@@ -33,12 +33,25 @@ const llama = await getLlama({
     logger: (level, message) => logs.push(`${level}: ${message}`.trimEnd()),
 });
 
+// node-llama-cpp hands llama.cpp's log lines to JavaScript through the event
+// loop, so a line may arrive after the call that printed it has returned (a
+// clean-clone CI run once read a load log without its print_info lines).
+// Wait until no new line has come for 100 ms, at most 5 s.
+async function settled() {
+    let n = -1;
+    for (let waited = 0; waited < 5000 && n !== logs.length; waited += 100) {
+        n = logs.length;
+        await new Promise((r) => setTimeout(r, 100));
+    }
+    return logs;
+}
+
 for (const {path, defaults, ppl_tokens, lora, texts} of job.models) {
     logs.length = 0;
     const out = {model: path, defaults: !!defaults, ...(lora ? {lora} : {})};
     try {
         const model = await llama.loadModel({modelPath: path, gpuLayers: 0});
-        out.load_log = logs.filter((l) => /print_info|llama_model_loader: - type|file format|file type/.test(l));
+        out.load_log = (await settled()).filter((l) => /print_info|llama_model_loader: - type|file format|file type/.test(l));
         out.bos = model.tokens.bos;
         out.eos = model.tokens.eos;
         out.add_bos = model.tokens.shouldPrependBosToken;
@@ -49,7 +62,7 @@ for (const {path, defaults, ppl_tokens, lora, texts} of job.models) {
             ...(defaults ? {} : {experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32"}),
             ...(lora ? {lora: {adapters: [{filePath: lora, scale: 1}]}} : {}),
         });
-        if (lora) out.lora_log = logs.filter((l) => /llama_adapter_lora/.test(l));
+        if (lora) out.lora_log = (await settled()).filter((l) => /llama_adapter_lora/.test(l));
         const seq = context.getSequence();
         out.greedy = [];
         out.greedy_text = [];
