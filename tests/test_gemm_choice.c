@@ -120,6 +120,21 @@ static void check_measured_and_recorded(void) {
         known |= strstr(line, want) != NULL && impl_here(i);
     }
     CHECK(known, "the line names an implementation and its timings: %s", line ? line : "");
+    /* the named one is the candidate with the lowest recorded time (the
+     * mean of its timed calls; -1: not a candidate) */
+    const char *us = line ? strstr(line, "\tus ") : NULL;
+    double v[5];
+    int chosen = -1, lowest = -1;
+    for (int i = 0; i < 5 && line && us; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "\t%s\tus ", g_impl[i]);
+        if (strstr(line, want) && strstr(line, want) < us + 1) chosen = i;
+    }
+    bool parsed = us && sscanf(us + 4, "%lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4]) == 5;
+    for (int i = 0; parsed && i < 5; i++)
+        if (v[i] >= 0 && (lowest < 0 || v[i] < v[lowest])) lowest = i;
+    CHECK(parsed && chosen >= 0 && lowest == chosen, "the chosen implementation (%d) has the lowest recorded time (%d): %s",
+          chosen, lowest, line ? line : "");
     CHECK(strstr(kiln_gemm_choices(), "1 measured now") != NULL, "choices: %s", kiln_gemm_choices());
     /* the same product again: no new measurement, no new line */
     product_err(96, 80, 72, 0, C);

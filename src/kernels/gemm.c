@@ -455,8 +455,8 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
  * choices measured against the old ones are measured again: fp32's and
  * bf16's apart (a new bf16 kernel leaves the fp32 choices standing). */
-#define KILN_GEMM_REV 7 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place); 7: close calls measured over more rounds */
-#define KILN_GEMM_REV_BF16 8 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place; 8: close calls measured over more rounds */
+#define KILN_GEMM_REV 8 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place); 7: close calls measured over more rounds; 8: chosen by the mean call */
+#define KILN_GEMM_REV_BF16 9 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place; 8: close calls measured over more rounds; 9: chosen by the mean call */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
  * family, model from /proc/cpuinfo, and the features kiln uses), the
@@ -626,24 +626,33 @@ static void two_best(const double us[IMPL_COUNT], int *first, int *second) {
         else if (*second < 0 || us[i] < us[*second]) *second = i;
 }
 
-/* times every implementation on the problem into scratch; us[i] the best
- * microseconds (1e30 where it is not a candidate or failed); returns the
- * fastest, or -1 when no scratch could be had. A warm-up round, then at
- * least two timed rounds, the implementations interleaved in each and each
- * one's best time kept; small problems get up to 10 rounds within ~20 ms,
+/* times every implementation on the problem into scratch; us[i] the mean
+ * microseconds of its timed calls (1e30 where it is not a candidate or
+ * failed); returns the fastest, or -1 when no scratch could be had. A
+ * warm-up round, then at least two timed rounds, the implementations
+ * interleaved in each; small problems get up to 10 rounds within ~20 ms,
  * and while the two fastest are within 3% of each other (five candidates
  * are often that close) a problem whose round takes under a quarter of a
- * second gets more, up to 8 timed rounds and about a second, so that one
- * slow call on a shared machine does not decide between them. One that
- * took over 3x the fastest in the first timed round (and over a
- * millisecond) is not timed again nor chosen (a library without kernels
- * for the CPU). */
+ * second gets more, up to 8 timed rounds and about a second. One that took
+ * over 3x the fastest in the first timed round (and over a millisecond) is
+ * not timed again nor chosen (a library without kernels for the CPU).
+ *
+ * The mean, not the fastest call: a step pays each product's typical time,
+ * and on a shared machine the candidates' typical calls differ more than
+ * their fastest ones (a kernel that hands out its tasks dynamically loses
+ * less when a neighbour takes a core than one that splits the work once).
+ * bench/gemm_spread replays this rule on thousands of interleaved calls:
+ * on a Zen 3 with neighbours, the fastest-call rule chose a candidate whose
+ * mean was 1.5-3.2% behind the best over 3-8 rounds, the mean rule
+ * 0.7-2.3% (three shapes, 30 s each). */
 static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
     float *scratch = calloc(span, sizeof(float));
     if (!scratch) return -1;
     bool out[IMPL_COUNT] = {false}; /* out of the running: failed, or far slower */
+    double sum[IMPL_COUNT] = {0};
+    int timed[IMPL_COUNT] = {0};
     for (int i = 0; i < IMPL_COUNT; i++) us[i] = 1e30;
     int rounds = 3;
     const double start = kiln_time_now();
@@ -660,8 +669,9 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
                 kiln_clear_error();
                 us[i] = 2e30; /* never chosen */
                 out[i] = true;
-            } else if (r > 0 && dt * 1e6 < us[i]) {
-                us[i] = dt * 1e6;
+            } else if (r > 0) {
+                sum[i] += dt * 1e6;
+                us[i] = sum[i] / ++timed[i];
             }
         }
         if (r == 1) { /* over 3x the fastest in the first timed round (and over a ms): not timed again, not chosen */
