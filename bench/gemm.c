@@ -461,9 +461,20 @@ static double pct(double g, double peak) { return peak > 0 ? 100.0 * g / peak : 
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 3, reps = argc > 2 ? atoi(argv[2]) : 1;
     const char *classes = argc > 3 ? argv[3] : "all";
-    if (rounds < 1 || reps < 1 || rounds * reps > MAX_SAMPLES) {
+    if (argc > 4 || rounds < 1 || reps < 1 || rounds * reps > MAX_SAMPLES) {
         fprintf(stderr, "usage: %s [rounds] [reps] [small,124m,1b,sweep], rounds*reps <= %d\n", argv[0], MAX_SAMPLES);
         return 2;
+    }
+    for (const char *c = classes; strcmp(classes, "all") && *c;) { /* every name in the list is a class */
+        size_t n = strcspn(c, ",");
+        static const char *const known[] = {"small", "124m", "1b", "sweep"};
+        bool ok = false;
+        for (int i = 0; i < 4; i++) ok |= n == strlen(known[i]) && !strncmp(c, known[i], n);
+        if (!ok) {
+            fprintf(stderr, "%s: '%.*s' is not a class: small, 124m, 1b, sweep (a comma list), or all\n", argv[0], (int)n, c);
+            return 2;
+        }
+        c += n + (c[n] == ',');
     }
     printf("kiln GEMM benchmark: the training step's products (classes: %s)\n", classes);
     printf("kiln_gemm backend: %s\n", kiln_gemm_backend());
