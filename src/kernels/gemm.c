@@ -425,7 +425,8 @@ static kiln_status run_impl(const gemm_entry *e, int impl, const void *A, const 
  * ones), so it is measured, not ruled: the first time a process meets an
  * fp32 problem (the whole key: shape, transposes, strides, alpha, beta,
  * threads) it times each implementation into scratch (warm-up, then the
- * best of 2 to 10 interleaved rounds) and keeps the fastest. The choice is
+ * mean of 2 to 10 interleaved rounds; the close ones again beside busy
+ * threads: see measure) and keeps the fastest. The choice is
  * written to kiln's cache directory (kiln_cache_dir()/gemm-choices, one
  * line per problem, tagged with the CPU, the kernels' form and the build)
  * under an exclusive lock, and read back from there first: every process
@@ -628,25 +629,6 @@ static void two_best(const double us[IMPL_COUNT], int *first, int *second) {
         else if (*second < 0 || us[i] < us[*second]) *second = i;
 }
 
-/* times every implementation on the problem into scratch; us[i] the mean
- * microseconds of its timed calls (1e30 where it is not a candidate or
- * failed); returns the fastest, or -1 when no scratch could be had. A
- * warm-up round, then at least two timed rounds, the implementations
- * interleaved in each; small problems get up to 10 rounds within ~20 ms,
- * and while the two fastest are within 3% of each other (five candidates
- * are often that close) a problem whose round takes under a quarter of a
- * second gets more, up to 8 timed rounds and about a second. One that took
- * over 3x the fastest in the first timed round (and over a millisecond) is
- * not timed again nor chosen (a library without kernels for the CPU).
- *
- * The mean, not the fastest call: a step pays each product's typical time,
- * and on a shared machine the candidates' typical calls differ more than
- * their fastest ones (a kernel that hands out its tasks dynamically loses
- * less when a neighbour takes a core than one that splits the work once).
- * bench/gemm_spread replays this rule on thousands of interleaved calls:
- * on a Zen 3 with neighbours, the fastest-call rule chose a candidate whose
- * mean was 1.5-3.2% behind the best over 3-8 rounds, the mean rule
- * 0.7-2.3% (three shapes, 30 s each). */
 /* busy threads beside the loaded timing (see measure) */
 typedef struct {
     atomic_int stop;
@@ -671,6 +653,26 @@ static int cpus_here(void) {
 #define GEMM_CLOSE_IDLE 1.05   /* within 5% of the fastest mean: a candidate for the loaded timing */
 #define GEMM_CLOSE_LOADED 1.03 /* within 3% of the fastest loaded mean: as good beside a busy thread */
 
+/* times every implementation on the problem into scratch; us[i] the mean
+ * microseconds of its timed calls (1e30 where it is not a candidate or
+ * failed); returns the fastest, or -1 when no scratch could be had. A
+ * warm-up round, then at least two timed rounds, the implementations
+ * interleaved in each; small problems get up to 10 rounds within ~20 ms,
+ * and while the two fastest are within 3% of each other (five candidates
+ * are often that close) a problem whose round takes under a quarter of a
+ * second gets more, up to 8 timed rounds and about a second. One that took
+ * over 3x the fastest in the first timed round (and over a millisecond) is
+ * not timed again nor chosen (a library without kernels for the CPU).
+ *
+ * The mean, not the fastest call: a step pays each product's typical time,
+ * and on a shared machine the candidates' typical calls differ more than
+ * their fastest ones (a kernel that hands out its tasks dynamically loses
+ * less when a neighbour takes a core than one that splits the work once).
+ * bench/gemm_spread replays this rule on thousands of interleaved calls:
+ * on a Zen 3 with neighbours, the fastest-call rule chose a candidate whose
+ * mean was 1.5-3.2% behind the best over 3-8 rounds, the mean rule
+ * 0.7-2.3% (three shapes, 30 s each). loaded[i]: the mean beside busy
+ * threads, -1 where not timed so (below). */
 static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT], double loaded[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
