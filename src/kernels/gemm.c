@@ -649,10 +649,6 @@ static int cpus_here(void) {
     return n > 0 ? (int)n : 1;
 }
 
-/* the two kinds of timing in measure */
-#define GEMM_CLOSE_IDLE 1.05   /* within 5% of the fastest mean: a candidate for the loaded timing */
-#define GEMM_CLOSE_LOADED 1.03 /* within 3% of the fastest loaded mean: as good beside a busy thread */
-
 /* times every implementation on the problem into scratch; us[i] the mean
  * microseconds of its timed calls (1e30 where it is not a candidate or
  * failed); returns the fastest, or -1 when no scratch could be had. A
@@ -721,22 +717,24 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
     int best = IMPL_ONEDNN;
     for (int i = 1; i < IMPL_COUNT; i++)
         if (us[i] < us[best]) best = i;
-    /* The candidates within 5% of the fastest mean are timed again beside
-     * busy threads, enough that one of this product's threads shares its
-     * core (one on a machine whose cores all run kiln's threads): a
-     * library that splits the work once, or waits at its own spinning
-     * barriers, takes as long as its slowest thread, and on a shared host
-     * a step pays that (a Zen 3 with one competing process: kiln's kernel
-     * alone 12-14% faster in the small model's step than oneDNN's primitive
-     * alone, and 28-35% faster than the idle choices, which had BLIS and
-     * OpenBLAS in them; README "What a shared host takes"). Among those
-     * within 3% of the fastest loaded mean, the fastest idle mean wins: an
-     * idle machine loses at most 5% on a product, a shared one is spared
-     * the fragile ones. Where only one is close, nothing more is timed. */
+    /* Then every candidate still in the running is timed again beside busy
+     * threads, enough that one of this product's threads shares its core
+     * (one on a machine whose cores all run kiln's threads), for 2 to 6
+     * rounds within about half a second. A library that splits the work
+     * once, or waits at spinning barriers of its own, takes as long as its
+     * slowest thread then, and on a shared host a step pays that (a Zen 3
+     * beside one busy process: kiln's kernel alone 12-14% faster in the
+     * small model's step than oneDNN's primitive alone, 28-35% faster than
+     * the idle choices, which had BLIS and OpenBLAS among them; BLIS 3.4x
+     * slower than kiln's kernel on a product where it was the fastest idle;
+     * README "What a shared host takes"). The choice is the candidate whose
+     * worse ratio to the best, idle or loaded, is the smallest (ties: the
+     * faster idle): no other is better in both, and the one chosen is off
+     * its best by as little as can be in either case. */
     for (int i = 0; i < IMPL_COUNT; i++) loaded[i] = -1;
-    int close = 0;
-    for (int i = 0; i < IMPL_COUNT; i++) close += us[i] < 1e29 && us[i] <= us[best] * GEMM_CLOSE_IDLE;
-    if (close > 1) {
+    int running = 0;
+    for (int i = 0; i < IMPL_COUNT; i++) running += us[i] < 1e29;
+    if (running > 1) {
         int nspin = cpus_here() - k->nthreads + 1;
         nspin = nspin < 1 ? 1 : nspin > 16 ? 16 : nspin;
         spin_ctl ctl;
@@ -749,7 +747,7 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
         const double lstart = kiln_time_now();
         for (int r = 0; started && r < 6 && (r < 2 || kiln_time_now() - lstart < 0.5); r++)
             for (int i = 0; i < IMPL_COUNT; i++) {
-                if (!(us[i] < 1e29 && us[i] <= us[best] * GEMM_CLOSE_IDLE)) continue;
+                if (!(us[i] < 1e29)) continue;
                 if (k->beta != 0.0f) memset(scratch, 0, span * sizeof(float));
                 double t0 = kiln_time_now();
                 kiln_status st = run_impl(e, i, A, B, scratch);
@@ -763,9 +761,13 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
         for (int i = 0; i < IMPL_COUNT; i++)
             if (lcount[i]) loaded[i] = lsum[i] / lcount[i], lbest = loaded[i] < lbest ? loaded[i] : lbest;
         int pick = -1;
-        for (int i = 0; i < IMPL_COUNT; i++)
-            if (lcount[i] && loaded[i] <= lbest * GEMM_CLOSE_LOADED && (pick < 0 || us[i] < us[pick])) pick = i;
-        if (pick >= 0) best = pick;
+        double ps = 0;
+        for (int i = 0; i < IMPL_COUNT; i++) {
+            if (loaded[i] < 0) continue;
+            double r1 = us[i] / us[best], r2 = loaded[i] / lbest, sc = r1 > r2 ? r1 : r2;
+            if (pick < 0 || sc < ps || (sc == ps && us[i] < us[pick])) pick = i, ps = sc;
+        }
+        if (pick >= 0 && lbest > 0 && us[best] > 0) best = pick;
     }
     free(scratch);
     return best;
