@@ -86,8 +86,8 @@ extern "C" {
  * beta must be 0 or 1 (1 accumulates into C, used for gradients).
  * fp32: oneDNN's matmul primitive, dnnl_sgemm, kiln_k_gemm_f32, or
  * OpenBLAS's or BLIS's cblas_sgemm (their OpenMP builds, where installed),
- * whichever measured fastest on this problem (its mean call, and among the
- * close ones the time beside busy threads; the first time it is met;
+ * whichever measured fastest on this problem (its mean call, among those
+ * within 1.5x the best beside busy threads; the first time it is met;
  * the choice is kept in kiln's cache directory so every process makes the
  * same one; KILN_GEMM=auto|onednn|sgemm|kiln|openblas|blis); bf16: the
  * matmul primitive or kiln's bf16 kernel. */

@@ -425,8 +425,8 @@ static kiln_status run_impl(const gemm_entry *e, int impl, const void *A, const 
  * ones), so it is measured, not ruled: the first time a process meets an
  * fp32 problem (the whole key: shape, transposes, strides, alpha, beta,
  * threads) it times each implementation into scratch (warm-up, then the
- * mean of 2 to 10 interleaved rounds; the close ones again beside busy
- * threads: see measure) and keeps the fastest. The choice is
+ * mean of 2 to 10 interleaved rounds; all again beside busy threads, and
+ * none over 1.5x the best there: see measure) and keeps the fastest. The choice is
  * written to kiln's cache directory (kiln_cache_dir()/gemm-choices, one
  * line per problem, tagged with the CPU, the kernels' form and the build)
  * under an exclusive lock, and read back from there first: every process
