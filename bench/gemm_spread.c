@@ -141,7 +141,10 @@ static int run_shape(const char *spec, double secs, double *peak) {
         for (int r = 0; r < n; r++) sum += g_t[i][r];
         mean[i] = sum / n;
         double *c = malloc((size_t)n * sizeof *c);
-        if (!c) return 1;
+        if (!c) {
+            free(A), free(B), free(C);
+            return 1;
+        }
         memcpy(c, g_t[i], (size_t)n * sizeof *c);
         qsort(c, (size_t)n, sizeof *c, cmp_d);
         const double f = gf / c[0], p50 = gf / c[n / 2], p90 = gf / c[n * 9 / 10], mn = gf / mean[i];

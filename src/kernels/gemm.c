@@ -673,6 +673,18 @@ static int cpus_here(void) {
  * mean was 1.5-3.2% behind the best over 3-8 rounds, the mean rule
  * 0.7-2.3% (three shapes, 30 s each). loaded[i]: the mean beside busy
  * threads, -1 where not timed so (below). */
+/* One call of implementation i into scratch (cleared first where beta
+ * accumulates): its seconds; *failed when it failed (the error cleared). */
+static double timed_call(const gemm_entry *e, int i, const void *A, const void *B, float *scratch, size_t span,
+                         bool *failed) {
+    if (e->key.beta != 0.0f) memset(scratch, 0, span * sizeof(float));
+    double t0 = kiln_time_now();
+    kiln_status st = run_impl(e, i, A, B, scratch);
+    double dt = kiln_time_now() - t0;
+    if ((*failed = st != KILN_OK)) kiln_clear_error();
+    return dt;
+}
+
 static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT], double loaded[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
@@ -688,13 +700,10 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
         double round_time = 0;
         for (int i = 0; i < IMPL_COUNT; i++) {
             if (!impl_serves(i, k->dtype) || out[i]) continue;
-            if (k->beta != 0.0f) memset(scratch, 0, span * sizeof(float));
-            double t0 = kiln_time_now();
-            kiln_status st = run_impl(e, i, A, B, scratch);
-            double dt = kiln_time_now() - t0;
+            bool failed;
+            const double dt = timed_call(e, i, A, B, scratch, span, &failed);
             round_time += dt;
-            if (st) {
-                kiln_clear_error();
+            if (failed) {
                 us[i] = 2e30; /* never chosen */
                 out[i] = true;
             } else if (r > 0) {
@@ -754,12 +763,9 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
         for (int r = 0; started && r < 6 && (r < 2 || kiln_time_now() - lstart < 0.5); r++)
             for (int i = 0; i < IMPL_COUNT; i++) {
                 if (!(us[i] < 1e29)) continue;
-                if (k->beta != 0.0f) memset(scratch, 0, span * sizeof(float));
-                double t0 = kiln_time_now();
-                kiln_status st = run_impl(e, i, A, B, scratch);
-                double dt = kiln_time_now() - t0;
-                if (st) kiln_clear_error(); /* it ran idle: keep what was measured */
-                else lsum[i] += dt * 1e6, lcount[i]++;
+                bool failed;
+                const double dt = timed_call(e, i, A, B, scratch, span, &failed);
+                if (!failed) lsum[i] += dt * 1e6, lcount[i]++; /* failed: it ran idle, keep what was measured */
             }
         atomic_store(&ctl.stop, 1);
         for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
