@@ -709,6 +709,48 @@ static void tile_mm(bool amx, float *C, int64_t ldc, bool acc, const uint16_t *A
     else
         dp_mm(C, ldc, acc, A, lda, B, ldb, rv, N, KD);
 }
+
+/* The causal trim of the VDPBF16PS products, as nt_tile and acc_tile_rows
+ * trim the fp32 ones: a tile on the diagonal runs in groups of TRIM_ROWS
+ * query rows, each over the keys its last row sees (rounded up to what
+ * dp_mm takes: 32 columns, a pair of keys). On AMX tiles the whole tile is
+ * computed: AMX works in groups of 16 rows x 32 keys, and no machine here
+ * has had AMX to measure a trim on. dvᵀ and dkᵀ (keys as columns, queries
+ * as K) are not trimmed: in halves of 32 keys, each from the first query
+ * that sees it, the narrower kernel ate the saving (8 x 8 x 256 backward
+ * 6.67-7.01 ms untrimmed, 6.74-6.93 trimmed, alternating on a Zen 4). */
+
+/* S [nr][BK] = A·B (A the queries' bf16 rows, B the key block's pairs):
+ * a group's columns past the keys it sees are left as they were (the
+ * softmax loops mask them by selection; past nk only columns beyond what
+ * the trimmed P·v and dS·k read) */
+static void tile_scores(bool amx, float *S, const uint16_t *A, int64_t lda, const uint32_t *B, int64_t nr, int64_t D,
+                        int64_t qpos0, int64_t j0, int64_t nk) {
+    if (amx || tile_full(qpos0, j0, nk)) {
+        tile_mm(amx, S, BK, false, A, lda, B, BK, nr, BK, D);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < nr; r0 += TRIM_ROWS) {
+        const int64_t rn = nr - r0 < TRIM_ROWS ? nr - r0 : TRIM_ROWS, need = causal_limit(qpos0 + r0 + rn - 1, j0, nk);
+        if (need > 0) dp_mm(S + r0 * BK, BK, false, A + r0 * lda, lda, B, BK, rn, (need + 31) & ~(int64_t)31, D);
+    }
+}
+
+/* C's nr rows = (acc: +=) P·B over the tile's keys (P bf16 rows BK apart,
+ * B the key block's inter words): a group over the key pairs it sees (P
+ * is zero past a row's causal limit; a group that sees none is stored as
+ * it was, or as zeros) */
+static void tile_rows_acc(bool amx, float *C, int64_t ldc, bool acc, const uint16_t *P, const uint32_t *B, int64_t ldb,
+                          int64_t nr, int64_t N, int64_t qpos0, int64_t j0, int64_t nk) {
+    if (amx || tile_full(qpos0, j0, nk)) {
+        tile_mm(amx, C, ldc, acc, P, BK, B, ldb, nr, N, BK);
+        return;
+    }
+    for (int64_t r0 = 0; r0 < nr; r0 += TRIM_ROWS) {
+        const int64_t rn = nr - r0 < TRIM_ROWS ? nr - r0 : TRIM_ROWS, need = causal_limit(qpos0 + r0 + rn - 1, j0, nk);
+        dp_mm(C + r0 * ldc, ldc, acc, P + r0 * BK, BK, B, ldb, rn, N, (need + 1) & ~(int64_t)1);
+    }
+}
 #else
 #define ATT_AMX 0
 #endif
@@ -921,7 +963,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
         for (int64_t c = 0; c < BK; c++) bias[c] = has_pad && c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
 #if ATT_AMX
         if (bf)
-            tile_mm(a->amx, S, BK, false, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, BK, nr, BK, D);
+            tile_scores(a->amx, S, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, nr, D, off + i0, j0, nk);
         else
 #endif
             nt_tile(q, D, ktb + kb * D * BK, D, S, nr, off + i0, j0, nk);
@@ -1008,8 +1050,9 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
         }
 #if ATT_AMX
         if (bf) { /* P rounded to bf16, then o += P·v */
-            form_rows(S, nr, BQ, BK, ph); /* past nk: q·0 = 0 */
-            tile_mm(a->amx, o, D, true, ph, BK, a->vi + ((b * a->Hkv + g) * a->nkb + kb) * (BK / 2) * D, D, nr, D, BK);
+            form_rows(S, nr, BQ, BK, ph); /* past nk: q·0 = 0 (a trimmed tile: columns past a group's keys unread) */
+            tile_rows_acc(a->amx, o, D, true, ph, a->vi + ((b * a->Hkv + g) * a->nkb + kb) * (BK / 2) * D, D, nr, D, off + i0,
+                          j0, nk);
             continue;
         }
 #endif
@@ -1195,8 +1238,8 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     const bool bf = a->qh != NULL;
     const int64_t qblk = ((b * a->H + h) * a->nqb + qb) * BQ * D, kblk = ((b * a->Hkv + g) * a->nkb + kb) * BK * D;
     if (bf) {
-        tile_mm(a->amx, S, BK, false, a->qh + qblk, D, a->kp + kblk / 2, BK, nr, BK, D);
-        tile_mm(a->amx, dP, BK, false, a->dh + qblk, D, a->vp + kblk / 2, BK, nr, BK, D);
+        tile_scores(a->amx, S, a->qh + qblk, D, a->kp + kblk / 2, nr, D, off + i0, j0, nk);
+        tile_scores(a->amx, dP, a->dh + qblk, D, a->vp + kblk / 2, nr, D, off + i0, j0, nk);
     } else
 #endif
     {
@@ -1259,7 +1302,7 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         }
         if (want_q) {
             form_rows(dP, nr, BQ, BK, w->dsh);
-            tile_mm(a->amx, w->dq, D, false, w->dsh, BK, a->ki + kblk / 2, D, nr, D, BK);
+            tile_rows_acc(a->amx, w->dq, D, false, w->dsh, a->ki + kblk / 2, D, nr, D, off + i0, j0, nk);
             float *dq = a->dq + qrow * D;
             for (int64_t r = 0; r < nr; r++)
 #pragma omp simd
