@@ -402,11 +402,12 @@ static void test_kernel_shapes(void) {
     int nf = kforms(tabs, names);
     /* edges around every form's MR (14, 6, 4) and NR (32, 16, 8); K past
      * KC (512 avx512 and avx2, 256 portable) and balanced into blocks; M past MC;
-     * N past NC (4096) */
+     * N past NC (4096); A stored M x K with rows 4 KB apart (lda 1024,
+     * unpadded), which the avx512 form packs instead of reading in place */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {7, 13, 5},     {13, 31, 9},    {14, 32, 16},   {15, 33, 17},  {5, 17, 3},
         {6, 16, 7},    {7, 15, 2},     {3, 7, 4},      {4, 8, 5},      {5, 9, 6},     {29, 65, 257},
-        {1, 300, 40},  {300, 1, 40},   {300, 200, 600}, {20, 4200, 24}, {257, 515, 1031},
+        {1, 300, 40},  {300, 1, 40},   {300, 200, 600}, {20, 4200, 24}, {257, 515, 1031}, {29, 40, 1024},
     };
     double worst[KILN_FORM_COUNT] = {0};
     int runs = 0;
@@ -664,13 +665,14 @@ static void test_bf16_shapes(void) {
     int nr = bf_runs(runs);
     /* odd K; MR (14, 6, 4) and NR (32, 16, 8) +- 1; K at and past the block
      * (1024) and balanced into even blocks (1025: 2 x 514, 2049: 3 x 684); a
-     * long K whose packed B is more than one panel (50001) */
+     * long K whose packed B is more than one panel (50001); A stored M x K
+     * with rows 4 KB apart (lda 2048, unpadded: packed, not read in place) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {1, 1, 2},     {2, 3, 3},      {7, 13, 5},     {13, 31, 9},    {14, 32, 16},
         {15, 33, 17},  {5, 17, 3},    {6, 16, 7},     {7, 15, 2},     {3, 7, 4},      {4, 8, 5},
         {5, 9, 6},     {29, 65, 255}, {17, 40, 256},  {16, 33, 257},  {9, 70, 511},   {30, 20, 513},
         {1, 300, 40},  {300, 1, 41},  {100, 90, 600}, {20, 4200, 24}, {257, 515, 1031}, {3, 300, 50001},
-        {17, 40, 1024}, {16, 33, 1025}, {9, 21, 2049},
+        {17, 40, 1024}, {16, 33, 1025}, {9, 21, 2049}, {29, 40, 2048},
     };
     int64_t cases = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)

@@ -49,7 +49,8 @@
  *           them over all of K when <= 2 MB, so its next task on the same
  *           rows packs nothing); on the native path with A stored M x K
  *           and an even block, full slivers are not packed: the micro-kernel
- *           reads each row's pair words in place (the same words)
+ *           reads each row's pair words in place (the same words), unless
+ *           A's row stride is a multiple of KILN_L1_SET_PERIOD bytes
  *         jr: the task's NR slivers of B (the next one prefetched)
  *           ir: the MR slivers of A: the micro-kernel keeps its MR x NR
  *               tile in registers over the block.
@@ -697,8 +698,10 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                     const int64_t ku = amx ? amx_pairs(kc) : cdiv(kc, 2) * upp;
                     const bool first = pc == 0 && !acc0;
                     uint32_t *const ab = apack + b * ablk;
-                    /* native, A stored M x K, an even block: full slivers read in place */
-                    const bool a_in = native && !amx && a_contig && kc % 2 == 0;
+                    /* native, A stored M x K, an even block: full slivers read in place,
+                     * unless the 14 rows fall in one L1 set (see gemm.c's GEMM_AROW_ALIAS;
+                     * Zen 4, 2048 x 512 x 8192 NN: 312 GFLOP/s in place, 378 packed) */
+                    const bool a_in = native && !amx && a_contig && kc % 2 == 0 && (lda * 2) % KILN_L1_SET_PERIOD != 0;
                     for (int64_t r = 0; r < msl && !a_ready; r++) {
                         const int64_t i0 = ic + r * mr, mi = imin(mr, mc - r * mr);
                         if (a_in && mi == MR) continue;
