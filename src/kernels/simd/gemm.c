@@ -32,7 +32,8 @@
  * (element (i, k) at i lda + k, or i + k lda, instead of k MR + i; the same
  * values in the same order, so the same bits), only a last partial sliver is
  * packed; in the avx512 form A stored M x K with a row stride that aliases
- * in L1 is packed all the same (GEMM_AROW_ALIAS). (avx2, Zen 3, the same 15 products in one process: +1.4-2.2% in
+ * in L1 is packed all the same (GEMM_AROW_ALIAS). (avx2, Zen 3, the same
+ * 15 products in one process: +1.4-2.2% in
  * geometric mean, +15-20% on the fused head's 256 x 512 x 8192, whose rows
  * of A over all of K exceeded the packed-A cache and were packed again per
  * panel of B.)
@@ -112,7 +113,7 @@
 #define GEMM_AROW 0
 #endif
 /* ... except, in the avx512 form, where A's row stride is a multiple of
- * KILN_L1_SET_PERIOD bytes (kernels.h): the sliver's 14 rows then fall in
+ * KILN_L1_SET_PERIOD bytes (gemm_grid.h): the sliver's 14 rows then fall in
  * one set of the L1 data cache, more rows than it has ways. Zen 4 (2
  * threads), 2048 x 512 x 8192 NN (lda 8192): 153 GFLOP/s in place, 182
  * packed; at lda 512 and 1376 packing measured the same or up to 3% slower.

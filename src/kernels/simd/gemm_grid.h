@@ -2,11 +2,11 @@
  *
  * KILN_L1_SET_PERIOD: bytes after which an address maps to the same set of
  * the L1 data cache (its size over its ways: 32 KB / 8 on Zen 4, 48 KB /
- * 12 on Zen 5; 64-byte lines). Rows of
- * A that far apart (or a multiple of it) share one set.
+ * 12 on Zen 5; 64-byte lines). Rows of A that far apart (or a multiple of
+ * it) share one set.
  *
- * The task grid: a panel's
- * ms row slivers and nsp column slivers are cut into nm row chunks times nn
+ * The task grid: a panel's ms row slivers and nsp column slivers are cut
+ * into nm row chunks times nn
  * column chunks, starting from *nm and *nn (the chunks' size limits), and
  * cut finer, columns first while there are fewer column chunks than row
  * chunks, until there are at least about 4 tasks per thread (nt > 1) or
