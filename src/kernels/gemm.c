@@ -653,6 +653,18 @@ static int cpus_here(void) {
     return n > 0 ? (int)n : 1;
 }
 
+/* One call of implementation i into scratch (cleared first where beta
+ * accumulates): its seconds; *failed when it failed (the error cleared). */
+static double timed_call(const gemm_entry *e, int i, const void *A, const void *B, float *scratch, size_t span,
+                         bool *failed) {
+    if (e->key.beta != 0.0f) memset(scratch, 0, span * sizeof(float));
+    double t0 = kiln_time_now();
+    kiln_status st = run_impl(e, i, A, B, scratch);
+    double dt = kiln_time_now() - t0;
+    if ((*failed = st != KILN_OK)) kiln_clear_error();
+    return dt;
+}
+
 /* times every implementation on the problem into scratch; us[i] the mean
  * microseconds of its timed calls (1e30 where it is not a candidate or
  * failed); returns the fastest, or -1 when no scratch could be had. A
@@ -673,18 +685,6 @@ static int cpus_here(void) {
  * mean was 1.5-3.2% behind the best over 3-8 rounds, the mean rule
  * 0.7-2.3% (three shapes, 30 s each). loaded[i]: the mean beside busy
  * threads, -1 where not timed so (below). */
-/* One call of implementation i into scratch (cleared first where beta
- * accumulates): its seconds; *failed when it failed (the error cleared). */
-static double timed_call(const gemm_entry *e, int i, const void *A, const void *B, float *scratch, size_t span,
-                         bool *failed) {
-    if (e->key.beta != 0.0f) memset(scratch, 0, span * sizeof(float));
-    double t0 = kiln_time_now();
-    kiln_status st = run_impl(e, i, A, B, scratch);
-    double dt = kiln_time_now() - t0;
-    if ((*failed = st != KILN_OK)) kiln_clear_error();
-    return dt;
-}
-
 static int measure(const gemm_entry *e, const void *A, const void *B, double us[IMPL_COUNT], double loaded[IMPL_COUNT]) {
     const gemm_key *k = &e->key;
     size_t span = (size_t)((k->batch - 1) * k->strideC + (k->M - 1) * k->ldc + k->N);
@@ -781,6 +781,13 @@ static int measure(const gemm_entry *e, const void *A, const void *B, double us[
     return best;
 }
 
+/* " %.1f" for each implementation's microseconds, appended at *n while
+ * the line has room */
+static void append_times(char *line, size_t size, int *n, const double t[IMPL_COUNT]) {
+    for (int i = 0; i < IMPL_COUNT && *n > 0 && *n < (int)size; i++)
+        *n += snprintf(line + *n, size - (size_t)*n, " %.1f", t[i]);
+}
+
 static void choose(gemm_entry *e, const void *A, const void *B) {
     pthread_mutex_lock(&g_choice_lock);
     if (e->choice >= 0) {
@@ -821,11 +828,10 @@ static void choose(gemm_entry *e, const void *A, const void *B) {
             g_measured++;
             char line[1400];
             int n = snprintf(line, sizeof line, "%s%s\tus", prefix, impl_names[c]);
-            for (int i = 0; i < IMPL_COUNT && n > 0 && n < (int)sizeof line; i++) /* -1: not a candidate here */
-                n += snprintf(line + n, sizeof line - (size_t)n, " %.1f", us[i] < 1e29 ? us[i] : -1);
+            for (int i = 0; i < IMPL_COUNT; i++) us[i] = us[i] < 1e29 ? us[i] : -1; /* -1: not a candidate here */
+            append_times(line, sizeof line, &n, us);
             if (n > 0 && n < (int)sizeof line) n += snprintf(line + n, sizeof line - (size_t)n, "\tloaded");
-            for (int i = 0; i < IMPL_COUNT && n > 0 && n < (int)sizeof line; i++) /* -1: not timed beside busy threads */
-                n += snprintf(line + n, sizeof line - (size_t)n, " %.1f", loaded[i]);
+            append_times(line, sizeof line, &n, loaded); /* -1: not timed beside busy threads */
             if (n > 0 && n < (int)sizeof line - 1) line[n++] = '\n', line[n] = '\0';
             struct stat st;
             if (fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size > CHOICES_MAX_BYTES && ftruncate(fd, 0) != 0) {}
