@@ -42,17 +42,20 @@ static inline bool test_fixture_model(const char *config_path, const char *st_pa
 }
 
 /* the worst over parameters of max |a - b| / max |b| */
-static inline double test_weights_diff(const kiln_llama *a, const kiln_llama *b) {
+static inline double test_tensors_diff(kiln_tensor *const *a, kiln_tensor *const *b, int n) {
     double worst = 0;
-    for (int i = 0; i < a->n_params; i++) {
+    for (int i = 0; i < n; i++) {
         double d = 0, s = 0;
-        for (int64_t j = 0; j < kiln_tensor_numel(a->params[i]); j++) {
-            d = fmax(d, fabs((double)kiln_f32(a->params[i])[j] - kiln_f32(b->params[i])[j]));
-            s = fmax(s, fabs((double)kiln_f32(b->params[i])[j]));
+        for (int64_t j = 0; j < kiln_tensor_numel(a[i]); j++) {
+            d = fmax(d, fabs((double)kiln_f32(a[i])[j] - kiln_f32(b[i])[j]));
+            s = fmax(s, fabs((double)kiln_f32(b[i])[j]));
         }
         worst = fmax(worst, d / s);
     }
     return worst;
+}
+static inline double test_weights_diff(const kiln_llama *a, const kiln_llama *b) {
+    return test_tensors_diff(a->params, b->params, a->n_params);
 }
 /* The training step's inputs for a batch (kiln_train_trace_step order):
  * ids, targets, pad mask wrapped, and the loss scale; release with

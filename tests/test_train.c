@@ -24,10 +24,15 @@ static void fill_row(kiln_batch *b, int r, int pads, uint64_t seed) {
 }
 
 /* k micro-batches of b rows vs one batch of k*b rows, 3 optimiser steps.
- * Weights are compared at 1e-4 (the PyTorch-match criterion): Adam divides
- * by sqrt(v), which turns float rounding in near-zero gradients into weight
- * differences of ~1e-5; the gradient norm shows the gradients agree to ~1e-7. */
-static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) {
+ * The first step's gradients (read back as AdamW's first moment, (1 -
+ * beta1) g) and every step's gradient norm must agree to 1e-5 (they agree
+ * to ~1e-6). The weights after 3 steps are a looser check: Adam divides by
+ * sqrt(v), which turns float rounding in near-zero gradients into weight
+ * differences of ~1e-5 (1e-3 of one step of lr 1e-2); max |dw| / max |w|
+ * measured 3e-5..8e-5 packed and 7e-5..1.2e-4 padded, by kernel form and
+ * CPU (1.2e-4: the avx512 form on a Xeon with AMX), so 1e-4 packed, 3e-4
+ * padded. */
+static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff, double *grad_diff) {
     const int k = 4, b = 2, T = 24;
     kiln_llama_config mc = test_tiny_config();
     kiln_llama *A = kiln_llama_new(&mc, 5), *Bm = kiln_llama_new(&mc, 5);
@@ -37,7 +42,7 @@ static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) 
     c.clip = 0.5; /* clipping on: the norm must match too */
     kiln_adamw *oa = kiln_adamw_new(A, &c), *ob = kiln_adamw_new(Bm, &c);
     kiln_batch *mb[4], *big = kiln_batch_alloc(k * b, T);
-    *norm_diff = 0;
+    *norm_diff = *grad_diff = 0;
     for (int step = 0; step < 3; step++) {
         for (int i = 0; i < k; i++) {
             mb[i] = kiln_batch_alloc(b, T);
@@ -55,6 +60,8 @@ static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) 
         CHECK_OK(kiln_train_window(Bm, ob, &c, &big, 1, 1e-2, &rb));
         CHECK(ra.tokens == rb.tokens, "same target count");
         *norm_diff = fmax(*norm_diff, t_rel(ra.grad_norm, rb.grad_norm));
+        if (step == 0) /* the first moment is then (1 - beta1) x the clipped gradients */
+            *grad_diff = test_tensors_diff(oa->m, ob->m, oa->n);
         if (norm == KILN_LOSS_NORM_TOKENS)
             CHECK(t_rel(ra.loss, rb.loss) < 1e-5, "window loss %.7f vs big batch %.7f", ra.loss, rb.loss);
         for (int i = 0; i < k; i++) kiln_batch_free(mb[i]);
@@ -69,16 +76,16 @@ static double accum_vs_big(bool padded, kiln_loss_norm norm, double *norm_diff) 
 }
 
 static void accumulation(void) {
-    double nd, d = accum_vs_big(false, KILN_LOSS_NORM_TOKENS, &nd);
-    printf("packed, token norm: weights max rel diff %.2e, grad-norm rel diff %.2e\n", d, nd);
-    CHECK(d < 1e-4 && nd < 1e-5, "packed accumulation equals the big batch: %.3g %.3g", d, nd);
-    d = accum_vs_big(true, KILN_LOSS_NORM_TOKENS, &nd);
-    printf("padded, token norm: weights max rel diff %.2e, grad-norm rel diff %.2e\n", d, nd);
-    CHECK(d < 1e-4 && nd < 1e-5, "padded accumulation equals the big batch: %.3g %.3g", d, nd);
-    d = accum_vs_big(false, KILN_LOSS_NORM_STEPS, &nd);
+    double nd, gd, d = accum_vs_big(false, KILN_LOSS_NORM_TOKENS, &nd, &gd);
+    printf("packed, token norm: first step's gradients max rel diff %.2e, weights %.2e, grad-norm %.2e\n", gd, d, nd);
+    CHECK(gd < 1e-5 && d < 1e-4 && nd < 1e-5, "packed accumulation equals the big batch: %.3g %.3g %.3g", gd, d, nd);
+    d = accum_vs_big(true, KILN_LOSS_NORM_TOKENS, &nd, &gd);
+    printf("padded, token norm: first step's gradients max rel diff %.2e, weights %.2e, grad-norm %.2e\n", gd, d, nd);
+    CHECK(gd < 1e-5 && d < 3e-4 && nd < 1e-5, "padded accumulation equals the big batch: %.3g %.3g %.3g", gd, d, nd);
+    d = accum_vs_big(false, KILN_LOSS_NORM_STEPS, &nd, &gd);
     printf("packed, steps norm: weights max rel diff %.2e (equal counts: must match)\n", d);
     CHECK(d < 1e-4, "steps norm matches when every micro-batch has the same count: %.3g", d);
-    d = accum_vs_big(true, KILN_LOSS_NORM_STEPS, &nd);
+    d = accum_vs_big(true, KILN_LOSS_NORM_STEPS, &nd, &gd);
     printf("padded, steps norm: grad-norm rel diff %.2e, weights %.2e (must NOT match)\n", nd, d);
     CHECK(nd > 1e-3, "steps norm on padded data differs from the big batch: %.3g", nd);
 }
