@@ -14,9 +14,10 @@
 # sleep; the tests' tiny models hit barriers all the time, and beside another
 # process (a second test, a build, other users) the spinning took most of
 # the CPU (test_train: 81% of its samples in libgomp, 23-64 s; 5-6 s with
-# the short spin). So the tests wait as the kiln command does by default
-# (GOMP_SPINCOUNT=1000, and KMP_BLOCKTIME=0 for the clang build's libomp:
-# src/cli/main.c) unless the caller chose a policy.
+# the short spin). So the tests wait with a short spin (GOMP_SPINCOUNT=1000,
+# shorter than the kiln command's 10000, as -j runs several binaries at once;
+# and KMP_BLOCKTIME=0 for the clang build's libomp: src/cli/main.c) unless
+# the caller chose a policy.
 # The wait policy changes no result. KILN_TEST_SPINCOUNT tells
 # tests/cli_run.h to hand the kiln command the environment unchanged, so
 # that kiln still picks its own policy there.
