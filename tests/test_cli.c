@@ -110,6 +110,29 @@ static void help_and_usage(void) {
               "bench --rounds 2 prints default's ratio to eager in each round: %s", line ? line : "(no line)");
         free(text);
     }
+    /* --profile: the compiled step by class, then its costliest kinds of
+     * fused group, which are part of the class: their ms add up to at most
+     * the class's (each figure printed to 0.1 ms) */
+    CHECK(cli_kiln_run((const char *[]){"bench", "--model", "tiny", "--batch", "2", "--seq", "16", "--steps", "2", "--modes",
+                                        "default", "--profile", NULL}) == 0 &&
+              cli_output_has("step time by op class, default") &&
+              cli_output_has("the costliest kinds of fused group (ms per step; groups x ms per call; memory traffic):") &&
+              cli_output_has(" elements: silu mul"),
+          "bench --profile lists the costliest kinds of fused group");
+    {
+        char *text = cli_output();
+        const char *cls = text ? strstr(text, "fused groups (generated)") : NULL;
+        const char *list = text ? strstr(text, "memory traffic):\n") : NULL;
+        double class_ms = -1, sum = 0, ms;
+        int kinds = 0;
+        if (cls) sscanf(cls, "fused groups (generated) %lf", &class_ms);
+        for (const char *l = list ? strchr(list, '\n') + 1 : NULL; l && sscanf(l, " %lf ms ", &ms) == 1 && strstr(l, "elements:");
+             l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+            sum += ms, kinds++;
+        CHECK(class_ms > 0 && kinds >= 1 && kinds <= 6 && sum <= class_ms + 0.05 * kinds + 0.05,
+              "the listed kinds (%d, %.1f ms) are part of the fused groups' %.1f ms", kinds, sum, class_ms);
+        free(text);
+    }
     CHECK(cli_kiln_run((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}) == 1 &&
               cli_output_has("/nonexistent/data"),
           "missing data dir named");

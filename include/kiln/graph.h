@@ -191,14 +191,18 @@ void kiln_interp_zero_arena(kiln_interp *r);
 
 /* Time per schedule position of every interpreter run while set (kiln
  * bench --profile; process-wide, NULL stops): library ops by op, fused
- * groups together, gradient accumulation apart. In a whole-step module
+ * groups together and each by id, gradient accumulation apart. In a whole-step module
  * (reduce-overhead) only the positions it calls back for are timed: its
  * own generated code is the step's remainder. */
+enum { KILN_PROFILE_GROUPS = 1024 };
 typedef struct {
     double op_seconds[KILN_OP_COUNT];
     uint64_t op_calls[KILN_OP_COUNT];
     double group_seconds, acc_seconds;
     uint64_t group_calls, acc_calls;
+    /* each fused group by id (ids from KILN_PROFILE_GROUPS on: in the sums above only) */
+    double each_group_seconds[KILN_PROFILE_GROUPS];
+    uint64_t each_group_calls[KILN_PROFILE_GROUPS];
 } kiln_graph_profile;
 void kiln_graph_profile_set(kiln_graph_profile *p);
 

@@ -220,6 +220,55 @@ static void print_classes(const char *mode, const double sec[C_N], int steps, do
     printf("  %-28s %9.1f %6.1f%%\n", "rest (dispatch, step code)", step_ms - total, 100 * (step_ms - total) / step_ms);
 }
 
+/* --profile, compiled: the kinds of fused group (the same ops over the same
+ * element count, one per layer, say) that took longest per step. Their
+ * loops are mostly memory-bound: GB/s counts each argument
+ * (kiln_graph_group_args) read or written once per call. */
+typedef struct {
+    char ops[160];
+    int64_t n;
+    int groups;
+    double sec, bytes; /* bytes: per step's calls */
+    uint64_t calls;
+} group_kind;
+static void print_groups(const kiln_graph_profile *gp, const kiln_graph *g, int steps) {
+    enum { TOP = 6 };
+    if (!g) return;
+    group_kind *kinds = calloc((size_t)KILN_PROFILE_GROUPS, sizeof *kinds);
+    if (!kinds) return;
+    int nk = 0;
+    for (int k = 0; k < g->n_groups && k < KILN_PROFILE_GROUPS; k++) {
+        if (!gp->each_group_calls[k]) continue;
+        const int *mem = &g->group_members[g->group_start[k]];
+        const int nm = g->group_start[k + 1] - g->group_start[k];
+        group_kind x = {.n = kiln_meta_numel(&g->v[mem[0]].meta), .groups = 1, .sec = gp->each_group_seconds[k],
+                        .calls = gp->each_group_calls[k]};
+        size_t o = 0;
+        for (int q = 0; q < nm && o + 1 < sizeof x.ops; q++)
+            o += (size_t)snprintf(x.ops + o, sizeof x.ops - o, "%s%s", q ? " " : "", kiln_op_name(g->v[mem[q]].op));
+        int ids[64];
+        const int na = kiln_graph_group_args(g, k, ids, 64);
+        for (int a = 0; a < na && a < 64; a++)
+            x.bytes += (double)x.calls * (double)kiln_meta_numel(&g->v[ids[a]].meta) *
+                       (double)kiln_dtype_size(g->v[ids[a]].meta.dtype);
+        int at = 0;
+        while (at < nk && (kinds[at].n != x.n || strcmp(kinds[at].ops, x.ops))) at++;
+        if (at == nk) kinds[nk++] = x;
+        else kinds[at].groups++, kinds[at].sec += x.sec, kinds[at].bytes += x.bytes, kinds[at].calls += x.calls;
+    }
+    for (int t = 0; t < TOP && t < nk; t++) {
+        int best = t; /* selection: the t-th costliest to position t */
+        for (int c = t + 1; c < nk; c++)
+            if (kinds[c].sec > kinds[best].sec) best = c;
+        group_kind x = kinds[best];
+        kinds[best] = kinds[t], kinds[t] = x;
+        if (!t) printf("  the costliest kinds of fused group (ms per step; groups x ms per call; memory traffic):\n");
+        printf("    %7.1f ms  %3d x %6.2f ms  %6.1f GB/s  %lld elements: %s\n", x.sec * 1e3 / steps, x.groups,
+               x.sec * 1e3 / (double)x.calls, x.bytes / x.sec / 1e9, (long long)x.n, x.ops);
+    }
+    free(kinds);
+}
+
 /* The compiled step's largest computed value, and how many hold [tokens
  * x vocab] or more (logits the fused head + cross-entropy never forms). */
 static void largest_value(const kiln_graph *g, int64_t tokens, int64_t vocab) {
@@ -320,6 +369,7 @@ static void run_round(bench_ctx *b, const char *mode, result *r, int steps, bool
         if (!eager) sec[C_GROUPS] = gp.group_seconds, sec[C_ACC] = gp.acc_seconds;
         for (int i = 0; i < steps; i++) sec[C_OPT] += opt_ms[i] / 1e3;
         print_classes(mode, sec, steps, mean_ms);
+        if (!eager) print_groups(&gp, kiln_compiled_graph(cs), steps);
     }
     double peak_mb = (double)kiln_peak_rss() / 1e6, alloc_mb = (double)kiln_alloc_get_stats().peak_bytes / 1e6;
     if (peak_mb > r->peak_mb) r->peak_mb = peak_mb;

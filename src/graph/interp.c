@@ -310,7 +310,10 @@ static kiln_status run_position(kiln_interp *r, int i) {
     double dt = kiln_time_now() - t0;
     if (x->dead) return st;
     if (x->kind == KILN_V_OP && x->group != KILN_GROUP_NONE) {
-        if (kiln_graph_exec_pos(r->g, i) == i) p->group_seconds += dt, p->group_calls++;
+        if (kiln_graph_exec_pos(r->g, i) == i) {
+            p->group_seconds += dt, p->group_calls++;
+            if (x->group < KILN_PROFILE_GROUPS) p->each_group_seconds[x->group] += dt, p->each_group_calls[x->group]++;
+        }
     } else if (x->kind == KILN_V_OP) {
         p->op_seconds[x->op] += dt, p->op_calls[x->op]++;
     } else if (x->kind == KILN_V_GRAD_ACC) {
