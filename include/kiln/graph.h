@@ -191,9 +191,9 @@ void kiln_interp_zero_arena(kiln_interp *r);
 
 /* Time per schedule position of every interpreter run while set (kiln
  * bench --profile; process-wide, NULL stops): library ops by op, fused
- * groups together and each by id, gradient accumulation apart. In a whole-step module
- * (reduce-overhead) only the positions it calls back for are timed: its
- * own generated code is the step's remainder. */
+ * groups together and each by id, gradient accumulation apart. In a
+ * whole-step module (reduce-overhead) only the positions it calls back for
+ * are timed: its own generated code is the step's remainder. */
 enum { KILN_PROFILE_GROUPS = 1024 };
 typedef struct {
     double op_seconds[KILN_OP_COUNT];

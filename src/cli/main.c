@@ -38,8 +38,9 @@ static void usage(FILE *f) {
  * is what keeps kiln fast; beside busy processes a spinning thread burns the
  * time slice the thread it waits for needs. A short spin keeps both: see
  * README "Sharing the cores" (10,000 polls: beside 3 spinners as fast as
- * 1,000, and alone up to 8% faster on a KVM guest, whose wake-ups are slow). libgomp reads its settings when it is loaded,
- * before main, so kiln sets them and runs itself again, once, unless the user
+ * 1,000, and alone about 4% faster in the bf16 step on a KVM guest, whose
+ * wake-ups are slow). libgomp reads its settings when it is loaded, before
+ * main, so kiln sets them and runs itself again, once, unless the user
  * chose a policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME set).
  * A kiln built with clang runs on LLVM's libomp, whose threads spin for
  * KMP_BLOCKTIME milliseconds (200 by default) and whose shortest spin short
