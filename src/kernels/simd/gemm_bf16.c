@@ -497,6 +497,7 @@ NATIVE_TARGET __attribute__((noinline)) static void task_native(int64_t kc, cons
 #define AMX_MR 32
 #define BF_AMX_MR AMX_MR
 #define AMX_PAD_A 0x80008000u /* a pair of -0 */
+#define AMX_TILE_WORDS 256     /* a 16 x 16 tile of 32-bit words, 1 KB */
 
 /* rows [i0, i0 + mi) of op(A), K from pc (kc of them), as the AMX sliver at
  * dst: kc2p / 16 chunks of [32 rows][16 words] */
@@ -543,7 +544,8 @@ static void tiles_of_b(uint32_t *b, int64_t nch) {
         uint32_t *p = b + c * 16 * NR;
         __m512i r[32];
         for (int i = 0; i < 16; i++) r[2 * i] = _mm512_loadu_si512(p + i * NR), r[2 * i + 1] = _mm512_loadu_si512(p + i * NR + 16);
-        for (int i = 0; i < 16; i++) _mm512_storeu_si512(p + i * 16, r[2 * i]), _mm512_storeu_si512(p + 256 + i * 16, r[2 * i + 1]);
+        for (int i = 0; i < 16; i++)
+            _mm512_storeu_si512(p + i * 16, r[2 * i]), _mm512_storeu_si512(p + AMX_TILE_WORDS + i * 16, r[2 * i + 1]);
     }
 }
 
@@ -598,7 +600,7 @@ __attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap,
                 const uint32_t *ac = a + ch * AMX_MR * 16, *bc = b + ch * 16 * NR;
                 AMX_LOAD(4, ac, 64);
                 AMX_LOAD(6, bc, 64);
-                AMX_LOAD(7, bc + 256, 64);
+                AMX_LOAD(7, bc + AMX_TILE_WORDS, 64);
                 AMX_DP(0, 4, 6);
                 AMX_LOAD(5, ac + 16 * 16, 64);
                 AMX_DP(1, 4, 7);
