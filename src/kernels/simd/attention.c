@@ -361,6 +361,20 @@ static bool block_has_pad(const int32_t *pad, int64_t j0, int64_t nk) {
     return false;
 }
 
+/* A key block's padding bias: -inf on padded keys, 0 on the others and past
+ * nk. pad is read only where the block has padding: the one loop that read
+ * it under a has_pad mask (vectorised by gcc as masked loads, all lanes off
+ * without padding) still formed addresses from pad, NULL there, and on Zen 5
+ * a masked load whose masked-off lanes fall on an unmapped page takes a slow
+ * assist: an eighth of the forward's softmax time (perf, bench/attention). */
+static void pad_bias(float *bias, const int32_t *pad, bool has_pad, int64_t j0, int64_t nk) {
+    if (!has_pad) {
+        for (int64_t c = 0; c < BK; c++) bias[c] = 0.0f;
+        return;
+    }
+    for (int64_t c = 0; c < BK; c++) bias[c] = c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
+}
+
 /* Number of visible leading keys of the block for query at absolute position
  * qpos (causal part only), clamped to [0, nk]. */
 static int64_t causal_limit(int64_t qpos, int64_t j0, int64_t nk) {
@@ -960,7 +974,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
         const bool has_pad = block_has_pad(pad, j0, nk), mixed = st == 2;
         /* zeros without padding: branch-free loops below, which gcc
          * vectorises where it does not a conditional load of the bias */
-        for (int64_t c = 0; c < BK; c++) bias[c] = has_pad && c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
+        pad_bias(bias, pad, has_pad, j0, nk);
 #if ATT_AMX
         if (bf)
             tile_scores(a->amx, S, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, nr, D, off + i0, j0, nk);
@@ -1250,7 +1264,7 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     /* the padding bias (zeros without padding: one branch-free loop, which
      * gcc vectorises where a conditional load of the bias it does not) */
     float bias[BK];
-    for (int64_t c = 0; c < BK; c++) bias[c] = has_pad && c < nk && !pad[j0 + c] ? -INFINITY : 0.0f;
+    pad_bias(bias, pad, has_pad, j0, nk);
     for (int64_t r = 0; r < nr; r++) {
         float *s = S + r * BK, *dp = dP + r * BK;
         const float L = a->lse[qrow + r], dl = a->delta[qrow + r];
