@@ -110,9 +110,12 @@ static double maxdiff(const float *a, const float *b, int64_t n) {
     return m;
 }
 
-static void report(const char *name, double med, double best, double flops) {
-    printf("  %-31s median %9.2f ms  best %9.2f ms  %7.1f GFLOP/s\n", name, med * 1e3, best * 1e3,
-           flops / med / 1e9);
+/* peak: the GFLOP/s the median is a share of (the fp32 FMA peak, twice it
+ * for bf16 products), 0 for none */
+static void report(const char *name, double med, double best, double flops, double peak) {
+    printf("  %-31s median %9.2f ms  best %9.2f ms  %7.1f GFLOP/s", name, med * 1e3, best * 1e3, flops / med / 1e9);
+    if (peak > 0) printf("  %5.1f%% of %.0f", 100.0 * flops / med / 1e9 / peak, peak);
+    printf("\n");
 }
 
 static void free_ctx(bench_ctx *c) {
@@ -155,11 +158,14 @@ int main(int argc, char **argv) {
         double m, b;
         printf("B=%lld H=%lld T=%lld D=%lld causal (fwd %.2f GFLOP, bwd %.2f GFLOP counted)\n",
                (long long)c.B, (long long)c.H, (long long)T, (long long)c.D, ff / 1e9, 2.5 * ff / 1e9);
+        /* the fp32 FMA peak, probed just before this shape's kernels run */
+        const double peak = kiln_fma_peak_gflops(0.3), bpeak = 2.0 * peak;
+        printf("  fp32 FMA peak %.1f GFLOP/s (probed now; bf16 products against twice it)\n", peak);
         timeit(fused_fwd, &c, reps, &m, &b);
-        report("fused forward", m, b, ff);
+        report("fused forward", m, b, ff, peak);
         double ffm = m;
         timeit(fused_bwd, &c, reps, &m, &b);
-        report("fused backward", m, b, 2.5 * ff);
+        report("fused backward", m, b, 2.5 * ff, peak);
         double fbm = m;
         if (kiln_bf16_native() && kiln_form_active() == KILN_FORM_AVX512 && c.D % 32 == 0) {
             /* (o2 and the d*2 buffers are the decomposed path's, rewritten below) */
@@ -167,11 +173,11 @@ int main(int argc, char **argv) {
             char label[64];
             timeit(fused_fwd_bf16, &c, reps, &m, &b);
             snprintf(label, sizeof label, "fused forward, bf16 %s", path);
-            report(label, m, b, ff);
+            report(label, m, b, ff, bpeak);
             const double bfm = m;
             timeit(fused_bwd_bf16, &c, reps, &m, &b);
             snprintf(label, sizeof label, "fused backward, bf16 %s", path);
-            report(label, m, b, 2.5 * ff);
+            report(label, m, b, 2.5 * ff, bpeak);
             printf("  bf16 on %s against fp32: forward %.2fx, backward %.2fx; max |bf16 - fp32| out %.2g\n", path,
                    ffm / bfm, fbm / m, maxdiff(c.out, c.o2, n));
         }
@@ -180,11 +186,11 @@ int main(int argc, char **argv) {
             continue;
         }
         timeit(decomposed_fwd, &c, reps, &m, &b);
-        report("decomposed forward", m, b, ff);
+        report("decomposed forward", m, b, ff, peak);
         double dfm = m;
         decomposed_fwd(&c); /* backward needs this forward's P */
         timeit(decomposed_bwd, &c, reps, &m, &b);
-        report("decomposed backward", m, b, 2.5 * ff);
+        report("decomposed backward", m, b, 2.5 * ff, peak);
         printf("  speed-up fused/decomposed: forward %.2fx, backward %.2fx, fwd+bwd %.2fx\n",
                dfm / ffm, m / fbm, (dfm + m) / (ffm + fbm));
         printf("  max |fused - decomposed|: out %.2g dq %.2g dk %.2g dv %.2g; "
