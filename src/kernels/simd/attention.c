@@ -884,6 +884,70 @@ static inline float full_row(float *s, float sc, float *m, float *l) {
     *m = mnew;
     return alpha;
 }
+
+/* Sixteen rows' lane vectors v[r] reduced together, halves first: lane i
+ * with i + 8, then i + 4, i + 2 and i + 1 (_mm512_reduce_add_ps's tree, so
+ * the same sums bit for bit as full_row), 30 shuffles for the 16 rows where
+ * one row alone takes 6 dependent steps; returns lane r = row r's result. */
+#define ROWS16_REDUCE(OP, v, out)                                                                         \
+    do {                                                                                                  \
+        __m512 w_[8], x_[4], y_[2];                                                                       \
+        for (int p_ = 0; p_ < 8; p_++) /* (rows 2p, 2p+1) x 8 lanes */                                    \
+            w_[p_] = OP(_mm512_shuffle_f32x4(v[2 * p_], v[2 * p_ + 1], _MM_SHUFFLE(3, 2, 3, 2)),           \
+                        _mm512_shuffle_f32x4(v[2 * p_], v[2 * p_ + 1], _MM_SHUFFLE(1, 0, 1, 0)));          \
+        for (int q_ = 0; q_ < 4; q_++) /* 128-bit chunk k: row 4q+k x 4 lanes */                          \
+            x_[q_] = OP(_mm512_shuffle_f32x4(w_[2 * q_], w_[2 * q_ + 1], _MM_SHUFFLE(3, 1, 3, 1)),         \
+                        _mm512_shuffle_f32x4(w_[2 * q_], w_[2 * q_ + 1], _MM_SHUFFLE(2, 0, 2, 0)));        \
+        for (int t_ = 0; t_ < 2; t_++) /* chunk k: rows 8t+k and 8t+4+k x 2 lanes */                      \
+            y_[t_] = OP(_mm512_shuffle_ps(x_[2 * t_], x_[2 * t_ + 1], _MM_SHUFFLE(1, 0, 1, 0)),            \
+                        _mm512_shuffle_ps(x_[2 * t_], x_[2 * t_ + 1], _MM_SHUFFLE(3, 2, 3, 2)));           \
+        /* chunk k, lane u: row k + 4u; back to row order */                                              \
+        const __m512 z_ = OP(_mm512_shuffle_ps(y_[0], y_[1], _MM_SHUFFLE(2, 0, 2, 0)),                     \
+                             _mm512_shuffle_ps(y_[0], y_[1], _MM_SHUFFLE(3, 1, 3, 1)));                    \
+        (out) = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), z_); \
+    } while (0)
+
+/* full_row on sixteen rows at once (every key of the tile visible to each,
+ * no padding, sc > 0): the rows' maxima and sums reduced together (ROWS16_REDUCE)
+ * and their running max, scale alpha and sum updated on 16 lanes (kiln_exp16
+ * gives kiln_expf_fast's bits), so the same results as full_row row by row
+ * without its per-row chain of horizontal steps and scalar exponential;
+ * alpha[r] gets each row's rescale factor. */
+static inline void full_rows16(float *S, float sc, float *m, float *l, float *alpha) {
+    const __m512 vs = _mm512_set1_ps(sc);
+    __m512 v[16];
+    for (int r = 0; r < 16; r++) {
+        const float *s = S + r * BK;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int i = 0; i < BK / 16; i++) mx = _mm512_max_ps(_mm512_loadu_ps(s + 16 * i), mx);
+        v[r] = mx;
+    }
+    /* max(s·sc) = max(s)·sc: sc > 0 and rounding is monotonic */
+    __m512 rmax;
+    ROWS16_REDUCE(_mm512_max_ps, v, rmax);
+    rmax = _mm512_mul_ps(rmax, vs);
+    const __m512 mold = _mm512_loadu_ps(m), mnew = _mm512_max_ps(rmax, mold);
+    const __m512 mu = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mnew, _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ), mnew);
+    const __m512 va = kiln_exp16(_mm512_sub_ps(mold, mu));
+    float mus[16];
+    _mm512_storeu_ps(mus, mu);
+    for (int r = 0; r < 16; r++) {
+        float *s = S + r * BK;
+        const __m512 vmu = _mm512_set1_ps(mus[r]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int i = 0; i < BK / 16; i++) {
+            const __m512 p = kiln_exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), vs), vmu));
+            _mm512_storeu_ps(s + 16 * i, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        v[r] = sum;
+    }
+    __m512 rsum;
+    ROWS16_REDUCE(_mm512_add_ps, v, rsum);
+    _mm512_storeu_ps(l, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(l), va), rsum));
+    _mm512_storeu_ps(m, mnew);
+    _mm512_storeu_ps(alpha, va);
+}
 #else
 static inline float full_row(float *s, float sc, float *m, float *l) {
     __m256 x[BK / 8];
@@ -987,7 +1051,26 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
         const char *const pk = ktb && nkn ? (const char *)(ktb + (kb + 1) * D * BK) : NULL;
         const char *const pv = pk ? (const char *)(vb + (j0 + BK) * D) : NULL;
         const int64_t lk = pk ? D * BK * (int64_t)sizeof(float) / 64 : 0, lv = pk ? nkn * D * (int64_t)sizeof(float) / 64 : 0;
-        for (int64_t r = 0; r < nr; r++) {
+        int64_t r16 = 0; /* rows done sixteen at a time */
+#ifdef KILN_ATT_AVX512
+        if (a->scale > 0.0f && !mixed && !has_pad && nk == BK && tile_full(off + i0, j0, nk) &&
+            !window_start(a->window, off + i0 + nr - 1, j0, nk))
+            for (; r16 + 16 <= nr; r16 += 16) {
+                if (pk) {
+                    for (int64_t z = r16 * lk / nr; z < (r16 + 16) * lk / nr; z++) __builtin_prefetch(pk + 64 * z, 0, 2);
+                    for (int64_t z = r16 * lv / nr; z < (r16 + 16) * lv / nr; z++) __builtin_prefetch(pv + 64 * z, 0, 2);
+                }
+                float al[16];
+                full_rows16(S + r16 * BK, a->scale, m + r16, l + r16, al);
+                for (int64_t r = r16; r < r16 + 16; r++)
+                    if (al[r - r16] != 1.0f) {
+                        float *orow = o + r * D;
+#pragma omp simd
+                        for (int64_t d = 0; d < D; d++) orow[d] *= al[r - r16];
+                    }
+            }
+#endif
+        for (int64_t r = r16; r < nr; r++) {
             float *s = S + r * BK;
             if (pk) {
                 for (int64_t z = r * lk / nr; z < (r + 1) * lk / nr; z++) __builtin_prefetch(pk + 64 * z, 0, 2);
