@@ -376,6 +376,46 @@ static void test_rope(void) {
     }
 }
 
+/* The cos/sin table kept from one call to the next (rope.c): calls whose
+ * positions lie inside the kept rows reuse them, others (positions past
+ * them, other frequencies, another head size) rebuild it; each against the
+ * reference, and a repeated call gives the first one's bits. */
+static void test_rope_kept_table(void) {
+    const struct { int64_t T, D, pos0; float theta; } calls[] = {
+        {40, 16, 0, 10000.0f}, {10, 16, 5, 10000.0f},  {20, 16, 30, 10000.0f}, {40, 16, 0, 500000.0f},
+        {40, 32, 0, 10000.0f}, {40, 16, 0, 10000.0f}};
+    const int64_t B = 2, H = 3;
+    float *first = NULL, *x0 = NULL;
+    for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
+        const int64_t T = calls[c].T, D = calls[c].D, n = B * T * H * D;
+        float *x = frand(n, -2, 2), *y = frand(n, 0, 1);
+        double *r = dalloc(n);
+        rope_ref(x, r, B, T, H, D, calls[c].pos0, calls[c].theta, false);
+        kiln_k_rope(x, y, B, T, H, D, calls[c].pos0, calls[c].theta, false);
+        char what[96];
+        snprintf(what, sizeof what, "rope call %zu after others: T%lld D%lld pos0 %lld theta %g", c, (long long)T,
+                 (long long)D, (long long)calls[c].pos0, (double)calls[c].theta);
+        CHECK_CLOSE(y, r, n, 1e-5, 1e-5, what);
+        if (c == 0) first = fcopy(y, n), x0 = fcopy(x, n);
+        if (c == sizeof calls / sizeof calls[0] - 1) { /* call 0's shape again: its input again */
+            float *again = frand(n, 0, 1);
+            kiln_k_rope(x0, again, B, T, H, D, calls[c].pos0, calls[c].theta, false);
+            CHECK(memcmp(first, again, (size_t)n * sizeof(float)) == 0, "rope: the first call repeated gives other bits");
+            free(again);
+        }
+        /* positions given one by one (rope_freq_pos) against the same from pos0 */
+        float *inv = malloc((size_t)(D / 2) * sizeof(float)), *z = frand(n, 0, 1);
+        int32_t *pos = malloc((size_t)(B * T) * sizeof(int32_t));
+        for (int64_t i = 0; i < B * T; i++) pos[i] = (int32_t)(calls[c].pos0 + i % T);
+        kiln_k_rope_inv_freq(D, calls[c].theta, KILN_K_ROPE_DEFAULT, 1, 1, 1, 1, inv);
+        kiln_k_rope_freq_pos(x, z, B, T, H, D, pos, inv, false);
+        CHECK(memcmp(z, y, (size_t)n * sizeof(float)) == 0, "rope_freq_pos differs from rope at positions %lld.. (call %zu)",
+              (long long)calls[c].pos0, c);
+        free(inv), free(z), free(pos), free(x), free(y), free(r);
+    }
+    free(first), free(x0);
+}
+
 /* ---- softmax ----------------------------------------------------------- */
 static void test_softmax(void) {
     const int64_t shapes[][2] = {{37, 24}, {37, 5}, {37, 1}, {300, 300}, {4, 8192}};
@@ -580,6 +620,7 @@ int main(void) {
     test_reductions();
     test_rmsnorm();
     test_rope();
+    test_rope_kept_table();
     test_softmax();
     test_embedding();
     test_cross_entropy();

@@ -8,7 +8,9 @@
 #include "kiln/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define KILN_ROPE_PAR (1 << 15)
 #define KILN_ROPE_BLK 256
@@ -50,6 +52,43 @@ static void rope_table(float *restrict cs, float *restrict sn, int64_t j0, int64
     }
 }
 
+/* The cos/sin table of the last call, kept for the next: a training step
+ * rotates q and k, forward and backward, in every layer at the same
+ * positions and frequencies, and building the table (T x D/2 cosf and sinf)
+ * cost more than the rotation at T = 4096 (kiln bench --profile: rope 38.9
+ * ms of a 1 x 4096 step). Rows p0 .. p0 + n - 1 of cos then sin, half wide,
+ * for the frequencies inv (copied); the same values as built anew, since a
+ * row depends only on its position and inv. The lock is held while a call
+ * reads the table; calls from several threads at once take turns. */
+static struct {
+    pthread_mutex_t mu;
+    float *tab, *inv;
+    int64_t half, p0, n;
+} g_tab = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* The table for positions [p0, p0 + n) under g_tab.mu (held on return,
+ * also on NULL: out of memory), reused where the kept one covers them. */
+static const float *table_locked(int64_t p0, int64_t n, int64_t half, const float *inv, bool par) {
+    pthread_mutex_lock(&g_tab.mu);
+    if (g_tab.tab && g_tab.half == half && g_tab.p0 <= p0 && p0 + n <= g_tab.p0 + g_tab.n &&
+        !memcmp(g_tab.inv, inv, (size_t)half * sizeof(float)))
+        return g_tab.tab + 2 * (p0 - g_tab.p0) * half;
+    free(g_tab.tab), free(g_tab.inv);
+    g_tab.tab = malloc((size_t)(2 * n * half) * sizeof(float));
+    g_tab.inv = malloc((size_t)half * sizeof(float));
+    if (!g_tab.tab || !g_tab.inv) {
+        free(g_tab.tab), free(g_tab.inv);
+        g_tab.tab = g_tab.inv = NULL;
+        return NULL;
+    }
+    memcpy(g_tab.inv, inv, (size_t)half * sizeof(float));
+    g_tab.half = half, g_tab.p0 = p0, g_tab.n = n;
+    float *tab = g_tab.tab;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t t = 0; t < n; t++) rope_table(tab + 2 * t * half, tab + (2 * t + 1) * half, 0, half, p0 + t, inv);
+    return tab;
+}
+
 /* pairs (j, j + half) for j in [0, n) of a row whose halves start at x0/x1 */
 /* No restrict on x/o: out may be x (in place); each pair is read before it
  * is written, and omp simd needs no aliasing proof. */
@@ -88,25 +127,19 @@ void kiln_k_rope_freq(const float *x, float *out, int64_t B, int64_t T, int64_t 
     float sign = inverse ? -1.0f : 1.0f;
     bool par = rows * D > KILN_ROPE_PAR;
     if (rows == 0 || half == 0) return;
-    float *tab = malloc((size_t)(2 * T * half) * sizeof(float));
+    const float *tab = table_locked(pos0, T, half, inv, par);
     if (tab) {
-#pragma omp parallel if (par)
-        {
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < T; t++)
-                rope_table(tab + 2 * t * half, tab + (2 * t + 1) * half, 0, half, pos0 + t, inv);
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < rows; i++) {
-                int64_t t = (i / H) % T;
-                const float *xi = x + i * D;
-                float *oi = out + i * D;
-                rope_pairs(xi, xi + half, oi, oi + half, tab + 2 * t * half,
-                           tab + (2 * t + 1) * half, half, sign);
-            }
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t i = 0; i < rows; i++) {
+            int64_t t = (i / H) % T;
+            const float *xi = x + i * D;
+            float *oi = out + i * D;
+            rope_pairs(xi, xi + half, oi, oi + half, tab + 2 * t * half, tab + (2 * t + 1) * half, half, sign);
         }
-        free(tab);
+        pthread_mutex_unlock(&g_tab.mu);
         return;
     }
+    pthread_mutex_unlock(&g_tab.mu);
     for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
         int64_t j1 = j0 + KILN_ROPE_BLK < half ? j0 + KILN_ROPE_BLK : half;
         rope_block(x, out, B, T, H, D, pos0, inv + j0, j0, j1, sign);
@@ -123,23 +156,18 @@ void kiln_k_rope_freq_pos(const float *x, float *out, int64_t B, int64_t T, int6
     if (rows == 0 || half == 0) return;
     for (int64_t i = 0; i < B * T; i++) np = pos[i] + 1 > np ? pos[i] + 1 : np;
     bool par = rows * D > KILN_ROPE_PAR;
-    float *tab = np <= 2 * T + 1024 ? malloc((size_t)(2 * np * half) * sizeof(float)) : NULL;
+    const float *tab = np <= 2 * T + 1024 ? table_locked(0, np, half, inv, par) : NULL;
     if (tab) {
-#pragma omp parallel if (par)
-        {
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < np; p++) rope_table(tab + 2 * p * half, tab + (2 * p + 1) * half, 0, half, p, inv);
-#pragma omp for schedule(static)
-            for (int64_t i = 0; i < rows; i++) {
-                int64_t p = pos[i / H];
-                const float *xi = x + i * D;
-                float *oi = out + i * D;
-                rope_pairs(xi, xi + half, oi, oi + half, tab + 2 * p * half, tab + (2 * p + 1) * half, half, sign);
-            }
+#pragma omp parallel for schedule(static) if (par)
+        for (int64_t i = 0; i < rows; i++) {
+            int64_t p = pos[i / H];
+            const float *xi = x + i * D;
+            float *oi = out + i * D;
+            rope_pairs(xi, xi + half, oi, oi + half, tab + 2 * p * half, tab + (2 * p + 1) * half, half, sign);
         }
-        free(tab);
-        return;
     }
+    if (np <= 2 * T + 1024) pthread_mutex_unlock(&g_tab.mu);
+    if (tab) return;
     float cs[KILN_ROPE_BLK], sn[KILN_ROPE_BLK];
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j0 = 0; j0 < half; j0 += KILN_ROPE_BLK) {
