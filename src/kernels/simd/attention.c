@@ -885,6 +885,35 @@ static inline float full_row(float *s, float sc, float *m, float *l) {
     return alpha;
 }
 
+/* A row of a tile that sees keys [0, lim) only (causal: a tile on the
+ * diagonal, or the last, partial key block), without padding, segments or a
+ * window, on 16 lanes over the columns [0, ncol) the products read (ncol a
+ * multiple of 16 within what they computed): s ← s·sc, −inf from lim on,
+ * then as full_row. The 8-lane loops it replaces ran over all of the tile's
+ * keys. */
+static inline float causal_row16(float *s, int64_t ncol, int64_t lim, float sc, float *m, float *l) {
+    const __m512 vs = _mm512_set1_ps(sc), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 mx = ninf;
+    for (int64_t c = 0; c < ncol; c += 16) {
+        const __m512 x = _mm512_mask_mul_ps(ninf, tail_mask(lim - c), _mm512_loadu_ps(s + c), vs);
+        _mm512_storeu_ps(s + c, x);
+        mx = _mm512_max_ps(x, mx); /* a NaN score is skipped, as by the scalar max */
+    }
+    const float rmax = _mm512_reduce_max_ps(mx), mnew = rmax > *m ? rmax : *m;
+    const float mu = mnew == -INFINITY ? 0.0f : mnew;
+    const float alpha = kiln_expf_fast(*m - mu);
+    const __m512 vmu = _mm512_set1_ps(mu);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < ncol; c += 16) {
+        const __m512 p = kiln_exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), vmu));
+        _mm512_storeu_ps(s + c, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    *l = *l * alpha + _mm512_reduce_add_ps(sum);
+    *m = mnew;
+    return alpha;
+}
+
 /* Sixteen rows' lane vectors v[r] reduced together, halves first: lane i
  * with i + 8, then i + 4, i + 2 and i + 1 (_mm512_reduce_add_ps's tree, so
  * the same sums bit for bit as full_row), 30 shuffles for the 16 rows where
@@ -1051,6 +1080,12 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
         const char *const pk = ktb && nkn ? (const char *)(ktb + (kb + 1) * D * BK) : NULL;
         const char *const pv = pk ? (const char *)(vb + (j0 + BK) * D) : NULL;
         const int64_t lk = pk ? D * BK * (int64_t)sizeof(float) / 64 : 0, lv = pk ? nkn * D * (int64_t)sizeof(float) / 64 : 0;
+#if ATT_AMX
+        const bool whole_tiles = bf && a->amx; /* AMX products read every column of P */
+#else
+        const bool whole_tiles = false;
+#endif
+        (void)whole_tiles;
         int64_t r16 = 0; /* rows done sixteen at a time */
 #ifdef KILN_ATT_AVX512
         if (a->scale > 0.0f && !mixed && !has_pad && nk == BK && tile_full(off + i0, j0, nk) &&
@@ -1082,6 +1117,16 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
 #ifdef KILN_ATT_ROW8
             if (!mixed && !has_pad && lim == BK && nk == BK && !lo) {
                 alpha = full_row(s, sc, &m[r], &l[r]);
+                goto rescale;
+            }
+#endif
+#ifdef KILN_ATT_AVX512
+            if (!mixed && !has_pad && !lo && !whole_tiles) {
+                /* the products read the tile's nk columns, or on the
+                 * diagonal the keys of the row's group's last row */
+                const int64_t rl = r - r % TRIM_ROWS + TRIM_ROWS < nr ? r - r % TRIM_ROWS + TRIM_ROWS - 1 : nr - 1;
+                const int64_t need = tile_full(off + i0, j0, nk) ? nk : causal_limit(off + i0 + rl, j0, nk);
+                alpha = causal_row16(s, (need + 15) & ~(int64_t)15, lim, sc, &m[r], &l[r]);
                 goto rescale;
             }
 #endif
