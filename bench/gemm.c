@@ -482,8 +482,8 @@ int main(int argc, char **argv) {
         g_skip[OPENBLAS] = !kiln_gemm_f32_impl_available("openblas");
         g_skip[BLIS] = !kiln_gemm_f32_impl_available("blis");
         if (g_skip[OPENBLAS] || g_skip[BLIS])
-            printf("%s%s not installed (libopenblas0-openmp, libblis4-openmp; scripts/deps.sh installs them): left out\n",
-                   g_skip[OPENBLAS] ? "OpenBLAS's OpenMP build" : "", g_skip[OPENBLAS] && g_skip[BLIS] ? " and BLIS's" : g_skip[BLIS] ? "BLIS's OpenMP build" : "");
+            printf("%s%s no candidate here (why: the backend line above): left out\n", g_skip[OPENBLAS] ? "OpenBLAS" : "",
+                   g_skip[OPENBLAS] && g_skip[BLIS] ? " and BLIS" : g_skip[BLIS] ? "BLIS" : "");
     }
     /* kiln-avx2 only where it is not the active form already, and runs here */
     g_skip[KILN_AVX2] = kiln_form_active() == KILN_FORM_AVX2 || !kiln_simd_table_of(KILN_FORM_AVX2);

@@ -45,28 +45,33 @@ typedef struct {
     void (*set_threads)(long); /* BLIS: bli_thread_set_num_threads */
     char version[96];          /* "OpenBLAS 0.3.21", "BLIS 0.9.0 (zen3)"; "" when not a candidate */
     char tag[48];              /* for the choices' machine tag */
+    char absent[96];           /* why it is no candidate ("" when it is) */
 } peer;
 
 static peer g_peers[KILN_BLAS_PEERS];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_call_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void *open_lib(const char *path) {
+static void *open_lib(peer *p, const char *path, const char *package) {
 #ifdef KILN_ASAN
-    (void)path;
+    (void)path, (void)package;
+    snprintf(p->absent, sizeof p->absent, "not opened in a sanitizer build");
     return NULL;
 #else
-    return dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    if (!h) snprintf(p->absent, sizeof p->absent, "not installed (%s)", package);
+    return h;
 #endif
 }
 
 static void open_openblas(peer *p) {
-    void *h = open_lib("/usr/lib/" MULTIARCH "/openblas-openmp/libopenblas.so.0");
+    void *h = open_lib(p, "/usr/lib/" MULTIARCH "/openblas-openmp/libopenblas.so.0", "libopenblas0-openmp");
     if (!h) return;
     char *(*config)(void) = (char *(*)(void))dlsym(h, "openblas_get_config");
     cblas_sgemm_fn f = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
     const char *cfg = config ? config() : NULL;
     if (!f || !cfg || !strstr(cfg, "USE_OPENMP")) { /* not the OpenMP build: its own thread pool */
+        snprintf(p->absent, sizeof p->absent, "not its OpenMP build (libopenblas0-openmp)");
         dlclose(h);
         return;
     }
@@ -78,7 +83,7 @@ static void open_openblas(peer *p) {
 }
 
 static void open_blis(peer *p) {
-    void *h = open_lib("/usr/lib/" MULTIARCH "/blis-openmp/libblis.so.4");
+    void *h = open_lib(p, "/usr/lib/" MULTIARCH "/blis-openmp/libblis.so.4", "libblis4-openmp");
     if (!h) return;
     cblas_sgemm_fn f = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
     void (*threads)(long) = (void (*)(long))dlsym(h, "bli_thread_set_num_threads");
@@ -89,7 +94,13 @@ static void open_blis(peer *p) {
     /* Debian's BLIS 0.9 has no kernels for some CPUs (Zen 4 and 5 among
      * them) and runs its reference C there, several times slower than any
      * other candidate: not worth timing at every new shape */
-    if (!f || !threads || !version || !arch || !arch_id || !openmp || !openmp() || !strcmp(arch(arch_id()), "generic")) {
+    if (!f || !threads || !version || !arch || !arch_id || !openmp || !openmp()) {
+        snprintf(p->absent, sizeof p->absent, "not its OpenMP build (libblis4-openmp)");
+        dlclose(h);
+        return;
+    }
+    if (!strcmp(arch(arch_id()), "generic")) {
+        snprintf(p->absent, sizeof p->absent, "BLIS %s has only its generic kernels for this CPU", version());
         dlclose(h);
         return;
     }
@@ -106,6 +117,11 @@ static void open_all(void) {
 const char *kiln_blas_peer_version(int which) {
     pthread_once(&g_once, open_all);
     return which >= 0 && which < KILN_BLAS_PEERS && g_peers[which].sgemm ? g_peers[which].version : NULL;
+}
+
+const char *kiln_blas_peer_absent(int which) {
+    pthread_once(&g_once, open_all);
+    return which >= 0 && which < KILN_BLAS_PEERS && !g_peers[which].sgemm ? g_peers[which].absent : NULL;
 }
 
 void kiln_blas_peers_tag(char *out, size_t n) {

@@ -24,6 +24,10 @@ enum { KILN_BLAS_OPENBLAS = 0, KILN_BLAS_BLIS = 1, KILN_BLAS_PEERS = 2 };
 /* "OpenBLAS 0.3.21", "BLIS 0.9.0 (zen3)", or NULL when that library is not
  * a candidate here (missing, not the OpenMP build, a sanitizer build). */
 const char *kiln_blas_peer_version(int which);
+/* why a peer is no candidate ("not installed (package)", "not opened in a
+ * sanitizer build", "BLIS 0.9.0 has only its generic kernels for this
+ * CPU", ...), NULL when it is one */
+const char *kiln_blas_peer_absent(int which);
 /* Which are candidates, and their versions, for the choices' machine tag
  * (no spaces, tabs or slashes). */
 void kiln_blas_peers_tag(char *out, size_t n);

@@ -796,9 +796,8 @@ static void choose(gemm_entry *e, const void *A, const void *B) {
     }
     if (g_forced >= 0) {
         if (impl_peer(g_forced) >= 0 && !kiln_blas_peer_version(impl_peer(g_forced))) {
-            fprintf(stderr, "kiln: KILN_GEMM=%s: %s's OpenMP build is not installed here (%s), or this is a sanitizer build\n",
-                    g_forced_text, g_forced == IMPL_OPENBLAS ? "OpenBLAS" : "BLIS",
-                    g_forced == IMPL_OPENBLAS ? "libopenblas0-openmp" : "libblis4-openmp");
+            fprintf(stderr, "kiln: KILN_GEMM=%s: %s is no candidate here: %s\n", g_forced_text,
+                    g_forced == IMPL_OPENBLAS ? "OpenBLAS" : "BLIS", kiln_blas_peer_absent(impl_peer(g_forced)));
             exit(2);
         }
         /* sgemm, openblas, blis: bf16 on the primitive */
@@ -874,8 +873,9 @@ kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const 
     if (i == IMPL_COUNT)
         return kiln_error(KILN_ERR_INVALID, "gemm: '%s' is not an implementation (onednn, sgemm, kiln, openblas or blis)", impl);
     if (!impl_serves(i, DT_F32))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "gemm: %s is not installed here (its OpenMP build), or this is a sanitizer build",
-                          impl);
+        return kiln_error(KILN_ERR_UNSUPPORTED, "gemm: %s is no candidate here: %s", impl,
+                          impl_peer(i) >= 0 && kiln_blas_peer_absent(impl_peer(i)) ? kiln_blas_peer_absent(impl_peer(i))
+                                                                                   : "it serves no fp32 product");
     gemm_entry *e;
     kiln_status st = prepare(DT_F32, d, A, B, C, &e);
     return st || !e ? st : run_impl(e, i, A, B, C);
@@ -958,12 +958,14 @@ static char g_backend[640];
 static void init_backend_name(void) {
     const dnnl_version_t *v = dnnl_version();
     const char *ob = kiln_blas_peer_version(KILN_BLAS_OPENBLAS), *bl = kiln_blas_peer_version(KILN_BLAS_BLIS);
-    char peers[256];
+    char peers[256], absent[256] = "";
     snprintf(peers, sizeof peers, "%s%s%s%s", ob ? ob : "", ob ? ", " : "", bl ? bl : "", bl ? ", " : "");
+    if (!ob || !bl)
+        snprintf(absent, sizeof absent, " (%s%s%s%s%s%s)", ob ? "" : "OpenBLAS: ", ob ? "" : kiln_blas_peer_absent(KILN_BLAS_OPENBLAS),
+                 !ob && !bl ? "; " : "", bl ? "" : "BLIS: ", bl ? "" : kiln_blas_peer_absent(KILN_BLAS_BLIS), "");
     snprintf(g_backend, sizeof g_backend,
              "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm, %skiln (%s)%s; bf16: %s",
-             v->major, v->minor, v->patch, peers, kiln_form_name(kiln_form_active()),
-             ob && bl ? "" : ob ? " (BLIS: not installed)" : bl ? " (OpenBLAS's OpenMP build: not installed)" : " (OpenBLAS, BLIS: not installed)",
+             v->major, v->minor, v->patch, peers, kiln_form_name(kiln_form_active()), absent,
              kiln_bf16_amx()             ? "by measurement between oneDNN's bf16 matmul and kiln's AMX (TDPBF16PS) kernel"
              : kiln_cpu_has_avx512bf16() ? "by measurement between oneDNN's bf16 matmul and kiln's VDPBF16PS kernel"
                                        : "operands widened, then the fp32 choice");
