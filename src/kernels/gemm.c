@@ -953,7 +953,7 @@ kiln_status kiln_sgemm(bool transA, bool transB, int64_t M, int64_t N, int64_t K
 }
 
 static pthread_once_t g_backend_once = PTHREAD_ONCE_INIT;
-static char g_backend[640];
+static char g_backend[1024];
 
 static void init_backend_name(void) {
     const dnnl_version_t *v = dnnl_version();
