@@ -872,10 +872,10 @@ kiln_status kiln_gemm_f32_impl(const char *impl, const kiln_gemm_desc *d, const 
     const int i = impl_index(impl);
     if (i == IMPL_COUNT)
         return kiln_error(KILN_ERR_INVALID, "gemm: '%s' is not an implementation (onednn, sgemm, kiln, openblas or blis)", impl);
-    if (!impl_serves(i, DT_F32))
-        return kiln_error(KILN_ERR_UNSUPPORTED, "gemm: %s is no candidate here: %s", impl,
-                          impl_peer(i) >= 0 && kiln_blas_peer_absent(impl_peer(i)) ? kiln_blas_peer_absent(impl_peer(i))
-                                                                                   : "it serves no fp32 product");
+    if (!impl_serves(i, DT_F32)) { /* only a BLAS peer can be missing */
+        const char *why = impl_peer(i) >= 0 ? kiln_blas_peer_absent(impl_peer(i)) : NULL;
+        return kiln_error(KILN_ERR_UNSUPPORTED, "gemm: %s is no candidate here: %s", impl, why ? why : "unavailable");
+    }
     gemm_entry *e;
     kiln_status st = prepare(DT_F32, d, A, B, C, &e);
     return st || !e ? st : run_impl(e, i, A, B, C);
@@ -961,8 +961,8 @@ static void init_backend_name(void) {
     char peers[256], absent[256] = "";
     snprintf(peers, sizeof peers, "%s%s%s%s", ob ? ob : "", ob ? ", " : "", bl ? bl : "", bl ? ", " : "");
     if (!ob || !bl)
-        snprintf(absent, sizeof absent, " (%s%s%s%s%s%s)", ob ? "" : "OpenBLAS: ", ob ? "" : kiln_blas_peer_absent(KILN_BLAS_OPENBLAS),
-                 !ob && !bl ? "; " : "", bl ? "" : "BLIS: ", bl ? "" : kiln_blas_peer_absent(KILN_BLAS_BLIS), "");
+        snprintf(absent, sizeof absent, " (%s%s%s%s%s)", ob ? "" : "OpenBLAS: ", ob ? "" : kiln_blas_peer_absent(KILN_BLAS_OPENBLAS),
+                 !ob && !bl ? "; " : "", bl ? "" : "BLIS: ", bl ? "" : kiln_blas_peer_absent(KILN_BLAS_BLIS));
     snprintf(g_backend, sizeof g_backend,
              "fp32: by measurement per shape among oneDNN %d.%d.%d matmul, dnnl_sgemm, %skiln (%s)%s; bf16: %s",
              v->major, v->minor, v->patch, peers, kiln_form_name(kiln_form_active()), absent,

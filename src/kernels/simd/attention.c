@@ -1028,6 +1028,14 @@ static void fwd_nan(float *out, float *lse, int64_t rows, int64_t D) {
     for (int64_t i = 0; i < rows; i++) lse[i] = NAN;
 }
 
+/* A row of the output accumulated so far times the softmax's rescale
+ * factor alpha (nothing to do at 1) */
+static inline void rescale_row(float *orow, int64_t D, float alpha) {
+    if (alpha == 1.0f) return;
+#pragma omp simd
+    for (int64_t d = 0; d < D; d++) orow[d] *= alpha;
+}
+
 /* One (b, h, query block): online softmax over the visible key blocks,
  * accumulating into the task's own rows of out. */
 static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const float *ktb, float *S, float *m,
@@ -1097,12 +1105,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
                 }
                 float al[16];
                 full_rows16(S + r16 * BK, a->scale, m + r16, l + r16, al);
-                for (int64_t r = r16; r < r16 + 16; r++)
-                    if (al[r - r16] != 1.0f) {
-                        float *orow = o + r * D;
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) orow[d] *= al[r - r16];
-                    }
+                for (int64_t r = r16; r < r16 + 16; r++) rescale_row(o + r * D, D, al[r - r16]);
             }
 #endif
         for (int64_t r = r16; r < nr; r++) {
@@ -1184,11 +1187,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
 #ifdef KILN_ATT_ROW8
         rescale:
 #endif
-            if (alpha != 1.0f) {
-                float *orow = o + r * D;
-#pragma omp simd
-                for (int64_t d = 0; d < D; d++) orow[d] *= alpha;
-            }
+            rescale_row(o + r * D, D, alpha);
         }
 #if ATT_AMX
         if (bf) { /* P rounded to bf16, then o += P·v */
