@@ -380,6 +380,61 @@ static void softcap_head(void) {
     kiln_tensor_release(c.h), kiln_tensor_release(c.W), kiln_tensor_release(t);
 }
 
+/* The MLP's backward with pointwise recomputation: silu(gate) · up is
+ * recomputed, and the weight gradient of down_proj (a GEMM into .grad) moves
+ * past the element-wise run after it, so that one loop recomputes the
+ * product and forms the gradients of gate and up (siblings: both read gate
+ * and up), reading gate and up once; silu(gate) never reaches memory. The
+ * gradients are still eager's (interpreted here, bits checked in compare). */
+static void mlp_backward_one_loop(bool bf16) {
+    setup s = {0};
+    CHECK(load(&s, "tiny_gqa", false), "load: %s", kiln_last_error());
+    if (!s.m) return;
+    kiln_tensor *in[4] = {s.ids, s.labels, s.mask, s.scale};
+    kiln_dtype old = kiln_autocast_set(bf16 ? KILN_BF16 : KILN_F32);
+    kiln_graph_options o;
+    kiln_graph_options_default(&o);
+    o.recompute = KILN_RECOMPUTE_POINTWISE;
+    o.verify = true;
+    kiln_graph *g = NULL;
+    CHECK_OK(kiln_graph_build(step_fn, s.m, s.m->params, s.m->n_params, in, 4, &o, &g));
+    kiln_autocast_set(old);
+    if (!g) return;
+    int one_loop = 0, silu_bwd = 0, sunk = 0;
+    for (int i = g->n_forward; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_SILU_BWD) continue;
+        silu_bwd++;
+        bool silu_inside = false;
+        for (int m = x->group == KILN_GROUP_NONE ? 0 : g->group_start[x->group];
+             x->group != KILN_GROUP_NONE && m < g->group_start[x->group + 1]; m++) {
+            const kiln_value *y = &g->v[g->group_members[m]];
+            silu_inside |= y->op == KILN_OP_SILU && y->recomputed && y->internal;
+        }
+        one_loop += silu_inside;
+    }
+    /* every gradient GEMM runs after the element-wise values that followed
+     * it: the next value (past other gradient GEMMs and the sinks) is not
+     * an element-wise one */
+    for (int i = g->n_forward; i < g->n; i++) {
+        if (g->v[i].dead || g->v[i].kind != KILN_V_OP || !g->v[i].acc_into_grad) continue;
+        int p = i + 1;
+        while (p < g->n && (g->v[p].dead || g->v[p].acc_into_grad || g->v[p].kind == KILN_V_GRAD_ACC)) p++;
+        sunk += p == g->n || g->v[p].kind != KILN_V_OP || !kiln_op_get(g->v[p].op)->cexpr;
+    }
+    int L = (int)s.m->cfg.num_hidden_layers, gemms = 0;
+    for (int i = g->n_forward; i < g->n; i++) gemms += !g->v[i].dead && g->v[i].kind == KILN_V_OP && g->v[i].acc_into_grad;
+    printf("mlp backward%s: %d of %d silu_backward in one loop with the recomputed silu(gate); %d of %d gradient GEMMs "
+           "followed by no element-wise value\n",
+           bf16 ? " (bf16)" : "", one_loop, silu_bwd, sunk, gemms);
+    CHECK(silu_bwd == L && one_loop == L, "%s: the MLP's recompute and its gradients in one loop per layer (%d of %d)",
+          bf16 ? "bf16" : "fp32", one_loop, L);
+    CHECK(gemms > 0 && sunk == gemms, "%s: gradient GEMMs after the element-wise runs (%d of %d)", bf16 ? "bf16" : "fp32",
+          sunk, gemms);
+    kiln_graph_free(g);
+    unload(&s);
+}
+
 int main(void) {
     misses();
     softcap_head();
@@ -389,5 +444,7 @@ int main(void) {
     compare("tiny_tied", true, false);
     compare("tiny_gqa", true, true);
     bf16_casts();
+    mlp_backward_one_loop(false);
+    mlp_backward_one_loop(true);
     TEST_END();
 }

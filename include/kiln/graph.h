@@ -138,6 +138,11 @@ kiln_status kiln_pass_acc_into_grad(kiln_graph *g, int *gemms); /* GEMMs that ac
  * half-size copy. With as_f32 (a device that emulates bf16 products) the
  * op is round_bf16 instead, and the product marks the operand as rounded. */
 kiln_status kiln_pass_cast_bf16(kiln_graph *g, bool as_f32, int *casts);
+/* In backward, a GEMM that adds into a gradient (and its sink) moves past
+ * the run of element-wise values after it, so that fusion can join the run
+ * to the group before the GEMM (the MLP's recomputed silu(gate) · up with
+ * the gradients of gate and up: one loop over gate and up instead of two). */
+kiln_status kiln_pass_sink_grad_gemms(kiln_graph *g, int *moved);
 kiln_status kiln_pass_fuse(kiln_graph *g, int *groups); /* groups of 2+ ops */
 /* Rematerialisation: forward values of the chosen blocks (or the pointwise
  * ones) that backward reads are recomputed just before their first backward

@@ -129,7 +129,7 @@ int kiln_cmd_compile(int argc, char **argv) {
     const kiln_graph *after = kiln_compiled_graph(cs);
     kiln_compile_stats s = kiln_compiled_stats(cs);
     printf("\n");
-    summary("after the passes (flash attention, fused linear + cross-entropy, CSE/DCE, fusion, plan)", after);
+    summary("after the passes (flash attention, fused linear + cross-entropy, CSE/DCE, gradient GEMMs after element-wise runs, fusion, plan)", after);
     if (list) kiln_graph_print(after, print_line, NULL);
     printf("\n");
     if (!after->n_misses) {

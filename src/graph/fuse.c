@@ -1,8 +1,9 @@
 /* Fusion of element-wise chains: ops with a C expression in the registry
  * (add, mul, scale, scale_by, silu, silu_backward, cast_bf16, round_bf16) over the same
- * number of elements join their producers' group when the group can still
- * run at its last member without any outside reader seeing a value too
- * early; a row reduction with an epilogue (RMSNorm) may end a group, with a
+ * number of elements join their producers' group (or else the group of an
+ * earlier op that reads one of the same inputs: one loop then reads it
+ * once) when the group can still run at its last member without any
+ * outside reader seeing a value too early; a row reduction with an epilogue (RMSNorm) may end a group, with a
  * bf16 cast or rounding of its result after it. Members read only inside the group
  * become `internal`: they never reach memory.
  *
@@ -13,7 +14,7 @@
 #include <string.h>
 #include "internal.h"
 
-static bool fusable(const kiln_graph *g, int v) {
+bool kiln_fusable(const kiln_graph *g, int v) {
     const kiln_value *x = &g->v[v];
     if (x->dead || x->kind != KILN_V_OP || !kiln_op_get(x->op)->cexpr) return false;
     if (x->meta.dtype != KILN_F32 && x->op != KILN_OP_CAST_BF16) return false;
@@ -94,8 +95,10 @@ static void place_row_op(const kiln_graph *g, const users *u, int *grp, bool *ha
     }
 }
 
-/* An element-wise op joins a producer's group (pulling in a second one when
- * that stays legal) or starts a group of its own. */
+/* An element-wise op joins a producer's group, or else the group of an
+ * earlier reader of one of its inputs (pulling in further such groups where
+ * that stays legal), or starts a group of its own. */
+#define MAX_SIBLINGS 8
 static void place_elementwise(const kiln_graph *g, const users *u, int *grp, const bool *has_row, int v, int *next) {
     /* a bf16 cast (or rounding) of a row kernel's result joins it as its
      * epilogue */
@@ -107,10 +110,23 @@ static void place_elementwise(const kiln_graph *g, const users *u, int *grp, con
         }
     }
     int64_t n = kiln_meta_numel(&g->v[v].meta);
-    int cand[KILN_OP_MAX_IN], nc = 0;
+    int cand[KILN_OP_MAX_IN + MAX_SIBLINGS], nc = 0;
     for (int j = 0; j < g->v[v].n_in; j++) {
         int p = g->v[v].in[j];
         if (grp[p] >= 0 && !has_row[grp[p]] && kiln_meta_numel(&g->v[p].meta) == n) cand[nc++] = grp[p];
+    }
+    /* then the groups of earlier readers of the same inputs (siblings): one
+     * loop then reads the shared inputs once */
+    const int np = nc;
+    for (int j = 0; j < g->v[v].n_in; j++) {
+        int p = g->v[v].in[j];
+        if (kiln_meta_numel(&g->v[p].meta) != n) continue;
+        for (int k = u->start[p]; k < u->start[p + 1] && nc < np + MAX_SIBLINGS; k++) {
+            int c = u->list[k], gc = c < v ? grp[c] : -1;
+            bool seen = gc < 0 || has_row[gc];
+            for (int i = 0; i < nc && !seen; i++) seen = cand[i] == gc;
+            if (!seen) cand[nc++] = gc;
+        }
     }
     int chosen = -1;
     for (int c = 0; c < nc && chosen < 0; c++)
@@ -134,7 +150,7 @@ static kiln_status choose_groups(const kiln_graph *g, const users *u, int *grp, 
     for (int v = 0; v < g->n; v++) {
         grp[v] = -1;
         if (row_op(g, v)) place_row_op(g, u, grp, has_row, v);
-        else if (fusable(g, v)) place_elementwise(g, u, grp, has_row, v, &next);
+        else if (kiln_fusable(g, v)) place_elementwise(g, u, grp, has_row, v, &next);
     }
     free(has_row);
     *n_ids = next;

@@ -16,6 +16,10 @@ int kiln_graph_root(const kiln_graph *g, int v);
 void kiln_graph_count_uses(kiln_graph *g);
 /* The single live reader of v, or -1. */
 int kiln_graph_only_user(const kiln_graph *g, int v);
+/* Can the fusion pass (fuse.c) put value v in an element-wise group: an op
+ * with a C expression over f32 values of its own size (or scalars), with
+ * an f32 result or a bf16 cast? */
+bool kiln_fusable(const kiln_graph *g, int v);
 
 /* Tracing (trace.c): runs fn with a recording dispatcher into a new graph
  * (params, inputs, the forward; outputs and diff set); the tracer keeps a

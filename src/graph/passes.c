@@ -400,3 +400,55 @@ kiln_status kiln_pass_cast_bf16(kiln_graph *g, bool as_f32, int *inserted_out) {
     if (inserted_out) *inserted_out = inserted;
     return st;
 }
+
+/* Sinking gradient GEMMs (graph.h). A new order of the backward values: a
+ * GEMM that accumulates into a gradient is held back, with every value that
+ * reads a held one (its gradient sink), until the next value that fusion
+ * cannot put in an element-wise group; held values go out in their order,
+ * and before any other gradient sink, so each gradient still sums its terms
+ * in the same order. Their inputs are earlier values and nothing but their
+ * sinks reads them, so moving them later keeps every dependency. */
+kiln_status kiln_pass_sink_grad_gemms(kiln_graph *g, int *moved_out) {
+    const int n = g->n, nf = g->n_forward;
+    int *order = malloc(sizeof(int) * (size_t)(n + 1)), *held = malloc(sizeof(int) * (size_t)(n + 1));
+    int *newid = malloc(sizeof(int) * (size_t)(n + 1));
+    bool *is_held = calloc((size_t)n + 1, sizeof(bool));
+    kiln_value *nv = malloc(sizeof(kiln_value) * (size_t)(n + 1));
+    if (!order || !held || !newid || !is_held || !nv) {
+        free(order), free(held), free(newid), free(is_held), free(nv);
+        return kiln_error(KILN_ERR_OOM, "out of memory ordering gradient GEMMs");
+    }
+    int no = 0, nh = 0, moved = 0;
+    for (int v = 0; v < nf; v++) order[no++] = v;
+    for (int v = nf; v < n; v++) {
+        const kiln_value *x = &g->v[v];
+        bool hold = !x->dead && x->kind == KILN_V_OP && x->acc_into_grad;
+        for (int j = 0; j < x->n_in && !hold && !x->dead; j++) hold = is_held[x->in[j]];
+        if (hold) {
+            is_held[v] = true;
+            held[nh++] = v;
+            continue;
+        }
+        const bool passes = x->dead || kiln_fusable(g, v) || (x->kind == KILN_V_AUX && !is_held[x->in[0]]);
+        if (!passes && nh) { /* the run ends here: the held values first */
+            for (int k = 0; k < nh; k++) order[no++] = held[k], moved += g->v[held[k]].kind == KILN_V_OP;
+            nh = 0;
+        }
+        order[no++] = v;
+    }
+    for (int k = 0; k < nh; k++) order[no++] = held[k];
+    for (int i = 0; i < n; i++) newid[order[i]] = i;
+    for (int i = 0; i < n; i++) {
+        kiln_value x = g->v[order[i]];
+        for (int j = 0; j < x.n_in; j++) x.in[j] = newid[x.in[j]];
+        if (x.kind == KILN_V_OP)
+            for (int a = 0; a < kiln_op_get(x.op)->n_aux; a++) x.aux_of[a] = newid[x.aux_of[a]];
+        nv[i] = x;
+    }
+    memcpy(g->v, nv, sizeof(kiln_value) * (size_t)n);
+    for (int i = 0; i < g->n_outputs; i++) g->outputs[i] = newid[g->outputs[i]];
+    if (g->diff >= 0) g->diff = newid[g->diff];
+    free(order), free(held), free(newid), free(is_held), free(nv);
+    if (moved_out) *moved_out = moved;
+    return KILN_OK;
+}

@@ -54,6 +54,9 @@ static kiln_status recompute(kiln_graph *g, const kiln_graph_options *o) {
 static kiln_status dce_after_recompute(kiln_graph *g, const kiln_graph_options *o) {
     return recomputing(o) ? kiln_pass_dce(g, NULL) : KILN_OK;
 }
+static kiln_status sink_grad_gemms(kiln_graph *g, const kiln_graph_options *o) {
+    return o->fuse ? kiln_pass_sink_grad_gemms(g, NULL) : KILN_OK;
+}
 static kiln_status fuse(kiln_graph *g, const kiln_graph_options *o) { return o->fuse ? kiln_pass_fuse(g, NULL) : KILN_OK; }
 static kiln_status plan(kiln_graph *g, const kiln_graph_options *o) { return kiln_pass_plan(g, o->reuse_memory); }
 
@@ -79,6 +82,7 @@ static const pass after_backward[] = {
     {"GEMMs into gradients", acc_into_grad},
     {"recomputation", recompute},
     {"dead code after recomputation", dce_after_recompute},
+    {"gradient GEMMs after element-wise runs", sink_grad_gemms},
     {"fusion", fuse},
     {"memory plan", plan},
 };
