@@ -2,6 +2,7 @@
  * inputs of odd sizes, plus identities (rope inverse, softmax sums, masked
  * rows), finite differences for rmsnorm's backward, and bit-equality of the
  * kernels that promise results independent of the thread count. */
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -613,9 +614,46 @@ static void test_adamw(void) {
     }
 }
 
+#if defined(__AVX512F__)
+#include "../src/kernels/simd/simd_exp.h"
+/* kiln_exp16_le0 (the flash forward's softmax on AVX-512) against
+ * kiln_expf_fast: the same bits from -86.5 to 0; below, down to -inf, the
+ * normal number e^-86.5 (never a denormal: those take a microcode assist);
+ * NaN kept. */
+static void test_exp_le0(void) {
+    const int64_t m = (int64_t)1 << 21;
+    int64_t differ = 0, n_same = 0, floor_bad = 0;
+    const float floor_v = kiln_expf_fast(-86.5f);
+    for (int64_t i = 0; i < m; i += 16) {
+        float x[16], y[16];
+        for (int l = 0; l < 16; l++) x[l] = (float)(-112.0 + 112.0 * (double)(i + l) / (double)(m - 1));
+        _mm512_storeu_ps(y, kiln_exp16_le0(_mm512_loadu_ps(x)));
+        for (int l = 0; l < 16; l++) {
+            const float want = x[l] >= -86.5f ? kiln_expf_fast(x[l]) : floor_v;
+            differ += memcmp(&y[l], &want, sizeof want) != 0;
+            n_same += x[l] >= -86.5f;
+            floor_bad += !(y[l] >= FLT_MIN);
+        }
+    }
+    float sp[16] = {-INFINITY, NAN, 0.0f, -0.0f, -1e-40f, -1e30f, -3e38f, -86.5f, -0.34657359f, -1.0f, -10.0f, -50.0f, -86.4f, -86.6f, -200.0f, -87.0f};
+    float ys[16];
+    _mm512_storeu_ps(ys, kiln_exp16_le0(_mm512_loadu_ps(sp)));
+    printf("exp16_le0: %lld of %lld arguments (%lld in [-86.5, 0]) differ from kiln_expf_fast or the floor e^-86.5 = %.3g; "
+           "%lld results below FLT_MIN\n", (long long)differ, (long long)m, (long long)n_same, (double)floor_v, (long long)floor_bad);
+    CHECK(differ == 0 && n_same > 1000000, "kiln_exp16_le0: kiln_expf_fast's bits on [-86.5, 0], e^-86.5 below (%lld differ)",
+          (long long)differ);
+    CHECK(floor_bad == 0 && floor_v >= FLT_MIN && ys[0] == floor_v && ys[6] == floor_v && ys[14] == floor_v,
+          "kiln_exp16_le0: never a denormal, -inf gives the floor");
+    CHECK(isnan(ys[1]) && ys[2] == 1.0f && ys[3] == 1.0f && ys[4] == 1.0f && ys[7] == floor_v, "kiln_exp16_le0: NaN, 0, -0, -1e-40");
+}
+#else
+static void test_exp_le0(void) { printf("exp16_le0: skipped (this build has no AVX-512 form)\n"); }
+#endif
+
 int main(void) {
     nthreads_max = omp_get_max_threads();
     test_exp();
+    test_exp_le0();
     test_elementwise();
     test_reductions();
     test_rmsnorm();

@@ -770,6 +770,22 @@ static void tile_rows_acc(bool amx, float *C, int64_t ldc, bool acc, const uint1
 #endif
 
 /* ---- the softmax of a full tile row (AVX2) -------------------------------- */
+/* The next key block's kᵀ and v lines (fp32 products) that a run of rows
+ * fetches into L2 while its softmax runs: share i of n issues its part of
+ * the lines [z0, z1) of each, a few per row, so that the fill buffers
+ * never fill up with a burst of them (which stalled the softmax on a Xeon). */
+typedef struct {
+    const char *k, *v;
+    int64_t k0, k1, v0, v1;
+} att_prefetch;
+
+static inline void prefetch_share(const att_prefetch *pf, int64_t i, int64_t n) {
+    if (!pf || !pf->k) return;
+    const int64_t nk = pf->k1 - pf->k0, nv = pf->v1 - pf->v0;
+    for (int64_t z = pf->k0 + i * nk / n; z < pf->k0 + (i + 1) * nk / n; z++) __builtin_prefetch(pf->k + 64 * z, 0, 2);
+    for (int64_t z = pf->v0 + i * nv / n; z < pf->v0 + (i + 1) * nv / n; z++) __builtin_prefetch(pf->v + 64 * z, 0, 2);
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 #define KILN_ATT_ROW8 1
 #include "simd_exp.h"
@@ -860,8 +876,8 @@ static inline int64_t masked_probs8(float *s, float *dp, const float *bias, int6
  * dependent loads per row that cost a fifth of the forward. */
 #if defined(__AVX512F__)
 /* 16 lanes where the form has AVX-512: twice the exponentials per
- * instruction (kiln_exp16 gives kiln_exp8's bits); the row's max and sum
- * reduce in the intrinsics' fixed tree */
+ * instruction (kiln_exp16_le0: kiln_exp8's bits down to e^-86.5); the
+ * row's max and sum reduce in the intrinsics' fixed tree */
 static inline float full_row(float *s, float sc, float *m, float *l) {
     __m512 x[BK / 16];
     const __m512 vs = _mm512_set1_ps(sc);
@@ -876,7 +892,7 @@ static inline float full_row(float *s, float sc, float *m, float *l) {
     const __m512 vmu = _mm512_set1_ps(mu);
     __m512 sum = _mm512_setzero_ps();
     for (int i = 0; i < BK / 16; i++) {
-        const __m512 p = kiln_exp16(_mm512_sub_ps(x[i], vmu));
+        const __m512 p = kiln_exp16_le0(_mm512_sub_ps(x[i], vmu));
         _mm512_storeu_ps(s + 16 * i, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -905,7 +921,7 @@ static inline float causal_row16(float *s, int64_t ncol, int64_t lim, float sc, 
     const __m512 vmu = _mm512_set1_ps(mu);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t c = 0; c < ncol; c += 16) {
-        const __m512 p = kiln_exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c), vmu));
+        const __m512 p = _mm512_maskz_mov_ps(tail_mask(lim - c), kiln_exp16_le0(_mm512_sub_ps(_mm512_loadu_ps(s + c), vmu)));
         _mm512_storeu_ps(s + c, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -939,10 +955,10 @@ static inline float causal_row16(float *s, int64_t ncol, int64_t lim, float sc, 
 /* full_row on sixteen rows at once (every key of the tile visible to each,
  * no padding, sc > 0): the rows' maxima and sums reduced together (ROWS16_REDUCE)
  * and their running max, scale alpha and sum updated on 16 lanes (kiln_exp16
- * gives kiln_expf_fast's bits), so the same results as full_row row by row
+ * gives kiln_expf_fast's bits, kiln_exp16_le0 full_row's), so the same results as full_row row by row
  * without its per-row chain of horizontal steps and scalar exponential;
  * alpha[r] gets each row's rescale factor. */
-static inline void full_rows16(float *S, float sc, float *m, float *l, float *alpha) {
+static inline void full_rows16(float *S, float sc, float *m, float *l, float *alpha, const att_prefetch *pf) {
     const __m512 vs = _mm512_set1_ps(sc);
     __m512 v[16];
     for (int r = 0; r < 16; r++) {
@@ -962,10 +978,11 @@ static inline void full_rows16(float *S, float sc, float *m, float *l, float *al
     _mm512_storeu_ps(mus, mu);
     for (int r = 0; r < 16; r++) {
         float *s = S + r * BK;
+        prefetch_share(pf, r, 16);
         const __m512 vmu = _mm512_set1_ps(mus[r]);
         __m512 sum = _mm512_setzero_ps();
         for (int i = 0; i < BK / 16; i++) {
-            const __m512 p = kiln_exp16(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), vs), vmu));
+            const __m512 p = kiln_exp16_le0(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + 16 * i), vs), vmu));
             _mm512_storeu_ps(s + 16 * i, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -1099,21 +1116,16 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
         if (a->scale > 0.0f && !mixed && !has_pad && nk == BK && tile_full(off + i0, j0, nk) &&
             !window_start(a->window, off + i0 + nr - 1, j0, nk))
             for (; r16 + 16 <= nr; r16 += 16) {
-                if (pk) {
-                    for (int64_t z = r16 * lk / nr; z < (r16 + 16) * lk / nr; z++) __builtin_prefetch(pk + 64 * z, 0, 2);
-                    for (int64_t z = r16 * lv / nr; z < (r16 + 16) * lv / nr; z++) __builtin_prefetch(pv + 64 * z, 0, 2);
-                }
+                const att_prefetch pf = {pk, pv, r16 * lk / nr, (r16 + 16) * lk / nr, r16 * lv / nr, (r16 + 16) * lv / nr};
                 float al[16];
-                full_rows16(S + r16 * BK, a->scale, m + r16, l + r16, al);
+                full_rows16(S + r16 * BK, a->scale, m + r16, l + r16, al, &pf);
                 for (int64_t r = r16; r < r16 + 16; r++) rescale_row(o + r * D, D, al[r - r16]);
             }
 #endif
         for (int64_t r = r16; r < nr; r++) {
             float *s = S + r * BK;
-            if (pk) {
-                for (int64_t z = r * lk / nr; z < (r + 1) * lk / nr; z++) __builtin_prefetch(pk + 64 * z, 0, 2);
-                for (int64_t z = r * lv / nr; z < (r + 1) * lv / nr; z++) __builtin_prefetch(pv + 64 * z, 0, 2);
-            }
+            const att_prefetch pf = {pk, pv, 0, lk, 0, lv};
+            prefetch_share(&pf, r, nr);
             const int64_t lim = causal_limit(off + i0 + r, j0, nk), lo = window_start(a->window, off + i0 + r, j0, nk);
             const float sc = a->scale;
             float alpha;

@@ -48,5 +48,29 @@ static inline __m512 kiln_exp16(__m512 x) {
     const __m512i sb = _mm512_slli_epi32(_mm512_add_epi32(kb, _mm512_set1_epi32((int)KILN_EXP_BIAS)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(sb));
 }
+
+/* kiln_exp16 for arguments at most 0 (a softmax's s - max: the flash
+ * forward), three instructions fewer: no upper clamp, and 2^k applied by
+ * VSCALEFPS instead of built from k's bits. Arguments below -86.5 give
+ * e^-86.5 (2.6e-38): the result stays a normal number, since a denormal
+ * one takes a slow microcode assist on Intel cores (the bits trick of
+ * kiln_exp16 gives 0 there instead); a caller masks the lanes that must
+ * be 0 (keys a row does not see). From -86.5 to 0, kiln_expf_fast's bits. */
+static inline __m512 kiln_exp16_le0(__m512 x) {
+    const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-86.5f), x);
+    __m512 kf = _mm512_fmadd_ps(xc, _mm512_set1_ps(KILN_EXP_LOG2E), _mm512_set1_ps(KILN_EXP_SHIFT));
+    kf = _mm512_sub_ps(kf, _mm512_set1_ps(KILN_EXP_SHIFT));
+    __m512 r = _mm512_fmadd_ps(kf, _mm512_set1_ps(KILN_EXP_LN2_HI), xc);
+    r = _mm512_fmadd_ps(kf, _mm512_set1_ps(KILN_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(KILN_EXP_P7);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KILN_EXP_P0));
+    return _mm512_scalef_ps(p, kf);
+}
 #endif
 #endif
