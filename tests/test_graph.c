@@ -422,6 +422,17 @@ static void mlp_backward_one_loop(bool bf16) {
         while (p < g->n && (g->v[p].dead || g->v[p].acc_into_grad || g->v[p].kind == KILN_V_GRAD_ACC)) p++;
         sunk += p == g->n || g->v[p].kind != KILN_V_OP || !kiln_op_get(g->v[p].op)->cexpr;
     }
+    /* a weight's bf16 cast is kept from forward to backward, not remade */
+    int weight_casts = 0, remade = 0;
+    for (int i = 0; i < g->n; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_CAST_BF16 || g->v[x->in[0]].kind != KILN_V_PARAM) continue;
+        weight_casts++;
+        remade += x->recomputed;
+    }
+    printf("  %d casts of weights, %d of them remade in backward\n", weight_casts, remade);
+    CHECK(remade == 0 && (!bf16 || weight_casts > 0), "%s: weights' casts kept, not recomputed (%d of %d)",
+          bf16 ? "bf16" : "fp32", remade, weight_casts);
     int L = (int)s.m->cfg.num_hidden_layers, gemms = 0;
     for (int i = g->n_forward; i < g->n; i++) gemms += !g->v[i].dead && g->v[i].kind == KILN_V_OP && g->v[i].acc_into_grad;
     printf("mlp backward%s: %d of %d silu_backward in one loop with the recomputed silu(gate); %d of %d gradient GEMMs "

@@ -102,6 +102,12 @@ static bool pointwise_units(const kiln_graph *g, int nf, int *unit) {
         if (x->dead || x->kind != KILN_V_OP) continue;
         const kiln_op_def *d = kiln_op_get(x->op);
         if (!d->cexpr || d->indexed || d->n_aux || d->is_view) continue;
+        /* a value of parameters alone (a weight's bf16 cast) is kept, as
+         * autocast's weight cache keeps it in PyTorch: its size does not
+         * grow with the batch, and remaking it reads the fp32 weight again */
+        bool params_only = true;
+        for (int j = 0; j < x->n_in; j++) params_only &= g->v[x->in[j]].kind == KILN_V_PARAM;
+        if (params_only) continue;
         bool ok = true;
         for (int j = 0; j < x->n_in && ok; j++) {
             const int in = x->in[j];
