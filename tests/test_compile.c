@@ -457,9 +457,12 @@ static kiln_status ew_fn(void *user, kiln_tensor *const *in, kiln_tensor **repor
     return KILN_OK;
 }
 
-static void elementwise_bitwise(bool gemma) {
+/* rows 7: the plain loops; rows 163 (70579 elements, past 65536 and not a
+ * multiple of the block): the blocked loops that prefetch their inputs,
+ * with a partial last block and the last blocks fetching nothing */
+static void elementwise_bitwise(bool gemma, int64_t rows) {
     ew_setup e = {.gemma = gemma};
-    int64_t shape[2] = {7, 433}, one = 1, n = 7 * 433;
+    int64_t shape[2] = {rows, 433}, one = 1, n = rows * 433;
     kiln_rng r = {5, 0};
     for (int i = 0; i < 3; i++) {
         e.p[i] = kiln_tensor_new(KILN_F32, 2, shape);
@@ -491,10 +494,20 @@ static void elementwise_bitwise(bool gemma) {
         float got = 0;
         CHECK_OK(kiln_compiled_run(c, &sc, &got));
         kiln_compile_stats st = kiln_compiled_stats(c);
+        if (m < 3) { /* the generated loops prefetch exactly when the groups are large */
+            bool pf = false;
+            FILE *f = fopen(st.source_path, "r");
+            char line[512];
+            while (f && fgets(line, sizeof line, f)) pf |= strstr(line, "__builtin_prefetch(a") != NULL;
+            if (f) fclose(f);
+            CHECK(f != NULL && pf == (n >= 65536), "%s, %lld elements: prefetching loops %s", modes[m], (long long)n,
+                  pf ? "emitted" : "not emitted");
+        }
         int diff = 0;
         for (int i = 0; i < 3; i++) diff += memcmp(ref[i], e.p[i]->grad->data, sizeof(float) * (size_t)n) != 0;
-        printf("  element-wise groups%s, %-15s: %d fused groups of %d ops; sum %.9g vs eager %.9g, %d of 3 gradients differ\n",
-               gemma ? " (gelu_tanh, softcap)" : "", modes[m], st.fused_groups, st.fused_ops, got, eager_sum, diff);
+        printf("  element-wise groups%s, %lld elements, %-15s: %d fused groups of %d ops; sum %.9g vs eager %.9g, %d of 3 "
+               "gradients differ\n",
+               gemma ? " (gelu_tanh, softcap)" : "", (long long)n, modes[m], st.fused_groups, st.fused_ops, got, eager_sum, diff);
         CHECK(st.fused_groups >= 2 && (m == 3 || !st.interpreted), "%s: fused groups (%d), generated code", modes[m],
               st.fused_groups);
         CHECK(got == eager_sum && diff == 0, "%s: element-wise groups give eager's bits (sum %.9g vs %.9g, %d grads differ)",
@@ -551,8 +564,10 @@ int main(void) {
     snprintf(cache, sizeof cache, "%s/cache", dir);
     setenv("KILN_CACHE_DIR", cache, 1);
     kiln_eager_enable();
-    elementwise_bitwise(false);
-    elementwise_bitwise(true);
+    elementwise_bitwise(false, 7);
+    elementwise_bitwise(true, 7);
+    elementwise_bitwise(false, 163);
+    elementwise_bitwise(true, 163);
     nonfinite_constants();
     modes_vs_eager();
     recompute();

@@ -119,6 +119,11 @@ static void size_expr(sbuf *b, int na, int64_t N, bool dyn) {
     else put(b, "    const int64_t n = %lldLL;\n", (long long)N);
 }
 
+/* parallel loops over at least PREFETCH_MIN elements prefetch their inputs */
+#define PREFETCH_MIN 65536
+#define PF_BLOCK 256
+#define PF_AHEAD 2048
+
 static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, bool dyn) {
     int ids[512];
     int na = kiln_graph_group_args(g, k, ids, 512);
@@ -127,6 +132,25 @@ static void group_loop(sbuf *b, const kiln_graph *g, int k, const char *omp, boo
     int64_t N = kiln_meta_numel(&g->v[mem[0]].meta);
     emit_args(b, g, k, ids, na, N);
     size_expr(b, na, N, dyn);
+    if (omp && (dyn || N >= PREFETCH_MIN)) {
+        /* blocks of PF_BLOCK elements, each fetching its inputs' lines
+         * PF_AHEAD elements ahead: on a Xeon the hardware prefetcher fell
+         * behind the loops that compute more per element (silu(gate) · up
+         * read its inputs from memory at half the speed of a plain product) */
+        put(b, "#pragma omp %s schedule(static)\n", omp);
+        put(b, "    for (int64_t i0 = 0; i0 < n; i0 += %d) {\n", PF_BLOCK);
+        put(b, "        const int64_t i1 = i0 + %d < n ? i0 + %d : n;\n", PF_BLOCK, PF_BLOCK);
+        put(b, "        if (i0 + %d <= n)\n            for (int64_t p = i0 + %d; p < i0 + %d; p += 16) {\n", PF_AHEAD + PF_BLOCK,
+            PF_AHEAD, PF_AHEAD + PF_BLOCK);
+        for (int q = 0; q < na; q++) {
+            const kiln_value *x = &g->v[ids[q]];
+            if (x->group != k && kiln_meta_numel(&x->meta) == N) put(b, "                __builtin_prefetch(a%d + p);\n", q);
+        }
+        put(b, "            }\n#pragma omp simd\n        for (int64_t i = i0; i < i1; i++) {\n");
+        emit_members(b, g, k, ids, N, nm, "            ");
+        put(b, "        }\n    }\n");
+        return;
+    }
     if (omp) put(b, "#pragma omp %s simd schedule(static)\n", omp);
     else put(b, "#pragma omp simd\n");
     put(b, "    for (int64_t i = 0; i < n; i++) {\n");
