@@ -105,7 +105,7 @@ static bool pointwise_units(const kiln_graph *g, int nf, int *unit) {
         /* a value of parameters alone (a weight's bf16 cast) is kept, as
          * autocast's weight cache keeps it in PyTorch: its size does not
          * grow with the batch, and remaking it reads the fp32 weight again */
-        bool params_only = true;
+        bool params_only = x->n_in > 0;
         for (int j = 0; j < x->n_in; j++) params_only &= g->v[x->in[j]].kind == KILN_V_PARAM;
         if (params_only) continue;
         bool ok = true;
