@@ -1304,7 +1304,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
      * scratch, measured no faster on a Zen 3 at 8 x 8 x 256 and 1 x 8 x 4096) */
     if (!a.qh && kt) transpose_blocks(k, kt, B * Hkv, Tk, D);
     const int64_t ntask = B * H * nqb, grp = H / Hkv;
-    int64_t hg = HEADS_BYTES / (Tk * D * 2 * (int64_t)sizeof(float)); /* a head's fp32 keys and values */
+    int64_t hg = Tk > 0 ? HEADS_BYTES / (Tk * D * 2 * (int64_t)sizeof(float)) : B * H; /* a head's fp32 keys and values */
     hg = hg < 1 ? 1 : hg > B * H ? B * H : hg;
     bool failed = false;
 #pragma omp parallel if (ntask > 1 && T * Tk * D * B * H > (1 << 16))
@@ -1329,10 +1329,11 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
             /* groups of hg heads whose keys and values fit HEADS_BYTES,
              * one group after another, and in each the heaviest (last,
              * causal) query blocks first: the threads read the same keys
-             * and values at about the same time. All heads at once (the
-             * groups of one head at 1 x 8 x 4096, whose keys and values
-             * take 2 MB a head) ran that forward 6-8% slower on a Xeon;
-             * one head at a time, 8 x 8 x 256 10% slower. */
+             * and values at about the same time. Taking the heaviest
+             * blocks of every head first ran the 1 x 8 x 4096 forward
+             * 6-8% slower on a Xeon (2 MB of keys and values a head: one
+             * head a group there); one head a group at 8 x 8 x 256 ran
+             * that shape 10% slower. */
             const int64_t gi = t / (hg * nqb), r = t % (hg * nqb), nh = B * H - gi * hg < hg ? B * H - gi * hg : hg;
             const int64_t bh = gi * hg + r % nh, qb = nqb - 1 - r / nh, b = bh / H, g = (bh % H) / grp;
             fwd_task(&a, b, bh % H, qb, kt && !a.qh ? (const float *)kt + (b * Hkv + g) * nkb * D * BK : NULL, S, m,
