@@ -405,9 +405,9 @@ static void mlp_backward_one_loop(bool bf16) {
         const kiln_value *x = &g->v[i];
         if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_SILU_BWD) continue;
         silu_bwd++;
+        if (x->group == KILN_GROUP_NONE) continue;
         bool silu_inside = false;
-        for (int m = x->group == KILN_GROUP_NONE ? 0 : g->group_start[x->group];
-             x->group != KILN_GROUP_NONE && m < g->group_start[x->group + 1]; m++) {
+        for (int m = g->group_start[x->group]; m < g->group_start[x->group + 1]; m++) {
             const kiln_value *y = &g->v[g->group_members[m]];
             silu_inside |= y->op == KILN_OP_SILU && y->recomputed && y->internal;
         }

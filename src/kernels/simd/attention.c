@@ -769,11 +769,12 @@ static void tile_rows_acc(bool amx, float *C, int64_t ldc, bool acc, const uint1
 #define ATT_AMX 0
 #endif
 
-/* ---- the softmax of a full tile row (AVX2) -------------------------------- */
+/* ---- prefetching the next key block ---------------------------------------- */
 /* The next key block's kᵀ and v lines (fp32 products) that a run of rows
  * fetches into L2 while its softmax runs: share i of n issues its part of
- * the lines [z0, z1) of each, a few per row, so that the fill buffers
- * never fill up with a burst of them (which stalled the softmax on a Xeon). */
+ * the lines [k0, k1) of kᵀ and [v0, v1) of v, a few per row rather than
+ * in one burst (on a Xeon, `perf` put a third of the softmax's samples on
+ * the prefetches of a burst of 128). */
 typedef struct {
     const char *k, *v;
     int64_t k0, k1, v0, v1;
@@ -786,6 +787,7 @@ static inline void prefetch_share(const att_prefetch *pf, int64_t i, int64_t n) 
     for (int64_t z = pf->v0 + i * nv / n; z < pf->v0 + (i + 1) * nv / n; z++) __builtin_prefetch(pf->v + 64 * z, 0, 2);
 }
 
+/* ---- the softmax of a full tile row (AVX2) -------------------------------- */
 #if defined(__AVX2__) && defined(__FMA__)
 #define KILN_ATT_ROW8 1
 #include "simd_exp.h"
