@@ -276,9 +276,16 @@ static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases
     const int64_t nq = s->B * s->H * s->T * s->D, nk = s->B * s->Hkv * s->Tk * s->D, nl = s->B * s->H * s->T;
     float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
     float *out = falloc(nq), *lse = falloc(nl), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
+    /* the kernels write every element of the gradients: NaN where one is not */
+    for (int64_t i = 0; i < nq; i++) dq[i] = NAN;
+    for (int64_t i = 0; i < nk; i++) dk[i] = dv[i] = NAN;
     kiln_k_flash_attn_ex(q, k, v, s->pad, NULL, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window, true);
     kiln_k_flash_attn_backward_ex(q, k, v, s->pad, NULL, out, lse, g, dq, dk, dv, s->B, s->H, s->Hkv, s->T, s->Tk, s->D,
                                   s->scale, s->window, true);
+    int64_t unwritten = 0;
+    for (int64_t i = 0; i < nq; i++) unwritten += isnan(dq[i]);
+    for (int64_t i = 0; i < nk; i++) unwritten += isnan(dk[i]) + isnan(dv[i]);
+    CHECK(unwritten == 0, "%s (bf16): %lld gradient elements left unwritten (NaN)", name, (long long)unwritten);
     const char *path = attn_bf16_path(s->D);
     if (path) {
         float *qr = round_bf(q, nq), *kr = round_bf(k, nk), *vr = round_bf(v, nk), *gr = round_bf(g, nq);
@@ -369,6 +376,7 @@ static void test_attn_bf16(void) {
         {"T=Tk=37 D=64 left padding", {2, 4, 2, 37, 37, 64, 0.2f, lpad, 0}},
         {"T=1 Tk=200 D=128", {2, 2, 1, 1, 200, 128, 0.09f, pm, 0}},
         {"T=Tk=150 D=96 window 33", {1, 2, 1, 150, 150, 96, 0.1f, NULL, 33}},
+        {"T=32 Tk=200 D=64 window 40 (keys unseen)", {2, 2, 1, 32, 200, 64, 0.125f, NULL, 40}},
         {"T=Tk=150 D=72 (not a multiple of 32)", {1, 2, 1, 150, 150, 72, 0.125f, NULL, 0}},
     };
     /* the default path (AMX where present), then with AMX off (VDPBF16PS
