@@ -1069,14 +1069,12 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
     float *const out = a->out + ((b * a->H + h) * T + i0) * D;
 #if ATT_AMX
     /* bf16: the output accumulates in obuf (all BQ rows: the AMX tiles'
-     * row groups), P in ph (rows past nr stay zero) */
+     * row groups; rows below nr are zeroed with o below), P in ph (each
+     * key block's form_rows writes all of it, rows past nr as zeros) */
     const bool bf = a->qh != NULL;
     float *o = bf ? obuf : out;
     const uint16_t *qh = bf ? a->qh + ((b * a->H + h) * a->nqb + qb) * BQ * D : NULL;
-    if (bf) {
-        memset(obuf, 0, (size_t)(BQ * D) * sizeof(float));
-        memset(ph, 0, (size_t)(BQ * BK) * sizeof *ph);
-    }
+    if (bf && nr < BQ) memset(obuf + nr * D, 0, (size_t)((BQ - nr) * D) * sizeof(float));
 #else
     (void)obuf, (void)ph;
     float *o = out;
