@@ -121,8 +121,8 @@ static bool run_case(const train_case *tc, const char *script, char *why, size_t
     in_dir(run_lo, sizeof run_lo, name);
 
     /* two hosts: rank 0 in namespace A, rank 1 in namespace B */
-    const char *argv[64] = {"timeout", "-k", "5", "50", script, "--print-bytes", "--"};
-    train_args(argv, 7, run_ns, tc);
+    const char *argv[64] = {"timeout", "-k", "5", "50", script, "--print-bytes", "-x", "KILN_GEMM", "--"};
+    train_args(argv, 9, run_ns, tc);
     double t0 = kiln_time_now();
     int rc = cli_exec(argv);
     double t_ns = kiln_time_now() - t0;
@@ -205,8 +205,14 @@ int main(void) {
     mkdir(in_dir(path, sizeof path, "data"), 0755);
     test_write_shards(path, 4000, 600, 31);
     write_tokenizer(in_dir(path, sizeof path, "tokenizer.json"));
-    /* one thread per rank on both hosts: the script passes it on with -x */
+    /* one thread per rank on both hosts: the script passes it on with -x.
+     * One GEMM for every product in both runs: host B's ranks start with a
+     * clean environment (no HOME, so no cache of GEMM choices) and measure
+     * their own choices, which on a Zen 5 picked other implementations than
+     * the cached ones for some products (max rel diff 2.9e-4 after 6 steps):
+     * the bits would then say which GEMM ran, not what the transport did */
     setenv("OMP_NUM_THREADS", "1", 1);
+    setenv("KILN_GEMM", "kiln", 1);
 
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char why[600];
