@@ -23,21 +23,28 @@
 
 #include "kiln/kernels.h"
 
-/* Logits scratch aimed at about this, in chunks of 256 to 1024 rows; the
- * input-gradient product (chunk x C x V) is the one a short chunk slows
- * most. Measured on a Zen 3 (AVX2, 2 threads): at vocab 8192 (the small
- * model) 1024 rows instead of 256 took head + loss from 331-334 to 298-305
- * ms per step (two alternating pairs, `kiln bench --profile`), peak RSS +40
- * MB; at vocab 32000 (124M, 4096 rows of 768) the kernel alone, five
- * alternating pairs, 256 rows median 3943 ms, 512 rows 3559 (1.11x), 1024
- * no better; in the 124M step head + loss went from 21.0-22.8% of it to
- * 19.7-20.2%, peak RSS 4987 -> 5111 MB. 64 MB gives 1024 rows up to vocab
- * 16384, 512 at 32000, 256 from 65536 on. */
+/* Logits scratch aimed at about this, in chunks of 256 to LCE_MAX_ROWS
+ * rows; the input-gradient product (chunk x C x V) is the one a short
+ * chunk slows most. Measured on a Zen 3 (AVX2, 2 threads): at vocab 8192
+ * (the small model) 1024 rows instead of 256 took head + loss from 331-334
+ * to 298-305 ms per step (two alternating pairs, `kiln bench --profile`),
+ * peak RSS +40 MB; at vocab 32000 (124M, 4096 rows of 768) the kernel
+ * alone, five alternating pairs, 256 rows median 3943 ms, 512 rows 3559
+ * (1.11x), 1024 no better; in the 124M step head + loss went from
+ * 21.0-22.8% of it to 19.7-20.2%, peak RSS 4987 -> 5111 MB. On a Zen 5
+ * (AVX-512, 2 threads) the small model's whole batch (2048 rows, 64 MB of
+ * logits) instead of 1024: fp32 head + loss 167.9, 169.7, 164.6 -> 163.9,
+ * 151.7, 159.7 ms per step, bf16 89.5, 90.5, 100.6 -> 88.4, 89.4, 93.7
+ * (three alternating pairs each), peak RSS +48 MB: the three products of
+ * 2048 rows ran faster than those of 1024 (oneDNN's and `dnnl_sgemm`'s
+ * choice among them too). 64 MB gives 2048 rows up to vocab 8192, 1024 up
+ * to 16384, 512 at 32000, 256 from 65536 on. */
 #define LCE_TARGET_BYTES (64u << 20)
+#define LCE_MAX_ROWS 2048
 
 static int64_t choose_chunk(int64_t V) {
     int64_t c = (int64_t)LCE_TARGET_BYTES / ((int64_t)sizeof(float) * (V > 0 ? V : 1));
-    c = c < 256 ? 256 : c > 1024 ? 1024 : c;
+    c = c < 256 ? 256 : c > LCE_MAX_ROWS ? LCE_MAX_ROWS : c;
     return c & ~(int64_t)15;
 }
 
