@@ -105,61 +105,6 @@ static void flash(const att_shape *s, const float *q, const float *k, const floa
         kiln_k_flash_attn(q, k, v, s->pad, out, lse, s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale);
 }
 
-/* [B, heads, T, D] <-> [B, T, heads, D] (to_bthd: the first into the second) */
-static float *relayout(const float *x, int64_t B, int64_t heads, int64_t T, int64_t D, bool to_bthd) {
-    float *y = falloc(B * heads * T * D);
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < heads; h++)
-            for (int64_t t = 0; t < T; t++) {
-                const int64_t bhtd = ((b * heads + h) * T + t) * D, bthd = ((b * T + t) * heads + h) * D;
-                memcpy(y + (to_bthd ? bthd : bhtd), x + (to_bthd ? bhtd : bthd), (size_t)D * sizeof(float));
-            }
-    return y;
-}
-
-/* KILN_FA_BTHD: the kernels on [B, T, heads, D] inputs give the bits they
- * give on [B, heads, T, D] ones, laid out alike (forward and backward;
- * flags: KILN_FA_BF16 or 0; seg: segment ids or NULL) */
-static void check_attn_layout(const char *name, const att_shape *s, const int32_t *seg, int flags) {
-    const int64_t nq = s->B * s->H * s->T * s->D, nk = s->B * s->Hkv * s->Tk * s->D, nl = s->B * s->H * s->T;
-    float *q = frand(nq, -1, 1), *k = frand(nk, -1, 1), *v = frand(nk, -1, 1), *g = frand(nq, -1, 1);
-    float *x[2][5], *lse[2];
-    for (int r = 0; r < 2; r++) {
-        for (int i = 0; i < 5; i++) x[r][i] = falloc(i == 0 || i == 2 ? nq : nk);
-        lse[r] = falloc(nl);
-    }
-    /* r 0: [B, heads, T, D]; r 1: the same inputs as [B, T, heads, D] */
-    float *in1[4] = {relayout(q, s->B, s->H, s->T, s->D, true), relayout(k, s->B, s->Hkv, s->Tk, s->D, true),
-                     relayout(v, s->B, s->Hkv, s->Tk, s->D, true), relayout(g, s->B, s->H, s->T, s->D, true)};
-    const float *in[2][4] = {{q, k, v, g}, {in1[0], in1[1], in1[2], in1[3]}};
-    for (int r = 0; r < 2; r++) {
-        const int f = flags | (r ? KILN_FA_BTHD : 0);
-        kiln_k_flash_attn_ex(in[r][0], in[r][1], in[r][2], s->pad, seg, x[r][0], lse[r], s->B, s->H, s->Hkv, s->T, s->Tk,
-                             s->D, s->scale, s->window, f);
-        kiln_k_flash_attn_backward_ex(in[r][0], in[r][1], in[r][2], s->pad, seg, x[r][0], lse[r], in[r][3], x[r][2],
-                                      x[r][3], x[r][4], s->B, s->H, s->Hkv, s->T, s->Tk, s->D, s->scale, s->window, f);
-    }
-    bool same = !memcmp(lse[0], lse[1], (size_t)nl * sizeof(float));
-    const char *what[5] = {"out", "", "dq", "dk", "dv"};
-    for (int i = 0; i < 5; i++) {
-        if (i == 1) continue;
-        const bool qside = i == 0 || i == 2;
-        float *back = relayout(x[1][i], s->B, qside ? s->H : s->Hkv, qside ? s->T : s->Tk, s->D, false);
-        const bool eq = !memcmp(back, x[0][i], (size_t)(qside ? nq : nk) * sizeof(float));
-        CHECK(eq, "%s (%s): %s on [B, T, heads, D] differs in bits from [B, heads, T, D]", name,
-              flags & KILN_FA_BF16 ? "bf16" : "fp32", what[i]);
-        same &= eq;
-        free(back);
-    }
-    CHECK(same, "%s (%s): [B, T, heads, D] gives other bits than [B, heads, T, D]", name, flags & KILN_FA_BF16 ? "bf16" : "fp32");
-    for (int r = 0; r < 2; r++) {
-        for (int i = 0; i < 5; i++) free(x[r][i]);
-        free(lse[r]);
-    }
-    for (int i = 0; i < 4; i++) free(in1[i]);
-    free(q), free(k), free(v), free(g);
-}
-
 /* Forward and backward of one case against the double reference. */
 static void check_attn(const char *name, const att_shape *s) {
     const int64_t nq = s->B * s->H * s->T * s->D, nk = s->B * s->Hkv * s->Tk * s->D;
@@ -188,7 +133,6 @@ static void check_attn(const char *name, const att_shape *s) {
     double e1 = rel_err_d(dq, rdq, nq), e2 = rel_err_d(dk, rdk, nk), e3 = rel_err_d(dv, rdv, nk);
     CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5, "%s: grad rel err dq %.3g dk %.3g dv %.3g", name, e1,
           e2, e3);
-    check_attn_layout(name, s, NULL, 0);
     free(q), free(k), free(v), free(g), free(out), free(lse), free(dq), free(dk), free(dv);
     free(ro), free(rl), free(rdq), free(rdk), free(rdv);
 }
@@ -342,7 +286,6 @@ static void check_attn_bf16(const char *name, const att_shape *s, int *amx_cases
     for (int64_t i = 0; i < nq; i++) unwritten += isnan(dq[i]);
     for (int64_t i = 0; i < nk; i++) unwritten += isnan(dk[i]) + isnan(dv[i]);
     CHECK(unwritten == 0, "%s (bf16): %lld gradient elements left unwritten (NaN)", name, (long long)unwritten);
-    check_attn_layout(name, s, NULL, KILN_FA_BF16);
     const char *path = attn_bf16_path(s->D);
     if (path) {
         float *qr = round_bf(q, nq), *kr = round_bf(k, nk), *vr = round_bf(v, nk), *gr = round_bf(g, nq);
@@ -415,9 +358,6 @@ static void check_attn_bf16_segments(const char *path) {
           e[3] / m[3], e[4] / m[4]);
     for (int r = 0; r < 2; r++) free(o[r]), free(l[r]), free(dq[r]), free(dk[r]), free(dv[r]);
     free(q), free(k), free(v), free(g);
-    const att_shape ls = {B, H, Hk, T, T, D, 0.125f, pd, 0};
-    check_attn_layout("segments (packed documents), padded", &ls, seg, 0);
-    check_attn_layout("segments (packed documents), padded", &ls, seg, KILN_FA_BF16);
 }
 
 static void test_attn_bf16(void) {

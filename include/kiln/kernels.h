@@ -284,25 +284,19 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
                                     const int32_t *seg, const float *out, const float *lse, const float *dout,
                                     float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
                                     int64_t Tk, int64_t D, float scale, int64_t window);
-/* The forward and backward with a window and flags. KILN_FA_BF16: where
- * the CPU has a native bf16 product (AMX tiles where kiln_bf16_amx, else
- * VDPBF16PS where kiln_bf16_native, in the avx512 form) and D is a multiple
- * of 32, every product takes bf16 operands (q, k, v, dout, and the
- * probabilities P and dS rounded before their products, as eager's bf16
- * products round them) with fp32 accumulation; elsewhere it changes nothing
- * (the fp32 products). KILN_FA_BTHD: q, out, dout and dq are [B, T, H, D]
- * and k, v, dk and dv [B, Tk, Hkv, D] (the projections' layout) instead of
- * [B, H, T, D] and [B, Hkv, Tk, D]; lse stays [B, H, T]. The bits do not
- * depend on the layout. */
-#define KILN_FA_BF16 1
-#define KILN_FA_BTHD 2
+/* The forward and backward with a window, and bf16: where the CPU has a
+ * native bf16 product (AMX tiles where kiln_bf16_amx, else VDPBF16PS where
+ * kiln_bf16_native, in the avx512 form) and D is a multiple of 32, every
+ * product takes bf16 operands (q, k, v, dout, and the probabilities P and dS
+ * rounded before their products, as eager's bf16 products round them) with
+ * fp32 accumulation; elsewhere bf16 changes nothing (the fp32 products). */
 void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                           const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
-                          int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, int flags);
+                          int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, bool bf16);
 void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                                    const int32_t *seg, const float *out, const float *lse, const float *dout,
                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
-                                   int64_t Tk, int64_t D, float scale, int64_t window, int flags);
+                                   int64_t Tk, int64_t D, float scale, int64_t window, bool bf16);
 /* Fused final linear + cross-entropy. loss = sum over rows n with
  * targets[n] != ignore of -log softmax(h[n]·Wᵀ)[targets[n]]; *count = number
  * of such rows. h [N,C], W [V,C]. When dh (N×C, overwritten) and/or dW (V×C,

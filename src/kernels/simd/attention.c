@@ -315,39 +315,14 @@ static void mk_acc(const float *A, int64_t sar, int64_t sak, const float *B, int
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Where row t of head h of batch row b starts, on the query side (q, out,
- * dout, dq: H heads) or the key side (k, v, dk, dv: Hkv heads): [B, heads,
- * T, D], rows D apart, or with KILN_FA_BTHD [B, T, heads, D], rows heads·D
- * apart (the projections' own layout: no transposes around the kernels).
- * lse and the backward's delta stay [B, H, T]. */
-typedef struct {
-    int64_t T, heads, D;
-    bool bthd;
-} att_layout;
-static inline int64_t lay_off(const att_layout *l, int64_t b, int64_t h, int64_t t) {
-    return l->bthd ? ((b * l->T + t) * l->heads + h) * l->D : ((b * l->heads + h) * l->T + t) * l->D;
-}
-static inline int64_t lay_rs(const att_layout *l) { return l->bthd ? l->heads * l->D : l->D; }
-/* n rows of D floats, ld apart, to zero (one memset when they touch; a
- * memset call per row cost 2-5% of the 8 x 8 x 256 kernels) */
-static inline void zero_rows(float *x, int64_t n, int64_t ld, int64_t D) {
-    if (ld == D) {
-        memset(x, 0, (size_t)(n * D) * sizeof(float));
-        return;
-    }
-    for (int64_t r = 0; r < n; r++)
-#pragma omp simd
-        for (int64_t d = 0; d < D; d++) x[r * ld + d] = 0.0f;
-}
-
-/* One key block: s [nk][D] (rows ld apart) -> o [D][BK], zero past nk. */
-static void transpose_block(const float *s, int64_t ld, int64_t nk, int64_t D, float *o) {
+/* One key block: s [nk][D] (rows D apart) -> o [D][BK], zero past nk. */
+static void transpose_block(const float *s, int64_t nk, int64_t D, float *o) {
 #if defined(__AVX2__)
     if (nk == BK && D % 8 == 0) { /* 8 x 8 blocks in registers */
         for (int64_t c0 = 0; c0 < BK; c0 += 8)
             for (int64_t d0 = 0; d0 < D; d0 += 8) {
                 __m256 r[8];
-                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(s + (c0 + i) * ld + d0);
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(s + (c0 + i) * D + d0);
                 kiln_tr8(r);
                 for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + (d0 + j) * BK + c0, r[j]);
             }
@@ -356,20 +331,18 @@ static void transpose_block(const float *s, int64_t ld, int64_t nk, int64_t D, f
 #endif
     for (int64_t d = 0; d < D; d++) {
         float *od = o + d * BK;
-        for (int64_t c = 0; c < nk; c++) od[c] = s[c * ld + d];
+        for (int64_t c = 0; c < nk; c++) od[c] = s[c * D + d];
         for (int64_t c = nk; c < BK; c++) od[c] = 0.0f;
     }
 }
 
-/* src (B x Hkv heads of Tk rows, laid out as l says) -> dst
- * [B*Hkv][nkb][D][BK], zero past Tk. */
-static void transpose_blocks(const float *src, const att_layout *l, float *dst, int64_t BH, int64_t Tk, int64_t D) {
+/* src [B*Hkv][Tk][D] -> dst [B*Hkv][nkb][D][BK], zero past Tk. */
+static void transpose_blocks(const float *src, float *dst, int64_t BH, int64_t Tk, int64_t D) {
     int64_t nkb = cdiv(Tk, BK);
 #pragma omp parallel for schedule(static) if (BH * Tk * D > (1 << 15))
     for (int64_t t = 0; t < BH * nkb; t++) {
         int64_t bh = t / nkb, kb = t % nkb, j0 = kb * BK;
-        transpose_block(src + lay_off(l, bh / l->heads, bh % l->heads, j0), lay_rs(l), Tk - j0 < BK ? Tk - j0 : BK, D,
-                        dst + t * D * BK);
+        transpose_block(src + (bh * Tk + j0) * D, Tk - j0 < BK ? Tk - j0 : BK, D, dst + t * D * BK);
     }
 }
 
@@ -569,17 +542,17 @@ BF_TARGET static inline __m512i pair16(const float *x0, const float *x1) {
 }
 /* n valid rows of x (row stride D, D % 32 == 0) -> dst [R][D] bf16, zero
  * rows past n */
-BF_TARGET static void form_rows(const float *x, int64_t ld, int64_t n, int64_t R, int64_t D, uint16_t *dst) {
+BF_TARGET static void form_rows(const float *x, int64_t n, int64_t R, int64_t D, uint16_t *dst) {
     for (int64_t r = 0; r < R; r++)
         for (int64_t d = 0; d < D; d += 32)
-            _mm512_storeu_si512((void *)(dst + r * D + d), r < n ? cvt32(x + r * ld + d) : _mm512_setzero_si512());
+            _mm512_storeu_si512((void *)(dst + r * D + d), r < n ? cvt32(x + r * D + d) : _mm512_setzero_si512());
 }
 /* -> dst [R/2][D] words, word (p, d) = (x[2p][d], x[2p+1][d]), zero rows
  * past n (D % 16 == 0) */
-BF_TARGET static void form_inter(const float *x, int64_t ld, int64_t n, int64_t R, int64_t D, uint32_t *dst) {
+BF_TARGET static void form_inter(const float *x, int64_t n, int64_t R, int64_t D, uint32_t *dst) {
     static const float zero[16] = {0};
     for (int64_t p = 0; p < R / 2; p++) {
-        const float *x0 = x + 2 * p * ld, *x1 = x0 + ld;
+        const float *x0 = x + 2 * p * D, *x1 = x0 + D;
         const bool h0 = 2 * p < n, h1 = 2 * p + 1 < n;
         for (int64_t d = 0; d < D; d += 16)
             _mm512_storeu_si512((void *)(dst + p * D + d), pair16(h0 ? x0 + d : zero, h1 ? x1 + d : zero));
@@ -587,12 +560,12 @@ BF_TARGET static void form_inter(const float *x, int64_t ld, int64_t n, int64_t 
 }
 /* -> dst [D/2][R] words, word (p, j) = (x[j][2p], x[j][2p+1]), zero past n
  * (R % 16 == 0, D % 32 == 0): row j's bf16 pairs, transposed 16 x 16 */
-BF_TARGET static void form_pairs(const float *x, int64_t ld, int64_t n, int64_t R, int64_t D, uint32_t *dst) {
+BF_TARGET static void form_pairs(const float *x, int64_t n, int64_t R, int64_t D, uint32_t *dst) {
     for (int64_t j0 = 0; j0 < R; j0 += 16)
         for (int64_t p0 = 0; p0 < D / 2; p0 += 16) {
             __m512i r[16];
 #pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) r[i] = j0 + i < n ? cvt32(x + (j0 + i) * ld + 2 * p0) : _mm512_setzero_si512();
+            for (int i = 0; i < 16; i++) r[i] = j0 + i < n ? cvt32(x + (j0 + i) * D + 2 * p0) : _mm512_setzero_si512();
             kiln_tr16_epi32(r);
 #pragma GCC unroll 16
             for (int c = 0; c < 16; c++) _mm512_storeu_si512((void *)(dst + (p0 + c) * R + j0), r[c]);
@@ -600,7 +573,7 @@ BF_TARGET static void form_pairs(const float *x, int64_t ld, int64_t n, int64_t 
 }
 /* -> dst [D][R] bf16 (the transpose; as words [D][R/2], word (d, p) =
  * (x[2p][d], x[2p+1][d])), zero columns past n (R % 32 == 0, D % 16 == 0) */
-BF_TARGET static void form_cols(const float *x, int64_t ld, int64_t n, int64_t R, int64_t D, uint16_t *dst16) {
+BF_TARGET static void form_cols(const float *x, int64_t n, int64_t R, int64_t D, uint16_t *dst16) {
     static const float zero[16] = {0};
     uint32_t *dst = (uint32_t *)(void *)dst16;
     for (int64_t p0 = 0; p0 < R / 2; p0 += 16)
@@ -609,7 +582,7 @@ BF_TARGET static void form_cols(const float *x, int64_t ld, int64_t n, int64_t R
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
                 const int64_t j = 2 * (p0 + i);
-                r[i] = pair16(j < n ? x + j * ld + d0 : zero, j + 1 < n ? x + (j + 1) * ld + d0 : zero);
+                r[i] = pair16(j < n ? x + j * D + d0 : zero, j + 1 < n ? x + (j + 1) * D + d0 : zero);
             }
             kiln_tr16_epi32(r);
 #pragma GCC unroll 16
@@ -617,9 +590,9 @@ BF_TARGET static void form_cols(const float *x, int64_t ld, int64_t n, int64_t R
         }
 }
 
-/* dst [nk][D] (rows ld apart) = the transpose of srcT [D][BK] (its first nk
- * columns), in 16 x 16 blocks (D % 16 == 0) */
-static void store_transposed(float *dst, int64_t ld, const float *srcT, int64_t nk, int64_t D) {
+/* dst [nk][D] = the transpose of srcT [D][BK] (its first nk columns), in
+ * 16 x 16 blocks (D % 16 == 0) */
+static void store_transposed(float *dst, const float *srcT, int64_t nk, int64_t D) {
     for (int64_t d0 = 0; d0 < D; d0 += 16)
         for (int64_t j0 = 0; j0 < nk; j0 += 16) {
             __m512i r[16];
@@ -627,7 +600,7 @@ static void store_transposed(float *dst, int64_t ld, const float *srcT, int64_t 
             for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void *)(srcT + (d0 + i) * BK + j0));
             kiln_tr16_epi32(r);
             for (int64_t c = 0; c < 16 && j0 + c < nk; c++) {
-                _mm512_storeu_ps(dst + (j0 + c) * ld + d0, _mm512_castsi512_ps(r[c]));
+                _mm512_storeu_ps(dst + (j0 + c) * D + d0, _mm512_castsi512_ps(r[c]));
             }
         }
 }
@@ -1067,8 +1040,7 @@ typedef struct {
     const uint16_t *qh;
     const uint32_t *kp, *vi;
     int64_t nqb;
-    bool amx;            /* the bf16 products on AMX tiles (else VDPBF16PS) */
-    att_layout lq, lk;   /* q and out; k and v */
+    bool amx; /* the bf16 products on AMX tiles (else VDPBF16PS) */
 } fwd_args;
 
 /* Out of memory: nothing sensible to return but NaN (rows of D outputs and
@@ -1093,26 +1065,23 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
     const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
     const int64_t g = h / (a->H / a->Hkv);
     const int64_t i0 = qb * BQ, nr = T - i0 < BQ ? T - i0 : BQ;
-    const int64_t qs = lay_rs(&a->lq), ks = lay_rs(&a->lk); /* row strides */
-    const float *q = a->q + lay_off(&a->lq, b, h, i0);
-    float *const out = a->out + lay_off(&a->lq, b, h, i0);
+    const float *q = a->q + ((b * a->H + h) * T + i0) * D;
+    float *const out = a->out + ((b * a->H + h) * T + i0) * D;
 #if ATT_AMX
     /* bf16: the output accumulates in obuf (all BQ rows: the AMX tiles'
      * row groups; rows below nr are zeroed with o below), P in ph (each
      * key block's form_rows writes all of it, rows past nr as zeros) */
     const bool bf = a->qh != NULL;
     float *o = bf ? obuf : out;
-    const int64_t os = bf ? D : qs; /* o's row stride */
     const uint16_t *qh = bf ? a->qh + ((b * a->H + h) * a->nqb + qb) * BQ * D : NULL;
     if (bf && nr < BQ) memset(obuf + nr * D, 0, (size_t)((BQ - nr) * D) * sizeof(float));
 #else
     (void)obuf, (void)ph;
     float *o = out;
-    const int64_t os = qs;
 #endif
     const int32_t *pad = a->pad ? a->pad + b * Tk : NULL;
-    const float *vb = a->v + lay_off(&a->lk, b, g, 0); /* the head's keys' rows of v, ks apart */
-    zero_rows(o, nr, os, D);
+    const float *vb = a->v + (b * a->Hkv + g) * Tk * D;
+    memset(o, 0, (size_t)(nr * D) * sizeof(float));
     for (int64_t r = 0; r < nr; r++) m[r] = -INFINITY, l[r] = 0.0f;
     int64_t jend = off + i0 + nr; /* keys < jend may be visible to some row */
     if (jend > Tk) jend = Tk;
@@ -1132,15 +1101,13 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
             tile_scores(a->amx, S, qh, D, a->kp + ((b * a->Hkv + g) * a->nkb + kb) * (D / 2) * BK, nr, D, off + i0, j0, nk);
         else
 #endif
-            nt_tile(q, qs, ktb + kb * D * BK, D, S, nr, off + i0, j0, nk);
+            nt_tile(q, D, ktb + kb * D * BK, D, S, nr, off + i0, j0, nk);
         /* the next key block's kᵀ and v (fp32 products), fetched while this
          * one's rows go through the softmax, a share of the lines per row */
         const int64_t nkn = (kb + 1) * BK < jend ? (Tk - j0 - BK < BK ? Tk - j0 - BK : BK) : 0;
         const char *const pk = ktb && nkn ? (const char *)(ktb + (kb + 1) * D * BK) : NULL;
-        /* (v's rows one after another only in the [B, heads, T, D] layout:
-         * in the other its lines are left to the hardware prefetcher) */
-        const char *const pv = pk && ks == D ? (const char *)(vb + (j0 + BK) * D) : NULL;
-        const int64_t lk = pk ? D * BK * (int64_t)sizeof(float) / 64 : 0, lv = pv ? nkn * D * (int64_t)sizeof(float) / 64 : 0;
+        const char *const pv = pk ? (const char *)(vb + (j0 + BK) * D) : NULL;
+        const int64_t lk = pk ? D * BK * (int64_t)sizeof(float) / 64 : 0, lv = pk ? nkn * D * (int64_t)sizeof(float) / 64 : 0;
 #if ATT_AMX
         const bool whole_tiles = bf && a->amx; /* AMX products read every column of P */
 #else
@@ -1155,7 +1122,7 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
                 const att_prefetch pf = {pk, pv, r16 * lk / nr, (r16 + 16) * lk / nr, r16 * lv / nr, (r16 + 16) * lv / nr};
                 float al[16];
                 full_rows16(S + r16 * BK, a->scale, m + r16, l + r16, al, &pf);
-                for (int64_t r = r16; r < r16 + 16; r++) rescale_row(o + r * os, D, al[r - r16]);
+                for (int64_t r = r16; r < r16 + 16; r++) rescale_row(o + r * D, D, al[r - r16]);
             }
 #endif
         for (int64_t r = r16; r < nr; r++) {
@@ -1235,22 +1202,22 @@ static void fwd_task(const fwd_args *a, int64_t b, int64_t h, int64_t qb, const 
 #ifdef KILN_ATT_ROW8
         rescale:
 #endif
-            rescale_row(o + r * os, D, alpha);
+            rescale_row(o + r * D, D, alpha);
         }
 #if ATT_AMX
         if (bf) { /* P rounded to bf16, then o += P·v */
-            form_rows(S, BK, nr, BQ, BK, ph); /* past nk: q·0 = 0 (a trimmed tile: columns past a group's keys unread) */
+            form_rows(S, nr, BQ, BK, ph); /* past nk: q·0 = 0 (a trimmed tile: columns past a group's keys unread) */
             tile_rows_acc(a->amx, o, D, true, ph, a->vi + ((b * a->Hkv + g) * a->nkb + kb) * (BK / 2) * D, D, nr, D, off + i0,
                           j0, nk);
             continue;
         }
 #endif
-        acc_tile_rows(S, vb + j0 * ks, ks, o, os, nr, nk, D, off + i0, j0);
+        acc_tile_rows(S, vb + j0 * D, D, o, D, nr, nk, D, off + i0, j0);
     }
     float *lse = a->lse + (b * a->H + h) * T + i0;
     for (int64_t r = 0; r < nr; r++) {
-        const float *orow = o + r * os;
-        float *dst = out + r * qs;
+        const float *orow = o + r * D;
+        float *dst = out + r * D;
         if (l[r] > 0.0f) {
             const float inv = 1.0f / l[r];
 #pragma omp simd
@@ -1295,10 +1262,8 @@ static int bf16_path(bool bf16, int64_t D) {
 
 void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                           const int32_t *seg, float *out, float *lse, int64_t B, int64_t H, int64_t Hkv,
-                          int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, int flags) {
+                          int64_t T, int64_t Tk, int64_t D, float scale, int64_t window, bool bf16) {
     if (B <= 0 || H <= 0 || T <= 0 || D <= 0) return;
-    const bool bf16 = flags & KILN_FA_BF16, bthd = flags & KILN_FA_BTHD;
-    const att_layout lq = {T, H, D, bthd}, lk = {Tk, Hkv, D, bthd};
     const int64_t nkb = cdiv(Tk, BK), nqb = cdiv(T, BQ);
     const int path = bf16_path(bf16, D);
     const bool bf = path > 0; /* the bf16 forms (products on AMX or VDPBF16PS) */
@@ -1315,7 +1280,7 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
         free(si.kmin);
         return;
     }
-    fwd_args a = {q, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window, NULL, NULL, NULL, nqb, path == 2, lq, lk};
+    fwd_args a = {q, v, pad_mask, out, lse, H, Hkv, T, Tk, D, nkb, scale, si, window, NULL, NULL, NULL, nqb, path == 2};
 #if ATT_AMX
     if (bf && nkb) {
         uint32_t *kp = (uint32_t *)kt, *vi = kp + nkv32;
@@ -1323,21 +1288,20 @@ void kiln_k_flash_attn_ex(const float *q, const float *k, const float *v, const 
 #pragma omp parallel for schedule(static) if (B * Hkv * Tk * D > (1 << 15))
         for (int64_t t = 0; t < B * Hkv * nkb; t++) {
             const int64_t bh = t / nkb, kb = t % nkb, j0 = kb * BK, nk = Tk - j0 < BK ? Tk - j0 : BK;
-            const int64_t at = lay_off(&lk, bh / Hkv, bh % Hkv, j0);
-            form_pairs(k + at, lay_rs(&lk), nk, BK, D, kp + t * BK * D / 2);
-            form_inter(v + at, lay_rs(&lk), nk, BK, D, vi + t * BK * D / 2);
+            form_pairs(k + (bh * Tk + j0) * D, nk, BK, D, kp + t * BK * D / 2);
+            form_inter(v + (bh * Tk + j0) * D, nk, BK, D, vi + t * BK * D / 2);
         }
 #pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
         for (int64_t t = 0; t < B * H * nqb; t++) {
             const int64_t bh = t / nqb, qb = t % nqb, i0 = qb * BQ;
-            form_rows(q + lay_off(&lq, bh / H, bh % H, i0), lay_rs(&lq), T - i0 < BQ ? T - i0 : BQ, BQ, D, qh + t * BQ * D);
+            form_rows(q + (bh * T + i0) * D, T - i0 < BQ ? T - i0 : BQ, BQ, D, qh + t * BQ * D);
         }
         a.qh = qh, a.kp = kp, a.vi = vi;
     }
 #endif
     /* (making each (b, kv head)'s kᵀ blocks inside a task per pair, in its
      * scratch, measured no faster on a Zen 3 at 8 x 8 x 256 and 1 x 8 x 4096) */
-    if (!a.qh && kt) transpose_blocks(k, &lk, kt, B * Hkv, Tk, D);
+    if (!a.qh && kt) transpose_blocks(k, kt, B * Hkv, Tk, D);
     const int64_t ntask = B * H * nqb, grp = H / Hkv;
     int64_t hg = Tk > 0 ? HEADS_BYTES / (Tk * D * 2 * (int64_t)sizeof(float)) : B * H; /* a head's fp32 keys and values */
     hg = hg < 1 ? 1 : hg > B * H ? B * H : hg;
@@ -1400,8 +1364,7 @@ typedef struct {
      * columns per query block, k's and v's pairs, k's inter per key block */
     const uint16_t *qh, *qc, *dh, *dc;
     const uint32_t *kp, *vp, *ki;
-    bool amx;          /* the bf16 products on AMX tiles (else VDPBF16PS) */
-    att_layout lq, lk; /* q, dout and dq; k, v, dk and dv */
+    bool amx; /* the bf16 products on AMX tiles (else VDPBF16PS) */
 } bwd_args;
 
 /* a thread's scratch for the backward's tiles */
@@ -1436,10 +1399,8 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     const int64_t j0 = kb * BK, nk = Tk - j0 < BK ? Tk - j0 : BK;
     const int32_t *pad = a->pad ? a->pad + b * Tk : NULL;
     const bool has_pad = block_has_pad(pad, j0, nk);
-    const int64_t qrow = (b * a->H + h) * T + i0; /* lse's and delta's */
-    const int64_t qat = lay_off(&a->lq, b, h, i0), kat = lay_off(&a->lk, b, g, j0);
-    const int64_t qs = lay_rs(&a->lq), ks = lay_rs(&a->lk);
-    const float *q = a->q + qat, *dO = a->dout + qat;
+    const int64_t qrow = (b * a->H + h) * T + i0, krow = (b * a->Hkv + g) * Tk + j0;
+    const float *q = a->q + qrow * D, *dO = a->dout + qrow * D;
 #if ATT_AMX
     const bool bf = a->qh != NULL;
     const int64_t qblk = ((b * a->H + h) * a->nqb + qb) * BQ * D, kblk = ((b * a->Hkv + g) * a->nkb + kb) * BK * D;
@@ -1449,8 +1410,8 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
     } else
 #endif
     {
-        nt_tile(q, qs, w->kt, D, S, nr, off + i0, j0, nk);
-        nt_tile(dO, qs, w->vt, D, dP, nr, off + i0, j0, nk);
+        nt_tile(q, D, w->kt, D, S, nr, off + i0, j0, nk);
+        nt_tile(dO, D, w->vt, D, dP, nr, off + i0, j0, nk);
     }
     const float sc = a->scale;
     /* the padding bias (zeros without padding: one branch-free loop, which
@@ -1501,28 +1462,28 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         /* P and dS rounded to bf16 (rows past nr zero): dvᵀ += doutᵀ·P,
          * dkᵀ += qᵀ·dS into the key block's buffers, dq += dS·k */
         if (want_kv) {
-            form_inter(S, BK, nr, BQ, BK, w->pi);
-            form_inter(dP, BK, nr, BQ, BK, w->dsi);
+            form_inter(S, nr, BQ, BK, w->pi);
+            form_inter(dP, nr, BQ, BK, w->dsi);
             tile_mm(a->amx, w->dvT, BK, !first_kv, a->dc + qblk, BQ, w->pi, BK, D, BK, BQ);
             tile_mm(a->amx, w->dkT, BK, !first_kv, a->qc + qblk, BQ, w->dsi, BK, D, BK, BQ);
         }
         if (want_q) {
-            form_rows(dP, BK, nr, BQ, BK, w->dsh);
+            form_rows(dP, nr, BQ, BK, w->dsh);
             tile_rows_acc(a->amx, w->dq, D, false, w->dsh, a->ki + kblk / 2, D, nr, D, off + i0, j0, nk);
-            float *dq = a->dq + qat;
+            float *dq = a->dq + qrow * D;
             for (int64_t r = 0; r < nr; r++)
 #pragma omp simd
-                for (int64_t d = 0; d < D; d++) dq[r * qs + d] += w->dq[r * D + d];
+                for (int64_t d = 0; d < D; d++) dq[r * D + d] += w->dq[r * D + d];
         }
         return;
     }
 #endif
     if (want_kv) {
-        acc_tile_keys(S, dO, qs, a->dv + kat, ks, nr, nk, D, off + i0, j0);
-        acc_tile_keys(dP, q, qs, a->dk + kat, ks, nr, nk, D, off + i0, j0);
+        acc_tile_keys(S, dO, D, a->dv + krow * D, D, nr, nk, D, off + i0, j0);
+        acc_tile_keys(dP, q, D, a->dk + krow * D, D, nr, nk, D, off + i0, j0);
     }
     (void)first_kv;
-    if (want_q) acc_tile_rows(dP, a->k + kat, ks, a->dq + qat, qs, nr, nk, D, off + i0, j0);
+    if (want_q) acc_tile_rows(dP, a->k + krow * D, D, a->dq + qrow * D, D, nr, nk, D, off + i0, j0);
 }
 
 static void scale_rows(float *x, int64_t n, float s) {
@@ -1538,18 +1499,18 @@ static void scale_rows(float *x, int64_t n, float s) {
  * the zeroing was 6.5% of its samples with the buffers' own) */
 static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, const bwd_scratch *w) {
     const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
-    const int64_t at = lay_off(&a->lk, b, g, j0), ks = lay_rs(&a->lk);
-    float *const dk = a->dk + at, *const dv = a->dv + at;
+    float *const dk = a->dk + ((b * a->Hkv + g) * a->Tk + j0) * a->D, *const dv = a->dv + (dk - a->dk);
     const bool all_pad = block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk);
     if (all_pad || !a->qh) {
-        zero_rows(dk, nk, ks, a->D);
-        zero_rows(dv, nk, ks, a->D);
+        memset(dk, 0, (size_t)(nk * a->D) * sizeof(float));
+        memset(dv, 0, (size_t)(nk * a->D) * sizeof(float));
     }
     if (all_pad) return;
     const int64_t grp = a->H / a->Hkv;
     if (!a->qh) { /* fp32: the block's kᵀ and vᵀ, made here (in cache) for all its tiles */
-        transpose_block(a->k + at, ks, nk, a->D, w->kt);
-        transpose_block(a->v + at, ks, nk, a->D, w->vt);
+        const int64_t row = ((b * a->Hkv + g) * a->Tk + j0) * a->D;
+        transpose_block(a->k + row, nk, a->D, w->kt);
+        transpose_block(a->v + row, nk, a->D, w->vt);
     }
     bool first = true;
     for (int64_t h = g * grp; h < (g + 1) * grp; h++)
@@ -1563,8 +1524,8 @@ static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool
             memset(w->dkT, 0, (size_t)(a->D * BK) * sizeof(float));
             memset(w->dvT, 0, (size_t)(a->D * BK) * sizeof(float));
         }
-        store_transposed(dk, ks, w->dkT, nk, a->D);
-        store_transposed(dv, ks, w->dvT, nk, a->D);
+        store_transposed(dk, w->dkT, nk, a->D);
+        store_transposed(dv, w->dvT, nk, a->D);
     }
 #endif
 }
@@ -1595,11 +1556,8 @@ void kiln_k_flash_attn_backward_win(const float *q, const float *k, const float 
 void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *v, const int32_t *pad_mask,
                                    const int32_t *seg, const float *out, const float *lse, const float *dout,
                                    float *dq, float *dk, float *dv, int64_t B, int64_t H, int64_t Hkv, int64_t T,
-                                   int64_t Tk, int64_t D, float scale, int64_t window, int flags) {
+                                   int64_t Tk, int64_t D, float scale, int64_t window, bool bf16) {
     if (B <= 0 || H <= 0 || D <= 0) return;
-    const bool bf16 = flags & KILN_FA_BF16, bthd = flags & KILN_FA_BTHD;
-    const att_layout lq = {T, H, D, bthd}, lk = {Tk, Hkv, D, bthd};
-    const int64_t qs = lay_rs(&lq), ks = lay_rs(&lk);
     /* dk, dv and dq are zeroed by the tasks that own their rows, just before
      * they accumulate there (in parallel, in cache) */
     if (T <= 0 || Tk <= 0) {
@@ -1630,16 +1588,15 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
     }
     float *delta = buf;
 #pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
-    for (int64_t i = 0; i < B * H * T; i++) { /* delta [B, H, T] */
-        const int64_t at = bthd ? lay_off(&lq, i / (H * T), i / T % H, i % T) : i * D;
-        const float *o = out + at, *g = dout + at;
+    for (int64_t i = 0; i < B * H * T; i++) {
+        const float *o = out + i * D, *g = dout + i * D;
         float s = 0.0f;
 #pragma omp simd reduction(+ : s)
         for (int64_t d = 0; d < D; d++) s += o[d] * g[d];
         delta[i] = s;
     }
-    bwd_args a = {q, k, v, dout, lse, delta, pad_mask, dq, dk, dv, H, Hkv, T, Tk, D, nkb, nqb, scale, si, window,
-                  NULL, NULL, NULL, NULL, NULL, NULL, NULL, path == 2, lq, lk};
+    bwd_args a = {q, k, v, dout, lse, delta, pad_mask, dq, dk, dv,
+                  H, Hkv, T, Tk, D, nkb, nqb, scale, si, window, NULL, NULL, NULL, NULL, NULL, NULL, NULL, path == 2};
 #if ATT_AMX
     if (bf) {
         uint16_t *f16 = (uint16_t *)(delta + B * H * T);
@@ -1649,19 +1606,17 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
 #pragma omp parallel for schedule(static) if (B * H * T * D > (1 << 15))
         for (int64_t t = 0; t < B * H * nqb; t++) {
             const int64_t bh = t / nqb, i0 = (t % nqb) * BQ, n = T - i0 < BQ ? T - i0 : BQ;
-            const int64_t at = lay_off(&lq, bh / H, bh % H, i0);
-            form_rows(q + at, qs, n, BQ, D, qh + t * BQ * D);
-            form_cols(q + at, qs, n, BQ, D, qc + t * BQ * D);
-            form_rows(dout + at, qs, n, BQ, D, dh + t * BQ * D);
-            form_cols(dout + at, qs, n, BQ, D, dc + t * BQ * D);
+            form_rows(q + (bh * T + i0) * D, n, BQ, D, qh + t * BQ * D);
+            form_cols(q + (bh * T + i0) * D, n, BQ, D, qc + t * BQ * D);
+            form_rows(dout + (bh * T + i0) * D, n, BQ, D, dh + t * BQ * D);
+            form_cols(dout + (bh * T + i0) * D, n, BQ, D, dc + t * BQ * D);
         }
 #pragma omp parallel for schedule(static) if (B * Hkv * Tk * D > (1 << 15))
         for (int64_t t = 0; t < B * Hkv * nkb; t++) {
             const int64_t bh = t / nkb, j0 = (t % nkb) * BK, n = Tk - j0 < BK ? Tk - j0 : BK;
-            const int64_t at = lay_off(&lk, bh / Hkv, bh % Hkv, j0);
-            form_pairs(k + at, ks, n, BK, D, kp + t * BK * D / 2);
-            form_pairs(v + at, ks, n, BK, D, vp + t * BK * D / 2);
-            form_inter(k + at, ks, n, BK, D, ki + t * BK * D / 2);
+            form_pairs(k + (bh * Tk + j0) * D, n, BK, D, kp + t * BK * D / 2);
+            form_pairs(v + (bh * Tk + j0) * D, n, BK, D, vp + t * BK * D / 2);
+            form_inter(k + (bh * Tk + j0) * D, n, BK, D, ki + t * BK * D / 2);
         }
         a.qh = qh, a.qc = qc, a.dh = dh, a.dc = dc, a.kp = kp, a.vp = vp, a.ki = ki;
     }
@@ -1727,22 +1682,15 @@ void kiln_k_flash_attn_backward_ex(const float *q, const float *k, const float *
             const int64_t bg = t / P, p = t % P, b = bg / Hkv, g = bg % Hkv;
             bwd_args ap = a;
             if (P > 1) ap.dq = dqp + p * nq;
-            /* the task's rows of dq (P = 1) or of its copy: the group's
-             * heads, adjacent in either layout (a run of grp·T rows, or of
-             * grp heads in each of T rows) */
-            const int64_t hrun = bthd ? grp * D : grp * T * D, nrun = bthd ? T : 1, q0 = lay_off(&lq, b, g * grp, 0);
-            for (int64_t t = 0; t < nrun; t++) memset(ap.dq + q0 + t * qs, 0, (size_t)hrun * sizeof(float));
+            /* the task's rows of dq (P = 1) or of its copy */
+            memset(ap.dq + (b * H + g * grp) * T * D, 0, (size_t)(grp * T * D) * sizeof(float));
             for (int64_t kb = bound[p]; kb < bound[p + 1]; kb++) {
                 bwd_kblock(&ap, b, g, kb, true, &w);
                 int64_t nk = Tk - kb * BK < BK ? Tk - kb * BK : BK;
-                float *dkb = dk + lay_off(&lk, b, g, kb * BK);
-                if (bthd)
-                    for (int64_t r = 0; r < nk; r++) scale_rows(dkb + r * ks, D, scale);
-                else
-                    scale_rows(dkb, nk * D, scale);
+                scale_rows(dk + (bg * Tk + kb * BK) * D, nk * D, scale);
             }
             if (P == 1) /* the task's rows of dq are complete */
-                for (int64_t t = 0; t < nrun; t++) scale_rows(dq + q0 + t * qs, hrun, scale);
+                scale_rows(dq + (b * H + g * grp) * T * D, grp * T * D, scale);
         }
 #if ATT_AMX
         if (path == 2) kiln_amx_release();
