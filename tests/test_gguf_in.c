@@ -292,9 +292,10 @@ int main(void) {
             CHECK(t_rel(pk, pl) < 1e-3, "base + adapter: kiln's perplexity %.6f vs llama.cpp's %.6f", pk, pl);
             /* the adapter is trained in this test, so its weights (and how many prompts meet a near tie) depend on
              * the GEMM implementations measured fastest on the machine and build: a sanitizer build's run parted 3
-             * of 5 at gaps of 0.001-0.004, each a tie; what must hold is that the partings are ties */
-            CHECK(same + ties >= 4 && same >= 2, "base + adapter: %d of %d greedy continuations identical, %d parted at near ties",
-                  same, N_GREEDY, ties);
+             * of 5 at gaps of 0.001-0.004, each a tie, and one on a Zen 5 4 of 5 at gaps of 0.0003-0.0046; what
+             * must hold is that every parting is a tie (the perplexity above says the model is the same) */
+            CHECK(same + ties == N_GREEDY && same >= 1,
+                  "base + adapter: %d of %d greedy continuations identical, %d parted at near ties", same, N_GREEDY, ties);
         }
         json_decref(res);
     }
