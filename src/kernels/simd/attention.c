@@ -1392,6 +1392,7 @@ static int tile_visible(const bwd_args *a, int64_t b, int64_t qb, int64_t kb) {
  * block's first tile, stores into its dkᵀ and dvᵀ instead of adding. */
 static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_t kb, bool want_q,
                      bool want_kv, bool mixed, bool first_kv, const bwd_scratch *w) {
+    (void)first_kv; /* the fp32 products add into dk and dv themselves */
     float *S = w->S, *dP = w->dP;
     const int64_t D = a->D, T = a->T, Tk = a->Tk, off = Tk - T;
     const int64_t g = h / (a->H / a->Hkv);
@@ -1482,7 +1483,6 @@ static void bwd_tile(const bwd_args *a, int64_t b, int64_t h, int64_t qb, int64_
         acc_tile_keys(S, dO, D, a->dv + krow * D, D, nr, nk, D, off + i0, j0);
         acc_tile_keys(dP, q, D, a->dk + krow * D, D, nr, nk, D, off + i0, j0);
     }
-    (void)first_kv;
     if (want_q) acc_tile_rows(dP, a->k + krow * D, D, a->dq + qrow * D, D, nr, nk, D, off + i0, j0);
 }
 
@@ -1499,7 +1499,8 @@ static void scale_rows(float *x, int64_t n, float s) {
  * the zeroing was 6.5% of its samples with the buffers' own) */
 static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool want_q, const bwd_scratch *w) {
     const int64_t j0 = kb * BK, nk = a->Tk - j0 < BK ? a->Tk - j0 : BK;
-    float *const dk = a->dk + ((b * a->Hkv + g) * a->Tk + j0) * a->D, *const dv = a->dv + (dk - a->dk);
+    const int64_t row = ((b * a->Hkv + g) * a->Tk + j0) * a->D; /* the block's first element in k, v, dk, dv */
+    float *const dk = a->dk + row, *const dv = a->dv + row;
     const bool all_pad = block_all_pad(a->pad ? a->pad + b * a->Tk : NULL, j0, nk);
     if (all_pad || !a->qh) {
         memset(dk, 0, (size_t)(nk * a->D) * sizeof(float));
@@ -1508,7 +1509,6 @@ static void bwd_kblock(const bwd_args *a, int64_t b, int64_t g, int64_t kb, bool
     if (all_pad) return;
     const int64_t grp = a->H / a->Hkv;
     if (!a->qh) { /* fp32: the block's kᵀ and vᵀ, made here (in cache) for all its tiles */
-        const int64_t row = ((b * a->Hkv + g) * a->Tk + j0) * a->D;
         transpose_block(a->k + row, nk, a->D, w->kt);
         transpose_block(a->v + row, nk, a->D, w->vt);
     }
