@@ -403,11 +403,14 @@ static void test_kernel_shapes(void) {
     /* edges around every form's MR (14, 6, 4) and NR (32, 16, 8); K past
      * KC (512 avx512 and avx2, 256 portable) and balanced into blocks; M past MC;
      * N past NC (4096); A stored M x K with rows 4 KB apart (lda 1024,
-     * unpadded), which the avx512 form packs instead of reading in place */
+     * unpadded), which the avx512 form packs instead of reading in place;
+     * K so long that a panel of B over all of K is narrower than N (30 x
+     * 300 x 8200: the K-outer schedule in every form) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {7, 13, 5},     {13, 31, 9},    {14, 32, 16},   {15, 33, 17},  {5, 17, 3},
         {6, 16, 7},    {7, 15, 2},     {3, 7, 4},      {4, 8, 5},      {5, 9, 6},     {29, 65, 257},
         {1, 300, 40},  {300, 1, 40},   {300, 200, 600}, {20, 4200, 24}, {257, 515, 1031}, {29, 40, 1024},
+        {30, 300, 8200},
     };
     double worst[KILN_FORM_COUNT] = {0};
     int runs = 0;
@@ -469,12 +472,15 @@ static void test_kernel_specials(void) {
     }
 }
 
-/* the result's bits do not depend on the thread count */
+/* the result's bits do not depend on the thread count, nor on the
+ * schedule: 40 x 300 x 8200 runs K-outer (panels of B over one K block),
+ * and its first 100 columns computed alone run all-K (one panel over every
+ * K block), the other 200 K-outer again, all with the same bits */
 static void test_kernel_threads(void) {
     const kiln_simd_table *tabs[KILN_FORM_COUNT];
     const char *names[KILN_FORM_COUNT];
     int nf = kforms(tabs, names);
-    static const int64_t shapes[][3] = {{300, 200, 600}, {16, 700, 300}, {517, 45, 270}, {2, 5000, 64}};
+    static const int64_t shapes[][3] = {{300, 200, 600}, {16, 700, 300}, {517, 45, 270}, {2, 5000, 64}, {40, 300, 8200}};
     int nthr = omp_get_max_threads();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int tr = 0; tr < 4; tr++) {
@@ -499,6 +505,16 @@ static void test_kernel_threads(void) {
                     CHECK(!memcmp(C1, Cn, (size_t)(c.M * ldc) * 4),
                           "%s tA=%d tB=%d %lldx%lldx%lld: %d threads differ from 1 in bits", names[f], c.tA, c.tB,
                           (long long)c.M, (long long)c.N, (long long)c.K, th);
+                }
+                if (c.K > 8000) { /* the columns in two products */
+                    const int64_t n1 = 100;
+                    for (int64_t i = 0; i < c.M * ldc; i++) Cn[i] = (float)(i % 11) * 0.125f;
+                    tabs[f]->gemm_f32(c.tA, c.tB, c.M, n1, c.K, c.alpha, A, lda, B, ldb, c.beta, Cn, ldc);
+                    tabs[f]->gemm_f32(c.tA, c.tB, c.M, c.N - n1, c.K, c.alpha, A, lda, B + (c.tB ? n1 * ldb : n1), ldb,
+                                      c.beta, Cn + n1, ldc);
+                    CHECK(!memcmp(C1, Cn, (size_t)(c.M * ldc) * 4),
+                          "%s tA=%d tB=%d %lldx%lldx%lld: columns 0-%lld and the rest computed apart differ in bits",
+                          names[f], c.tA, c.tB, (long long)c.M, (long long)c.N, (long long)c.K, (long long)n1 - 1);
                 }
             }
             omp_set_num_threads(nthr);
@@ -665,7 +681,8 @@ static void test_bf16_shapes(void) {
     int nr = bf_runs(runs);
     /* odd K; MR (14, 6, 4) and NR (32, 16, 8) +- 1; K at and past the block
      * (1024) and balanced into even blocks (1025: 2 x 514, 2049: 3 x 684); a
-     * long K whose packed B is more than one panel (50001); A stored M x K
+     * long K whose packed B over all of K is more than one panel (50001:
+     * the K-outer schedule); A stored M x K
      * with rows 4 KB apart (lda 2048, unpadded: packed, not read in place) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {1, 1, 2},     {2, 3, 3},      {7, 13, 5},     {13, 31, 9},    {14, 32, 16},
@@ -753,12 +770,14 @@ static void test_bf16_specials(void) {
            "%s\n", sizeof dir / sizeof *dir, bad ? "FAILED" : "bit for bit");
 }
 
-/* the bits do not depend on the thread count; the avx512 form's
- * VDPBF16PS path equals the portable form's emulation bit for bit */
+/* the bits do not depend on the thread count nor on the schedule (40 x 300
+ * x 8200 K-outer, its columns apart all-K and K-outer, as for fp32); the
+ * avx512 form's VDPBF16PS path equals the portable form's emulation bit
+ * for bit */
 static void test_bf16_threads(void) {
     bfrun runs[KILN_FORM_COUNT + 1];
     int nr = bf_runs(runs);
-    static const int64_t shapes[][3] = {{300, 200, 600}, {16, 700, 301}, {517, 45, 270}, {2, 5000, 64}};
+    static const int64_t shapes[][3] = {{300, 200, 600}, {16, 700, 301}, {517, 45, 270}, {2, 5000, 64}, {40, 300, 8200}};
     int nthr = omp_get_max_threads();
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int tr = 0; tr < 4; tr++) {
@@ -785,6 +804,16 @@ static void test_bf16_threads(void) {
                           tB, (long long)M, (long long)N, (long long)K, th);
                 }
                 omp_set_num_threads(nthr);
+                if (K > 8000) { /* K-outer; its first 100 columns alone all-K, the rest K-outer: the same bits */
+                    const int64_t n1 = 100;
+                    for (int64_t i = 0; i < M * ldc; i++) Cn[i] = (float)(i % 11) * 0.125f;
+                    bf_call(&runs[f], tA, tB, M, n1, K, 0.5f, A, lda, B, ldb, (float)acc, Cn, ldc);
+                    bf_call(&runs[f], tA, tB, M, N - n1, K, 0.5f, A, lda, B + (tB ? n1 * ldb : n1), ldb, (float)acc,
+                            Cn + n1, ldc);
+                    CHECK(!memcmp(C1, Cn, (size_t)(M * ldc) * 4),
+                          "bf16 %s tA=%d tB=%d %lldx%lldx%lld: columns 0-%lld and the rest computed apart differ in "
+                          "bits", runs[f].name, tA, tB, (long long)M, (long long)N, (long long)K, (long long)n1 - 1);
+                }
                 if (f == 0)
                     memcpy(P, C1, (size_t)(M * ldc) * 4);
                 else

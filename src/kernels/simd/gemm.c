@@ -6,14 +6,28 @@
  *       over ALL of K: op(B)[.., jc..] is packed, K block by K block (K in
  *       blocks of at most KC, balanced: K = 600 is 3 x 200 with KC 256),
  *       into kc x NR column slivers zero-padded past N; the threads fill
- *       the one shared panel together, then one barrier
+ *       the one shared panel together, then one barrier.
+ *       Where such a panel (at least 4 slivers) is narrower than N, the
+ *       schedule is K-outer instead: for each K block in order, panels of
+ *       that block alone (about 4 MB: 2048 columns at KC 512), each packed
+ *       and then computed as below with the task over that one K block. A
+ *       packed (or streamed in place) op(A) is then read once per K block
+ *       rather than once per panel: the all-K schedule read the head's
+ *       2048 x 512 x 8192 NN A (64 MB, packed: its rows alias in L1) four
+ *       times. Zen 5, 2 threads, in one process (throwaway driver, median
+ *       of 9 calls, the same bits): 2048 x 512 x 8192 NN 298 -> 334
+ *       GFLOP/s; 124M-class 1024 x 768 x 3072 NN and NT 291 -> 334; 1B-class
+ *       1024 x 2048 x 8192 NN 246 -> 331, NT 253 -> 336; the one-panel
+ *       shapes unchanged. C is then read and written once per K block.
  *     task: (row chunk of about MC rows) x (column chunk of at most 512
- *           columns), taken dynamically, each over the whole K, so a task
- *           owns its block of C and no barrier separates the K blocks
+ *           columns), taken dynamically, each over the panel's K blocks (all
+ *           of K, or the one), so a task owns its block of C and no barrier
+ *           separates the K blocks within a panel
  *       pc: the K blocks in order; op(A)[ic.., pc..] is packed into MR x kc
  *           row slivers (zero-padded past M) in the thread's own buffer
  *           (L2); when a row chunk's A over all of K fits 2 MB it is kept
- *           and the thread's next task on the same rows reuses it
+ *           and the thread's next task on the same rows reuses it (K-outer:
+ *           the K block's A, for the next task on the same rows in it)
  *         jr: the task's NR slivers of the panel (one sliver in L1)
  *           ir: the MR slivers of the A block: the micro-kernel keeps its
  *               MR x NR tile of C in registers over the whole kc loop (a
@@ -423,8 +437,52 @@ static void split(int64_t n, int parts, int idx, int64_t *lo, int64_t *hi) {
 }
 
 #define GEMM_NCC 512       /* columns of a task at most */
-#define GEMM_PANEL (4 << 20) /* bytes of B packed at once (all of K) */
+#define GEMM_PANEL (4 << 20) /* bytes of B packed at once */
 #define GEMM_ACACHE (2 << 20) /* a thread keeps its rows of A packed over all of K up to this */
+
+/* what every task of one product shares */
+typedef struct {
+    bool transA, adirect, arow;
+    int64_t lda, ldc;
+    float alpha;
+    const float *A;
+    float *C;
+} gemm_op;
+
+/* One K block (pc, kc) of one task: the row slivers from ic (mc rows, msl
+ * slivers) times the panel's column slivers ns0..ns1 (the panel starts at
+ * column jc, nc columns, sliver s at bp0 + s kstride). ab: the packed A
+ * block, packed here first unless pack_a_now is false. */
+static void task_block(const gemm_op *g, int64_t ic, int64_t mc, int64_t msl, int64_t jc, int64_t nc, int64_t ns0,
+                       int64_t ns1, int64_t pc, int64_t kc, bool first, float *ab, bool pack_a_now,
+                       const float *bp0, int64_t kstride) {
+    for (int64_t r = 0; r < msl && pack_a_now; r++)
+        if (!(g->adirect || g->arow) || mc - r * MR < MR)
+            pack_a(g->transA, g->A, g->lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);
+    const int64_t lda = g->lda, ldc = g->ldc;
+    for (int64_t sl = ns0; sl < ns1; sl++) {
+        const float *bp = bp0 + sl * kstride;
+        const int64_t j = jc + sl * NR, nj = imin(NR, nc - sl * NR);
+        for (int64_t r = 0; r < msl; r++) {
+            const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
+            float *c = g->C + i * ldc + j;
+            /* the sliver: in place down A's columns (Aᵀ), in place along
+             * A's rows, or packed (a partial one always) */
+            const int how = mi < MR ? 0 : g->adirect ? 1 : g->arow ? 2 : 0;
+            const float *ap = how == 1 ? g->A + pc * lda + i : how == 2 ? g->A + i * lda + pc : ab + r * MR * kc;
+            if (mi == MR && nj == NR) {
+                if (how == 1)
+                    ukernel(kc, ap, lda, 1, bp, c, ldc, g->alpha, first);
+                else if (how == 2)
+                    ukernel(kc, ap, 1, lda, bp, c, ldc, g->alpha, first);
+                else
+                    ukernel(kc, ap, MR, 1, bp, c, ldc, g->alpha, first);
+            } else
+                edge_tile(kc, ap, how == 1 ? lda : how == 2 ? 1 : MR, how == 2 ? lda : 1, bp, c, ldc, g->alpha, first,
+                          mi, nj);
+        }
+    }
+}
 
 bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
@@ -432,19 +490,23 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
     if ((double)M * (double)N * (double)K < (double)GEMM_PAR_MIN) nt = 1;
     if (nt < 1) nt = 1;
     const int64_t nkb = cdiv(K, GEMM_KC), kcb = cdiv(K, nkb); /* K blocks, balanced: fixed by K */
-    /* B panels: every K block of nsp slivers, at most about GEMM_PANEL bytes */
+    /* B panels of nsp slivers (at least 4), at most about GEMM_PANEL bytes:
+     * over every K block where one such panel covers N (the all-K
+     * schedule), else over one K block (the K-outer schedule) */
     const int64_t ns_all = cdiv(N, NR);
-    const int64_t nsp = imin(ns_all, imax(4, GEMM_PANEL / (nkb * kcb * NR * 4)));
+    const bool kouter = imax(4, GEMM_PANEL / (nkb * kcb * NR * 4)) < ns_all;
+    const int64_t nkp = kouter ? 1 : nkb; /* K blocks in a panel */
+    const int64_t nsp = imin(ns_all, imax(4, GEMM_PANEL / (nkp * kcb * NR * 4)));
     /* tasks of a panel: nm row chunks (whole MR slivers, at most about MC
      * rows) times nn column chunks (whole NR slivers, at most GEMM_NCC
-     * columns), each over the whole K; at least about 4 per thread */
+     * columns), each over the panel's K blocks; at least about 4 per thread */
     const int64_t ms = cdiv(M, MR);
     int64_t nm = cdiv(ms, imax(1, GEMM_MC / MR)), nn = cdiv(nsp, GEMM_NCC / NR);
     kiln_gemm_task_grid(nt, ms, nsp, &nm, &nn);
     const int64_t mcp = cdiv(ms, nm) * MR; /* rows of the largest chunk */
-    const bool acache = (size_t)(nkb * kcb * mcp) * 4 <= GEMM_ACACHE;
+    const bool acache = !kouter && (size_t)(nkb * kcb * mcp) * 4 <= GEMM_ACACHE;
     const int64_t ablk = acache ? kcb * mcp : 0; /* floats between the K blocks of the packed A */
-    const size_t bsz = ((size_t)(nkb * kcb * nsp * NR) + 16) / 16 * 16,
+    const size_t bsz = ((size_t)(nkp * kcb * nsp * NR) + 16) / 16 * 16,
                  asz = ((size_t)(kcb * mcp * (acache ? nkb : 1)) + 16) / 16 * 16;
     const size_t bytes = (bsz + asz * (size_t)nt) * sizeof(float);
     float *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -460,65 +522,50 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
      * and input-gradient shapes on a Zen 5), unless the rows alias in L1
      * (GEMM_AROW_ALIAS) */
     const bool arow = !transA && GEMM_AROW && !(GEMM_AROW_ALIAS && (lda * 4) % GEMM_AROW_ALIAS == 0);
+    const gemm_op g = {.transA = transA, .adirect = adirect, .arow = arow, .lda = lda, .ldc = ldc,
+                       .alpha = alpha, .A = A, .C = C};
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *const apack = apack0 + asz * (size_t)omp_get_thread_num();
-        int64_t a_rows = -1; /* the row chunk packed at apack for all of K (acache), -1: none */
-        for (int64_t jc = 0; jc < N; jc += nsp * NR) {
-            const int64_t nc = imin(nsp * NR, N - jc), ns = cdiv(nc, NR);
-            /* the panel: K block b, sliver s at bpack + (b nsp + s) kcb NR */
+        int64_t a_key = -1; /* what apack holds: a row chunk (all-K, acache) or a (K block, panel, row chunk) */
+        /* K-outer: the K blocks in order, each a sequence of panels; all-K:
+         * one pass whose panels hold every K block */
+        for (int64_t b0 = 0; b0 < nkb; b0 += nkp) {
+            for (int64_t jc = 0; jc < N; jc += nsp * NR) {
+                const int64_t nc = imin(nsp * NR, N - jc), ns = cdiv(nc, NR);
+                /* the panel: its K block b (of nkp), sliver s at bpack + (b nsp + s) kcb NR */
 #pragma omp for schedule(dynamic, 4)
-            for (int64_t item = 0; item < nkb * ns; item++) {
-                const int64_t b = item / ns, sl = item % ns, pc = b * kcb, kc = imin(kcb, K - pc);
-                pack_b(transB, B, ldb, pc, kc, jc + sl * NR, imin(NR, nc - sl * NR), bpack + (b * nsp + sl) * kcb * NR);
-            }
-            /* (implicit barrier: the panel is packed) */
+                for (int64_t item = 0; item < nkp * ns; item++) {
+                    const int64_t b = item / ns, sl = item % ns, pc = (b0 + b) * kcb, kc = imin(kcb, K - pc);
+                    pack_b(transB, B, ldb, pc, kc, jc + sl * NR, imin(NR, nc - sl * NR),
+                           bpack + (b * nsp + sl) * kcb * NR);
+                }
+                /* (implicit barrier: the panel is packed) */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < nm * nn; task++) {
-                int64_t ms0, ms1, ns0, ns1;
-                split(ms, (int)nm, (int)(task / nn), &ms0, &ms1);
-                split(ns, (int)nn, (int)(task % nn), &ns0, &ns1);
-                const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
-                if (mc <= 0 || ns1 <= ns0) continue;
-                const bool a_ready = acache && a_rows == ms0;
-                a_rows = acache ? ms0 : -1;
-                /* every element: C = alpha acc (first K block, beta 0) or
-                 * C + alpha acc, K block after K block: the bits depend on
-                 * K alone */
-                for (int64_t b = 0; b < nkb; b++) {
-                    const int64_t pc = b * kcb, kc = imin(kcb, K - pc);
-                    const bool first = pc == 0 && !acc0;
-                    float *const ab = apack + b * ablk;
-                    for (int64_t r = 0; r < msl && !a_ready; r++)
-                        if (!(adirect || arow) || mc - r * MR < MR)
-                            pack_a(transA, A, lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);
-                    const float *bpb = bpack + b * nsp * kcb * NR;
-                    for (int64_t sl = ns0; sl < ns1; sl++) {
-                        const float *bp = bpb + sl * kcb * NR;
-                        const int64_t j = jc + sl * NR, nj = imin(NR, nc - sl * NR);
-                        for (int64_t r = 0; r < msl; r++) {
-                            const int64_t i = ic + r * MR, mi = imin(MR, mc - r * MR);
-                            float *c = C + i * ldc + j;
-                            /* the sliver: in place down A's columns (Aᵀ), in place
-                             * along A's rows, or packed (a partial one always) */
-                            const int how = mi < MR ? 0 : adirect ? 1 : arow ? 2 : 0;
-                            const float *ap = how == 1 ? A + pc * lda + i : how == 2 ? A + i * lda + pc : ab + r * MR * kc;
-                            if (mi == MR && nj == NR) {
-                                if (how == 1)
-                                    ukernel(kc, ap, lda, 1, bp, c, ldc, alpha, first);
-                                else if (how == 2)
-                                    ukernel(kc, ap, 1, lda, bp, c, ldc, alpha, first);
-                                else
-                                    ukernel(kc, ap, MR, 1, bp, c, ldc, alpha, first);
-                            } else
-                                edge_tile(kc, ap, how == 1 ? lda : how == 2 ? 1 : MR, how == 2 ? lda : 1, bp, c, ldc, alpha,
-                                          first, mi, nj);
-                        }
+                for (int64_t task = 0; task < nm * nn; task++) {
+                    int64_t ms0, ms1, ns0, ns1;
+                    split(ms, (int)nm, (int)(task / nn), &ms0, &ms1);
+                    split(ns, (int)nn, (int)(task % nn), &ns0, &ns1);
+                    const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
+                    if (mc <= 0 || ns1 <= ns0) continue;
+                    /* the packed A kept for the thread's next task on the
+                     * same rows: over all of K (acache), or the K block's
+                     * (K-outer, any panel of that block) */
+                    const int64_t key = kouter ? b0 * (ms + 1) + ms0 : acache ? ms0 : -1;
+                    const bool a_ready = key >= 0 && a_key == key;
+                    a_key = key;
+                    /* every element: C = alpha acc (first K block, beta 0)
+                     * or C + alpha acc, K block after K block: the bits
+                     * depend on K alone, not on the schedule */
+                    for (int64_t b = 0; b < nkp; b++) {
+                        const int64_t pc = (b0 + b) * kcb, kc = imin(kcb, K - pc);
+                        task_block(&g, ic, mc, msl, jc, nc, ns0, ns1, pc, kc, pc == 0 && !acc0, apack + b * ablk,
+                                   !a_ready, bpack + b * nsp * kcb * NR, kcb * NR);
                     }
                 }
+                /* (implicit barrier: the panel is free for the next one) */
             }
-            /* (implicit barrier: the panel is free for the next one) */
         }
     }
     free(buf);

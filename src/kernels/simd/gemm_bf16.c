@@ -655,9 +655,13 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
     const int64_t nkb0 = amx ? 1 : cdiv(K, BF_KC), kcb = (cdiv(K, nkb0) + 1) / 2 * 2, nkb = cdiv(K, kcb);
     /* 32-bit units per k pair and column (row) of a sliver: a word, or two floats */
     const int64_t upp = native ? 1 : 2, kcu = amx ? amx_pairs(kcb) : kcb / 2 * upp;
-    /* B panels: every K block of nc columns, at most about BF_PANEL bytes */
+    /* B panels of nsp slivers (at least 4), at most about BF_PANEL bytes:
+     * over every K block where one such panel covers N (the all-K
+     * schedule), else over one K block (the K-outer schedule, as gemm.c's) */
     const int64_t ns_all = cdiv(N, NR);
-    const int64_t nsp = imin(ns_all, imax(4, BF_PANEL / (nkb * kcu * NR * 4)));
+    const bool kouter = imax(4, BF_PANEL / (nkb * kcu * NR * 4)) < ns_all;
+    const int64_t nkp = kouter ? 1 : nkb; /* K blocks in a panel */
+    const int64_t nsp = imin(ns_all, imax(4, BF_PANEL / (nkp * kcu * NR * 4)));
     /* tasks of a panel: nm row chunks (whole MR slivers, at most MC rows)
      * times nn column chunks (whole NR slivers, at most NCC columns), each
      * over the whole K; at least about 4 per thread when there is more than
@@ -668,10 +672,11 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
     const int64_t mcp = cdiv(ms, nm) * mr; /* rows of the largest chunk */
     /* a thread keeps its row chunk of A packed for all of K when that is
      * at most BF_ACACHE bytes: its next task on the same rows (other
-     * columns, the next panel) packs nothing; else one K block at a time */
-    const bool acache = (size_t)(nkb * kcu * mcp) * 4 <= BF_ACACHE;
+     * columns, the next panel) packs nothing; else one K block at a time
+     * (K-outer: kept for its next task on the same rows in that K block) */
+    const bool acache = !kouter && (size_t)(nkb * kcu * mcp) * 4 <= BF_ACACHE;
     const int64_t ablk = acache ? kcu * mcp : 0; /* words between the K blocks of the packed A */
-    const size_t bsz = ((size_t)(nkb * kcu * nsp * NR) + 16) / 16 * 16,
+    const size_t bsz = ((size_t)(nkp * kcu * nsp * NR) + 16) / 16 * 16,
                  asz = ((size_t)(kcu * mcp * (acache ? nkb : 1)) + 16) / 16 * 16;
     const size_t bytes = (bsz + asz * (size_t)nt) * 4;
     uint32_t *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
@@ -684,13 +689,14 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         uint32_t *const apack = apack0 + asz * (size_t)omp_get_thread_num();
-        int64_t a_rows = -1; /* the row chunk packed at apack for all of K (acache), -1: none */
+        int64_t a_key = -1; /* what apack holds: a row chunk (all of K, acache) or a (K block, row chunk) */
+        for (int64_t b0 = 0; b0 < nkb; b0 += nkp) /* K-outer: each K block; all-K: once */
         for (int64_t jc = 0; jc < N; jc += nsp * NR) {
             const int64_t nc = imin(nsp * NR, N - jc), ns = cdiv(nc, NR);
-            /* the panel: K block b, sliver s at bpack + (b nsp + s) kcu NR */
+            /* the panel: its K block b (of nkp), sliver s at bpack + (b nsp + s) kcu NR */
 #pragma omp for schedule(dynamic, 4)
-            for (int64_t item = 0; item < nkb * ns; item++) {
-                const int64_t b = item / ns, s = item % ns, pc = b * kcb, kc = imin(kcb, K - pc);
+            for (int64_t item = 0; item < nkp * ns; item++) {
+                const int64_t b = item / ns, s = item % ns, pc = (b0 + b) * kcb, kc = imin(kcb, K - pc);
                 const int64_t j0 = jc + s * NR, nj = imin(NR, nc - s * NR);
                 uint32_t *dst = bpack + (b * nsp + s) * kcu * NR;
                 if (amx) { /* the pairs past the block's, to a multiple of 16: +0 */
@@ -713,10 +719,11 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
                 split(ns, nn, task % nn, &ns0, &ns1);
                 const int64_t ic = ms0 * mr, mc = imin(ms1 * mr, M) - ic, msl = ms1 - ms0;
                 if (mc <= 0 || ns1 <= ns0) continue;
-                const bool a_ready = acache && a_rows == ms0;
-                a_rows = acache ? ms0 : -1;
-                for (int64_t b = 0; b < nkb; b++) {
-                    const int64_t pc = b * kcb, kc = imin(kcb, K - pc);
+                const int64_t key = kouter ? b0 * (ms + 1) + ms0 : acache ? ms0 : -1;
+                const bool a_ready = key >= 0 && a_key == key;
+                a_key = key;
+                for (int64_t b = 0; b < nkp; b++) {
+                    const int64_t pc = (b0 + b) * kcb, kc = imin(kcb, K - pc);
                     const int64_t ku = amx ? amx_pairs(kc) : cdiv(kc, 2) * upp;
                     const bool first = pc == 0 && !acc0;
                     uint32_t *const ab = apack + b * ablk;
