@@ -664,8 +664,8 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
     const int64_t nsp = imin(ns_all, imax(4, BF_PANEL / (nkp * kcu * NR * 4)));
     /* tasks of a panel: nm row chunks (whole MR slivers, at most MC rows)
      * times nn column chunks (whole NR slivers, at most NCC columns), each
-     * over the whole K; at least about 4 per thread when there is more than
-     * one */
+     * over the panel's K blocks (all of K, or the one K-outer); at least
+     * about 4 per thread when there is more than one */
     const int64_t ms = cdiv(M, mr);
     int64_t nm = cdiv(ms, imax(1, BF_MC / mr)), nn = cdiv(nsp, BF_NCC / NR);
     kiln_gemm_task_grid(nt, ms, nsp, &nm, &nn);
