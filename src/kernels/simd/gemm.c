@@ -430,12 +430,6 @@ static void pack_a(bool transA, const float *A, int64_t lda, int64_t i0, int64_t
 }
 
 /* ---- driver --------------------------------------------------------------- */
-static void split(int64_t n, int parts, int idx, int64_t *lo, int64_t *hi) {
-    int64_t q = n / parts, r = n % parts;
-    *lo = idx * q + imin(idx, r);
-    *hi = *lo + q + (idx < r);
-}
-
 #define GEMM_NCC 512       /* columns of a task at most */
 #define GEMM_PANEL (4 << 20) /* bytes of B packed at once */
 #define GEMM_ACACHE (2 << 20) /* a thread keeps its rows of A packed over all of K up to this */
@@ -493,10 +487,8 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
     /* B panels of nsp slivers (at least 4), at most about GEMM_PANEL bytes:
      * over every K block where one such panel covers N (the all-K
      * schedule), else over one K block (the K-outer schedule) */
-    const int64_t ns_all = cdiv(N, NR);
-    const bool kouter = imax(4, GEMM_PANEL / (nkb * kcb * NR * 4)) < ns_all;
-    const int64_t nkp = kouter ? 1 : nkb; /* K blocks in a panel */
-    const int64_t nsp = imin(ns_all, imax(4, GEMM_PANEL / (nkp * kcb * NR * 4)));
+    int64_t nkp, nsp; /* K blocks and slivers in a panel */
+    const bool kouter = kiln_gemm_panels(cdiv(N, NR), nkb, kcb * NR * 4, GEMM_PANEL, &nkp, &nsp);
     /* tasks of a panel: nm row chunks (whole MR slivers, at most about MC
      * rows) times nn column chunks (whole NR slivers, at most GEMM_NCC
      * columns), each over the panel's K blocks; at least about 4 per thread */
@@ -544,15 +536,9 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
                 /* (implicit barrier: the panel is packed) */
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t task = 0; task < nm * nn; task++) {
-                    int64_t ms0, ms1, ns0, ns1;
-                    split(ms, (int)nm, (int)(task / nn), &ms0, &ms1);
-                    split(ns, (int)nn, (int)(task % nn), &ns0, &ns1);
-                    const int64_t ic = ms0 * MR, mc = imin(ms1 * MR, M) - ic, msl = ms1 - ms0;
-                    if (mc <= 0 || ns1 <= ns0) continue;
-                    /* the packed A kept for the thread's next task on the
-                     * same rows: over all of K (acache), or the K block's
-                     * (K-outer, any panel of that block) */
-                    const int64_t key = kouter ? b0 * (ms + 1) + ms0 : acache ? ms0 : -1;
+                    int64_t ms0, ic, mc, msl, ns0, ns1;
+                    if (!kiln_gemm_task(task, nm, nn, ms, ns, MR, M, &ms0, &ic, &mc, &msl, &ns0, &ns1)) continue;
+                    const int64_t key = kiln_gemm_a_key(kouter, acache, b0, ms, ms0);
                     const bool a_ready = key >= 0 && a_key == key;
                     a_key = key;
                     /* every element: C = alpha acc (first K block, beta 0)

@@ -629,12 +629,6 @@ __attribute__((noinline)) static void task_amx(int64_t kc2p, const uint32_t *ap,
 #endif
 
 /* ---- driver --------------------------------------------------------------- */
-static void split(int64_t n, int64_t parts, int64_t idx, int64_t *lo, int64_t *hi) {
-    int64_t q = n / parts, r = n % parts;
-    *lo = idx * q + imin(idx, r);
-    *hi = *lo + q + (idx < r);
-}
-
 bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t *A,
                       int64_t lda, const uint16_t *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -658,10 +652,8 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
     /* B panels of nsp slivers (at least 4), at most about BF_PANEL bytes:
      * over every K block where one such panel covers N (the all-K
      * schedule), else over one K block (the K-outer schedule, as gemm.c's) */
-    const int64_t ns_all = cdiv(N, NR);
-    const bool kouter = imax(4, BF_PANEL / (nkb * kcu * NR * 4)) < ns_all;
-    const int64_t nkp = kouter ? 1 : nkb; /* K blocks in a panel */
-    const int64_t nsp = imin(ns_all, imax(4, BF_PANEL / (nkp * kcu * NR * 4)));
+    int64_t nkp, nsp; /* K blocks and slivers in a panel */
+    const bool kouter = kiln_gemm_panels(cdiv(N, NR), nkb, kcu * NR * 4, BF_PANEL, &nkp, &nsp);
     /* tasks of a panel: nm row chunks (whole MR slivers, at most MC rows)
      * times nn column chunks (whole NR slivers, at most NCC columns), each
      * over the panel's K blocks (all of K, or the one K-outer); at least
@@ -714,12 +706,9 @@ bool kiln_k_gemm_bf16(bool transA, bool transB, int64_t M, int64_t N, int64_t K,
             /* (implicit barrier: the panel is packed) */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t task = 0; task < nm * nn; task++) {
-                int64_t ms0, ms1, ns0, ns1;
-                split(ms, nm, task / nn, &ms0, &ms1);
-                split(ns, nn, task % nn, &ns0, &ns1);
-                const int64_t ic = ms0 * mr, mc = imin(ms1 * mr, M) - ic, msl = ms1 - ms0;
-                if (mc <= 0 || ns1 <= ns0) continue;
-                const int64_t key = kouter ? b0 * (ms + 1) + ms0 : acache ? ms0 : -1;
+                int64_t ms0, ic, mc, msl, ns0, ns1;
+                if (!kiln_gemm_task(task, nm, nn, ms, ns, mr, M, &ms0, &ic, &mc, &msl, &ns0, &ns1)) continue;
+                const int64_t key = kiln_gemm_a_key(kouter, acache, b0, ms, ms0);
                 const bool a_ready = key >= 0 && a_key == key;
                 a_key = key;
                 for (int64_t b = 0; b < nkp; b++) {
