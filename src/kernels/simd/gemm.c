@@ -520,7 +520,7 @@ bool kiln_k_gemm_f32(bool transA, bool transB, int64_t M, int64_t N, int64_t K, 
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *const apack = apack0 + asz * (size_t)omp_get_thread_num();
-        int64_t a_key = -1; /* what apack holds: a row chunk (all-K, acache) or a (K block, panel, row chunk) */
+        int64_t a_key = -1; /* what apack holds: a row chunk (all-K, acache) or a (K block, row chunk) */
         /* K-outer: the K blocks in order, each a sequence of panels; all-K:
          * one pass whose panels hold every K block */
         for (int64_t b0 = 0; b0 < nkb; b0 += nkp) {
