@@ -132,6 +132,36 @@ static void help_and_usage(void) {
             sum += ms, kinds++;
         CHECK(class_ms > 0 && kinds >= 1 && kinds <= 6 && sum <= class_ms + 0.05 * kinds + 0.05,
               "the listed kinds (%d, %.1f ms) are part of the fused groups' %.1f ms", kinds, sum, class_ms);
+        /* then its costliest products: all of them together are the GEMM
+         * class (the step has no other matmul op), each line's ms per step
+         * is its positions times its ms per call, and its GFLOP/s is its
+         * own M N K over that call's time */
+        const char *gc = text ? strstr(text, "GEMM (matmul)") : NULL;
+        const char *gl = text ? strstr(text, "the costliest products (") : NULL;
+        double gemm_ms = -1, all_ms = -1, psum = 0;
+        int geoms = 0, lines = 0, consistent = 0;
+        if (gc) sscanf(gc, "GEMM (matmul) %lf", &gemm_ms);
+        if (gl) sscanf(gl, "the costliest products (%lf ms per step in %d geometries", &all_ms, &geoms);
+        for (const char *l = gl ? strchr(gl, '\n') + 1 : NULL; l && strstr(l, " K ") && strstr(l, " K ") < strchr(l, '\n');
+             l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+            double step_ms, call_ms, rate, pct;
+            int pos;
+            long long M, N, K;
+            char prec[8], tr[3];
+            if (sscanf(l, " %lf ms %d x %lf ms %lf GFLOP/s %lf%% %7s %2s M %lld N %lld K %lld", &step_ms, &pos, &call_ms,
+                       &rate, &pct, prec, tr, &M, &N, &K) != 10)
+                break;
+            lines++, psum += step_ms;
+            /* the figures as printed: ms to 0.1 and 0.001, GFLOP/s to 0.1 */
+            const double f = 2.0 * (double)M * (double)N * (double)K / 1e9;
+            consistent += fabs(step_ms - pos * call_ms) <= 0.05 + 0.0005 * pos + 1e-9 && !strcmp(prec, "fp32") &&
+                          call_ms > 0.0005 && rate >= f / ((call_ms + 0.0005) * 1e-3) * 0.99 - 0.05 &&
+                          rate <= f / ((call_ms - 0.0005) * 1e-3) * 1.01 + 0.05;
+        }
+        CHECK(gemm_ms > 0 && fabs(all_ms - gemm_ms) <= 0.1 && geoms >= lines && lines >= 1 && lines <= 8 &&
+                  psum <= all_ms + 0.05 * lines + 0.05 && consistent == lines,
+              "bench --profile's costliest products (%d of %d, %.1f of %.1f ms; %d consistent) are the GEMM class's %.1f ms",
+              lines, geoms, psum, all_ms, consistent, gemm_ms);
         free(text);
     }
     CHECK(cli_kiln_run((const char *[]){"train", "--data", "/nonexistent/data", "--tokenizer", "t.json", NULL}) == 1 &&

@@ -199,7 +199,7 @@ void kiln_interp_zero_arena(kiln_interp *r);
  * groups together and each by id, gradient accumulation apart. In a
  * whole-step module (reduce-overhead) only the positions it calls back for
  * are timed: its own generated code is the step's remainder. */
-enum { KILN_PROFILE_GROUPS = 1024 };
+enum { KILN_PROFILE_GROUPS = 1024, KILN_PROFILE_POSITIONS = 16384 };
 typedef struct {
     double op_seconds[KILN_OP_COUNT];
     uint64_t op_calls[KILN_OP_COUNT];
@@ -208,6 +208,10 @@ typedef struct {
     /* each fused group by id (ids from KILN_PROFILE_GROUPS on: in the sums above only) */
     double each_group_seconds[KILN_PROFILE_GROUPS];
     uint64_t each_group_calls[KILN_PROFILE_GROUPS];
+    /* each library op by schedule position (positions from
+     * KILN_PROFILE_POSITIONS on: in op_seconds only) */
+    double each_pos_seconds[KILN_PROFILE_POSITIONS];
+    uint64_t each_pos_calls[KILN_PROFILE_POSITIONS];
 } kiln_graph_profile;
 void kiln_graph_profile_set(kiln_graph_profile *p);
 

@@ -176,6 +176,7 @@ typedef struct {
     int recompute; /* KILN_RECOMPUTE_* for the compiled modes */
     kiln_objective obj; /* --objective: what the step minimises (ce: the model's loss) */
     kiln_step_trace tr;
+    double peak; /* fp32 FMA GFLOP/s measured at start (--profile's per-product shares) */
 } bench_ctx;
 
 static void print_profile(const kiln_op_profile *table, int steps) {
@@ -269,6 +270,66 @@ static void print_groups(const kiln_graph_profile *gp, const kiln_graph *g, int 
     free(kinds);
 }
 
+/* --profile, compiled: the products (MATMUL positions of one geometry:
+ * M, N, K, transposes, batch, bf16 or not) that took longest per step, at
+ * what share of the peak they ran: the step's GEMMs against bench/gemm's
+ * figures for the same shapes. Where the GEMM goes into a fused group it is
+ * not timed here (a group is timed whole). */
+typedef struct {
+    kiln_matmul_geom g;
+    bool bf16;
+    int positions;
+    double sec, flops; /* per step's calls */
+    uint64_t calls;
+} gemm_kind;
+static void print_gemms(const kiln_graph_profile *gp, const kiln_graph *g, int steps, double peak) {
+    enum { TOP = 8 };
+    if (!g) return;
+    gemm_kind *kinds = calloc((size_t)(g->n > 0 ? g->n : 1), sizeof *kinds);
+    if (!kinds) return;
+    int nk = 0;
+    double total = 0;
+    for (int i = 0; i < g->n && i < KILN_PROFILE_POSITIONS; i++) {
+        const kiln_value *x = &g->v[i];
+        if (x->dead || x->kind != KILN_V_OP || x->op != KILN_OP_MATMUL || !gp->each_pos_calls[i]) continue;
+        kiln_meta im[KILN_OP_MAX_IN], out;
+        for (int j = 0; j < x->n_in; j++) im[j] = g->v[x->in[j]].meta;
+        gemm_kind k = {.bf16 = x->attrs.i[3] != 0, .positions = 1, .sec = gp->each_pos_seconds[i],
+                       .calls = gp->each_pos_calls[i]};
+        if (kiln_matmul_geometry(im, &x->attrs, &k.g, &out)) {
+            kiln_clear_error();
+            continue;
+        }
+        k.flops = (double)k.calls * kiln_op_flops(x->op, im, &x->attrs, &x->meta);
+        total += k.sec;
+        int at = 0;
+        while (at < nk && !(kinds[at].g.M == k.g.M && kinds[at].g.N == k.g.N && kinds[at].g.K == k.g.K &&
+                            kinds[at].g.ta == k.g.ta && kinds[at].g.tb == k.g.tb && kinds[at].g.batch == k.g.batch &&
+                            kinds[at].bf16 == k.bf16))
+            at++;
+        if (at == nk) kinds[nk++] = k;
+        else kinds[at].positions++, kinds[at].sec += k.sec, kinds[at].flops += k.flops, kinds[at].calls += k.calls;
+    }
+    for (int t = 0; t < TOP && t < nk; t++) {
+        int best = t; /* selection: the t-th costliest to position t */
+        for (int c = t + 1; c < nk; c++)
+            if (kinds[c].sec > kinds[best].sec) best = c;
+        gemm_kind x = kinds[best];
+        kinds[best] = kinds[t], kinds[t] = x;
+        if (!t)
+            printf("  the costliest products (%.1f ms per step in %d geometries; ms per step; positions x ms per call; "
+                   "GFLOP/s, %% of the %s peak):\n",
+                   total * 1e3 / steps, nk, kiln_bf16_native() ? "fp32 or bf16" : "fp32");
+        const double rate = x.sec > 0 ? x.flops / x.sec / 1e9 : 0, p = x.bf16 && kiln_bf16_native() ? 2 * peak : peak;
+        char batch[32] = "";
+        if (x.g.batch > 1) snprintf(batch, sizeof batch, " x %lld", (long long)x.g.batch);
+        printf("    %7.1f ms  %3d x %7.3f ms  %6.1f GFLOP/s %3.0f%%  %s %c%c M %lld N %lld K %lld%s\n", x.sec * 1e3 / steps,
+               x.positions, x.sec * 1e3 / (double)x.calls, rate, 100 * rate / p, x.bf16 ? "bf16" : "fp32",
+               x.g.ta ? 'T' : 'N', x.g.tb ? 'T' : 'N', (long long)x.g.M, (long long)x.g.N, (long long)x.g.K, batch);
+    }
+    free(kinds);
+}
+
 /* The compiled step's largest computed value, and how many hold [tokens
  * x vocab] or more (logits the fused head + cross-entropy never forms). */
 static void largest_value(const kiln_graph *g, int64_t tokens, int64_t vocab) {
@@ -308,11 +369,17 @@ static void run_round(bench_ctx *b, const char *mode, result *r, int steps, bool
     kiln_compiled *cs = eager ? NULL : pref ? kiln_train_compile_objective(&b->tr, &co, true) : kiln_train_compile(b->m, &co, true);
     if (!eager && !cs) return;
     kiln_op_profile table[KILN_OP_COUNT];
-    kiln_graph_profile gp;
+    /* the profile's per-position tables are too large for the stack */
+    kiln_graph_profile *gp = b->profile && !eager ? malloc(sizeof *gp) : NULL;
+    if (b->profile && !eager && !gp) {
+        fprintf(stderr, "kiln bench: out of memory for the profile\n");
+        kiln_compiled_free(cs);
+        return;
+    }
     double *ms = r->step_ms + r->n_steps, *opt_ms = r->step_opt_ms + r->n_steps;
     for (int i = 0; i < b->warmup + steps; i++) {
         if (eager && b->profile && i == b->warmup) kiln_eager_profile(table);
-        if (!eager && b->profile && i == b->warmup) kiln_graph_profile_set(&gp);
+        if (gp && i == b->warmup) kiln_graph_profile_set(gp);
         double t0 = kiln_time_now();
         kiln_status st;
         if (eager && pref) { /* the objective's trace, inputs by name */
@@ -348,6 +415,8 @@ static void run_round(bench_ctx *b, const char *mode, result *r, int steps, bool
         double dt = kiln_time_now() - t0;
         if (st) {
             fprintf(stderr, "kiln bench: %s step failed: %s\n", mode, kiln_last_error());
+            if (gp) kiln_graph_profile_set(NULL);
+            free(gp);
             kiln_compiled_free(cs);
             return;
         }
@@ -358,19 +427,21 @@ static void run_round(bench_ctx *b, const char *mode, result *r, int steps, bool
         kiln_eager_profile(NULL);
         print_profile(table, b->steps);
     }
-    if (!eager && b->profile) kiln_graph_profile_set(NULL);
+    if (gp) kiln_graph_profile_set(NULL);
     r->n_steps += steps;
     if (b->profile) { /* one round (--rounds 1): the profile covers these steps */
         double mean_ms = 0; /* the profile's classes are sums over the steps: set against the mean step */
         double sec[C_N] = {0};
         for (int i = 0; i < steps; i++) mean_ms += ms[i] / steps;
         for (int o = 0; o < KILN_OP_COUNT; o++)
-            sec[op_class(o)] += eager ? table[o].seconds : gp.op_seconds[o];
-        if (!eager) sec[C_GROUPS] = gp.group_seconds, sec[C_ACC] = gp.acc_seconds;
+            sec[op_class(o)] += eager ? table[o].seconds : gp->op_seconds[o];
+        if (!eager) sec[C_GROUPS] = gp->group_seconds, sec[C_ACC] = gp->acc_seconds;
         for (int i = 0; i < steps; i++) sec[C_OPT] += opt_ms[i] / 1e3;
         print_classes(mode, sec, steps, mean_ms);
-        if (!eager) print_groups(&gp, kiln_compiled_graph(cs), steps);
+        if (!eager) print_groups(gp, kiln_compiled_graph(cs), steps);
+        if (!eager) print_gemms(gp, kiln_compiled_graph(cs), steps, b->peak);
     }
+    free(gp);
     double peak_mb = (double)kiln_peak_rss() / 1e6, alloc_mb = (double)kiln_alloc_get_stats().peak_bytes / 1e6;
     if (peak_mb > r->peak_mb) r->peak_mb = peak_mb;
     if (alloc_mb > r->alloc_mb) r->alloc_mb = alloc_mb; /* the caching allocator's high-water mark */
@@ -618,6 +689,7 @@ static int bench_on_device(int argc, char **argv, const kiln_backend **was) {
         if (p > peak) peak = p;
     }
     if (!(peak > 0)) peak = 445; /* no vector FMA to measure: ../shared/README.md's figure */
+    b.peak = peak;
     b.flops = kiln_llama_flops_per_token(&cfg, T) * (double)(B * T);
     printf("model %s: %.2fM parameters, batch %lld x %lld, %d threads, GEMM: %s, kernels %s, device %s\n", model,
            (double)kiln_llama_num_params(b.m) / 1e6, (long long)B, (long long)T, kiln_num_threads(), kiln_gemm_backend(),

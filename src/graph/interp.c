@@ -316,6 +316,7 @@ static kiln_status run_position(kiln_interp *r, int i) {
         }
     } else if (x->kind == KILN_V_OP) {
         p->op_seconds[x->op] += dt, p->op_calls[x->op]++;
+        if (i < KILN_PROFILE_POSITIONS) p->each_pos_seconds[i] += dt, p->each_pos_calls[i]++;
     } else if (x->kind == KILN_V_GRAD_ACC) {
         p->acc_seconds += dt, p->acc_calls++;
     }
