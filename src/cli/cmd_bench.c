@@ -3,6 +3,7 @@
  * compiled mode, in one process, and prints ms/step, the optimiser's share,
  * tokens/s, GFLOP/s, MFU, peak memory and compile times, with ratios. */
 #include <malloc.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,26 @@ static void print_classes(const char *mode, const double sec[C_N], int steps, do
     printf("  %-28s %9.1f %6.1f%%\n", "rest (dispatch, step code)", step_ms - total, 100 * (step_ms - total) / step_ms);
 }
 
+/* The indices of the (at most top) costliest of n kinds, most seconds
+ * first: each kind `size` bytes, its seconds a double at byte `off`. */
+static int costliest(const void *kinds, size_t size, size_t off, int n, int *order, int top) {
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        double si;
+        memcpy(&si, (const char *)kinds + (size_t)i * size + off, sizeof si);
+        int at = m < top ? m++ : top; /* insertion into the kept ones, the last dropped past top */
+        while (at > 0) {
+            double sp;
+            memcpy(&sp, (const char *)kinds + (size_t)order[at - 1] * size + off, sizeof sp);
+            if (sp >= si) break;
+            if (at < top) order[at] = order[at - 1];
+            at--;
+        }
+        if (at < top) order[at] = i;
+    }
+    return m;
+}
+
 /* --profile, compiled: the kinds of fused group (the same ops over the same
  * element count, one per layer, say) that took longest per step. Their
  * loops are mostly memory-bound: GB/s counts each argument
@@ -257,12 +278,10 @@ static void print_groups(const kiln_graph_profile *gp, const kiln_graph *g, int 
         if (at == nk) kinds[nk++] = x;
         else kinds[at].groups++, kinds[at].sec += x.sec, kinds[at].bytes += x.bytes, kinds[at].calls += x.calls;
     }
-    for (int t = 0; t < TOP && t < nk; t++) {
-        int best = t; /* selection: the t-th costliest to position t */
-        for (int c = t + 1; c < nk; c++)
-            if (kinds[c].sec > kinds[best].sec) best = c;
-        group_kind x = kinds[best];
-        kinds[best] = kinds[t], kinds[t] = x;
+    int order[TOP];
+    const int shown = costliest(kinds, sizeof *kinds, offsetof(group_kind, sec), nk, order, TOP);
+    for (int t = 0; t < shown; t++) {
+        const group_kind x = kinds[order[t]];
         if (!t) printf("  the costliest kinds of fused group (ms per step; groups x ms per call; memory traffic):\n");
         printf("    %7.1f ms  %3d x %6.2f ms  %6.1f GB/s  %lld elements: %s\n", x.sec * 1e3 / steps, x.groups,
                x.sec * 1e3 / (double)x.calls, x.bytes / x.sec / 1e9, (long long)x.n, x.ops);
@@ -310,12 +329,10 @@ static void print_gemms(const kiln_graph_profile *gp, const kiln_graph *g, int s
         if (at == nk) kinds[nk++] = k;
         else kinds[at].positions++, kinds[at].sec += k.sec, kinds[at].flops += k.flops, kinds[at].calls += k.calls;
     }
-    for (int t = 0; t < TOP && t < nk; t++) {
-        int best = t; /* selection: the t-th costliest to position t */
-        for (int c = t + 1; c < nk; c++)
-            if (kinds[c].sec > kinds[best].sec) best = c;
-        gemm_kind x = kinds[best];
-        kinds[best] = kinds[t], kinds[t] = x;
+    int order[TOP];
+    const int shown = costliest(kinds, sizeof *kinds, offsetof(gemm_kind, sec), nk, order, TOP);
+    for (int t = 0; t < shown; t++) {
+        const gemm_kind x = kinds[order[t]];
         if (!t)
             printf("  the costliest products (%.1f ms per step in %d geometries; ms per step; positions x ms per call; "
                    "GFLOP/s, %% of the %s peak):\n",
