@@ -616,7 +616,9 @@ static kiln_status choose_step(kiln_trainer *t, int k) {
         given = ms[1] < ms[0];
         if (kiln_dist_rank() == 0) {
             char line[200];
-            int len = snprintf(line, sizeof line, "%s\tcompiled_ms %.1f\teager_ms %.1f\n", given ? "eager" : "compiled",
+            /* to the microsecond the choice was made on: at 0.1 ms an eager
+             * step 0.04 ms faster read as a tie (a 4.4 ms tiny step in CI) */
+            int len = snprintf(line, sizeof line, "%s\tcompiled_ms %.3f\teager_ms %.3f\n", given ? "eager" : "compiled",
                                ms[0], ms[1]);
             if ((st = kiln_write_file_atomic(path, line, (size_t)len))) return kiln_error_context(st, "writing %s", path);
             kiln_log(given ? KILN_LOG_WARN : KILN_LOG_INFO,
