@@ -405,12 +405,14 @@ static void test_kernel_shapes(void) {
      * N past NC (4096); A stored M x K with rows 4 KB apart (lda 1024,
      * unpadded), which the avx512 form packs instead of reading in place;
      * K so long that a panel of B over all of K is narrower than N (30 x
-     * 300 x 8200: the K-outer schedule in every form) */
+     * 300 x 8200: the K-outer schedule in every form); op(A) = Aᵀ with A's
+     * rows more than 4096 floats long (4117 x 37 x 29 transposed: packed,
+     * not read in place, two slivers at a time and a last one of 1 row) */
     static const int64_t shapes[][3] = {
         {1, 1, 1},     {7, 13, 5},     {13, 31, 9},    {14, 32, 16},   {15, 33, 17},  {5, 17, 3},
         {6, 16, 7},    {7, 15, 2},     {3, 7, 4},      {4, 8, 5},      {5, 9, 6},     {29, 65, 257},
         {1, 300, 40},  {300, 1, 40},   {300, 200, 600}, {20, 4200, 24}, {257, 515, 1031}, {29, 40, 1024},
-        {30, 300, 8200},
+        {30, 300, 8200}, {4117, 37, 29},
     };
     double worst[KILN_FORM_COUNT] = {0};
     int runs = 0;

@@ -458,7 +458,7 @@ __attribute__((constructor)) static void read_kiln_gemm(void) {
 /* Bumped whenever kiln's own GEMM kernels change how fast they run, so that
  * choices measured against the old ones are measured again: fp32's and
  * bf16's apart (a new bf16 kernel leaves the fp32 choices standing). */
-#define KILN_GEMM_REV 13 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place); 7: close calls measured over more rounds; 8: chosen by the mean call; 9: the close ones timed beside busy threads; 10: every one timed so, none over 1.5x the best there chosen; 11: the avx512 form packs an A whose rows alias in L1; 12: K-outer where a panel of B over all of K is narrower than N; 13: a task count that is a multiple of the threads' */
+#define KILN_GEMM_REV 14 /* 3: the avx512 form blocks K by 512; 4, 5: reads op(A) in place; 6: avx2 likewise (KC 512, A in place); 7: close calls measured over more rounds; 8: chosen by the mean call; 9: the close ones timed beside busy threads; 10: every one timed so, none over 1.5x the best there chosen; 11: the avx512 form packs an A whose rows alias in L1; 12: K-outer where a panel of B over all of K is narrower than N; 13: a task count that is a multiple of the threads'; 14: a packed op(A) = Aᵀ two slivers a pass */
 #define KILN_GEMM_REV_BF16 15 /* 3-5: kiln's bf16 kernel on AMX tiles where present; 6: K blocks of 1024; 7: A read in place; 8: close calls measured over more rounds; 9-11: as fp32's 8-10; 12: as fp32's 11; 13: AMX B tiles packed whole; 14: as fp32's 13; 15: op(A) = Aᵀ packed two slivers a load */
 
 /* what the choices are keyed by besides the problem: this CPU (model name,
