@@ -390,21 +390,35 @@ static void pack_b(bool transB, const float *B, int64_t ldb, int64_t pc, int64_t
 #endif
 }
 
+/* op(A) = Aᵀ, nsl (1 or 2) full slivers from row i0 of op(A), sliver s at
+ * dst + s MR kc: nsl MR consecutive floats of each of A's rows in one pass.
+ * Two at a time read each row's lines once where a sliver at a time reads
+ * them twice: Zen 5, 2 threads, old and new kernels alternately (throwaway
+ * driver): 8192 x 512 x 2048 TN (lda 8192, so packed) 339.5 -> 349.9 and
+ * 357.6 -> 371.8 GFLOP/s, 50257 x 768 x 1024 TN 360.8 -> 369.6, 8192 x 2048
+ * x 1024 TN 362.6 -> 368.6; the same bits. */
+static inline __attribute__((always_inline)) void pack_at(const float *A, int64_t lda, int64_t i0, int64_t pc,
+                                                          int64_t kc, const int nsl, float *restrict dst) {
+    const float *src = A + pc * lda + i0;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *s = src + k * lda;
+        for (int sl = 0; sl < nsl; sl++)
+#pragma GCC unroll 16
+            for (int i = 0; i < MR; i++) dst[sl * MR * kc + k * MR + i] = s[sl * MR + i];
+    }
+}
+
 /* dst[k*MR + i] = op(A)[i0 + i][pc + k] for i < mi, 0 past it */
 static void pack_a(bool transA, const float *A, int64_t lda, int64_t i0, int64_t mi, int64_t pc, int64_t kc,
                    float *restrict dst) {
+    if (transA && mi == MR) {
+        pack_at(A, lda, i0, pc, kc, 1, dst);
+        return;
+    }
     if (transA) {
         const float *src = A + pc * lda + i0;
-        for (int64_t k = 0; k < kc; k++) {
-            float *d = dst + k * MR;
-            const float *s = src + k * lda;
-            if (mi == MR) {
-#pragma GCC unroll 16
-                for (int i = 0; i < MR; i++) d[i] = s[i];
-            } else {
-                for (int64_t i = 0; i < MR; i++) d[i] = i < mi ? s[i] : 0.0f;
-            }
-        }
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t i = 0; i < MR; i++) dst[k * MR + i] = i < mi ? src[k * lda + i] : 0.0f;
         return;
     }
     const float *src = A + i0 * lda + pc;
@@ -427,25 +441,6 @@ static void pack_a(bool transA, const float *A, int64_t lda, int64_t i0, int64_t
     for (int64_t k = 0; k < kc; k++)
         for (int64_t i = mi; i < MR; i++) dst[k * MR + i] = 0.0f;
 #endif
-}
-
-/* pack_a for op(A) = Aᵀ, two full slivers (rows i0 .. i0 + 2 MR - 1 of
- * op(A)) in one pass: 2 MR consecutive floats of each of A's rows, where a
- * sliver at a time reads each row's lines twice; the second at dst2.
- * Zen 5, 2 threads, old and new kernels alternately (throwaway driver):
- * 8192 x 512 x 2048 TN (lda 8192, so packed) 339.5 -> 349.9 and 357.6 ->
- * 371.8 GFLOP/s, 50257 x 768 x 1024 TN 360.8 -> 369.6, 8192 x 2048 x 1024
- * TN 362.6 -> 368.6; the same bits. */
-static void pack_a2_t(const float *A, int64_t lda, int64_t i0, int64_t pc, int64_t kc, float *restrict dst,
-                      float *restrict dst2) {
-    const float *src = A + pc * lda + i0;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *s = src + k * lda;
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) dst[k * MR + i] = s[i];
-#pragma GCC unroll 16
-        for (int i = 0; i < MR; i++) dst2[k * MR + i] = s[MR + i];
-    }
 }
 
 /* ---- driver --------------------------------------------------------------- */
@@ -471,7 +466,7 @@ static void task_block(const gemm_op *g, int64_t ic, int64_t mc, int64_t msl, in
                        const float *bp0, int64_t kstride) {
     for (int64_t r = 0; r < msl && pack_a_now; r++)
         if (g->transA && !g->adirect && mc - (r + 1) * MR >= MR) { /* this sliver and the next, both full */
-            pack_a2_t(g->A, g->lda, ic + r * MR, pc, kc, ab + r * MR * kc, ab + (r + 1) * MR * kc);
+            pack_at(g->A, g->lda, ic + r * MR, pc, kc, 2, ab + r * MR * kc);
             r++;
         } else if (!(g->adirect || g->arow) || mc - r * MR < MR)
             pack_a(g->transA, g->A, g->lda, ic + r * MR, imin(MR, mc - r * MR), pc, kc, ab + r * MR * kc);

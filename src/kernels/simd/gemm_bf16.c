@@ -158,6 +158,11 @@ static inline __attribute__((always_inline)) __m512i daz_v(__m512i v) {
     const __mmask32 m = _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7f80));
     return _mm512_mask_mov_epi16(_mm512_and_si512(v, _mm512_set1_epi16((short)0x8000)), m, v);
 }
+/* VPERMT2W indices making word w of two rows v0, v1 as (v0[w], v1[w]): w,
+ * then 32 + w (v1's element w); adding n starts at element n */
+static const uint16_t pair_lo_idx[32] __attribute__((aligned(64))) = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                                      37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                                      11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
 /* the vector packer: 16 outer indices x 16 pairs at a time */
 static void pack_words(bool contig, const uint16_t *X, int64_t ld, int64_t o0, int64_t no, int64_t W, int64_t pc,
                        int64_t kc, int64_t p0, int64_t np, uint32_t *restrict dst) {
@@ -181,11 +186,7 @@ static void pack_words(bool contig, const uint16_t *X, int64_t ld, int64_t o0, i
         return;
     }
     /* word o = (row k0 [o], row k0+1 [o]): VPERMT2W of the two rows */
-    /* word w = (v0[w], v1[w]): index w, then 32 + w (v1's element w) */
-    static const uint16_t lo_idx[32] __attribute__((aligned(64))) = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    const __m512i ilo = _mm512_load_si512((const void *)lo_idx);
+    const __m512i ilo = _mm512_load_si512((const void *)pair_lo_idx);
     const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
     for (int64_t og = 0; og < W; og += 32) {
         const int64_t ng = imax(0, imin(32, no - og)), wg = imin(32, W - og);
@@ -214,12 +215,9 @@ static void pack_words(bool contig, const uint16_t *X, int64_t ld, int64_t o0, i
  * along once, measured slower: 629.3 -> 574.5 on 1376 x 512 x 2048.) */
 static void pack_words_nc2(const uint16_t *X, int64_t ld, int64_t o0, int64_t no, int64_t W, int64_t sstride,
                            int64_t pc, int64_t kc, uint32_t *restrict dst) {
-    static const uint16_t lo_idx[32] __attribute__((aligned(64))) = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
-                                                                     37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-                                                                     11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    __m512i ilo = _mm512_load_si512((const void *)lo_idx);
+    const __m512i ilo = _mm512_load_si512((const void *)pair_lo_idx);
     /* the second sliver's words start at element W of the rows */
-    __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16((short)W));
+    const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16((short)W));
     const int64_t np = cdiv(kc, 2), ng = imax(0, imin(2 * W, no));
     const __mmask32 lm = ng >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << ng) - 1);
     const __mmask16 sm = (__mmask16)((1u << W) - 1);
